@@ -1,0 +1,42 @@
+"""Input validation shared by the public functions: fail early, name the argument."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def as_tensor(x, name: str, *, dtype=torch.float64, min_ndim: int = 0, allow_empty=False):
+    """Convert array-like `x` to a tensor of `dtype` (None keeps a float tensor's dtype).
+
+    Raises ValueError naming `name` for too few dimensions, empty input or NaN/inf entries.
+    """
+    if isinstance(x, torch.Tensor):
+        t = x.detach()
+    else:
+        try:
+            t = torch.as_tensor(np.asarray(x))
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"{name} must be array-like of numbers, got {type(x).__name__}") from err
+    if dtype is not None:
+        t = t.to(dtype)
+    elif not t.is_floating_point():
+        t = t.to(torch.float64)
+    if t.ndim < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} dimensions, got shape {tuple(t.shape)}")
+    if not allow_empty and t.numel() == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(t.shape)})")
+    if not torch.isfinite(t).all():
+        raise ValueError(f"{name} contains NaN or infinite entries")
+    return t
+
+
+def check_choice(value, name: str, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not allowed; choose one of {sorted(allowed)}")
+
+
+def check_positive(value, name: str, *, strict=True) -> None:
+    ok = value > 0 if strict else value >= 0
+    if not ok:
+        raise ValueError(f"{name} must be {'positive' if strict else 'non-negative'}, got {value}")

@@ -1,0 +1,144 @@
+"""The book's notebooks as objects: find them, read their parameters, execute them, read verdicts.
+
+A notebook is a MyST-markdown file `notebooks/<part>/<name>.md` (jupytext). Its cell tagged
+`parameters` holds the ci-scale defaults as plain `name = literal` assignments; the paper-scale
+values live in `params/paper/<part>/<name>.yaml`.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = [
+    "REPO_ROOT",
+    "NOTEBOOK_ROOT",
+    "list_notebooks",
+    "source_path",
+    "paper_params_path",
+    "read_notebook",
+    "parameter_defaults",
+    "execute",
+    "glued_values",
+    "verdicts",
+]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK_ROOT = REPO_ROOT / "notebooks"
+
+
+def list_notebooks() -> list[str]:
+    """Names `part/name` of every notebook, sorted."""
+    return sorted(p.relative_to(NOTEBOOK_ROOT).with_suffix("").as_posix() for p in NOTEBOOK_ROOT.glob("*/*.md"))
+
+
+def source_path(name: str) -> Path:
+    path = NOTEBOOK_ROOT / f"{name}.md"
+    if not path.is_file():
+        import difflib
+
+        close = difflib.get_close_matches(name, list_notebooks(), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise FileNotFoundError(f"no notebook {name!r} under {NOTEBOOK_ROOT}{hint}")
+    return path
+
+
+def paper_params_path(name: str) -> Path:
+    return REPO_ROOT / "params" / "paper" / f"{name}.yaml"
+
+
+def read_notebook(name: str):
+    """The notebook as an nbformat object, converted from MyST markdown by jupytext."""
+    import jupytext
+
+    return jupytext.read(source_path(name))
+
+
+def parameter_defaults(nb) -> dict:
+    """`{name: value}` from the cell tagged `parameters` (literal assignments only)."""
+    cells = [c for c in nb.cells if c.cell_type == "code" and "parameters" in c.metadata.get("tags", [])]
+    if len(cells) != 1:
+        raise ValueError(f"a notebook needs exactly one cell tagged 'parameters', found {len(cells)}")
+    params = {}
+    for node in ast.parse(cells[0].source).body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            raise ValueError(f"parameter cell line {node.lineno}: only `name = literal` assignments are allowed")
+        params[node.targets[0].id] = ast.literal_eval(node.value)
+    return params
+
+
+def execute(name: str, output: Path, parameters: dict | None = None, figure_dir: Path | None = None,
+            timeout: int = 1800) -> dict:
+    """Execute notebook `name` with papermill into `output` (.ipynb), atomically.
+
+    The kernel runs in the notebook's folder; figures go to `figure_dir` (LOWRANK_FIGURE_DIR).
+    Returns the glued values. On failure nothing is left at `output`.
+    """
+    import jupytext
+    import papermill
+
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=output.parent, prefix=f".{output.stem}.") as tmp:
+        src = Path(tmp) / "input.ipynb"
+        jupytext.write(read_notebook(name), src)
+        partial = Path(tmp) / "output.ipynb"
+        env_before = os.environ.get("LOWRANK_FIGURE_DIR")
+        if figure_dir is not None:
+            os.environ["LOWRANK_FIGURE_DIR"] = str(Path(figure_dir).resolve())
+        try:
+            start = time.time()
+            papermill.execute_notebook(
+                str(src), str(partial), parameters=parameters or {}, cwd=str(source_path(name).parent),
+                kernel_name="python3", progress_bar=False, execution_timeout=timeout,
+            )
+        finally:
+            if figure_dir is not None:
+                if env_before is None:
+                    os.environ.pop("LOWRANK_FIGURE_DIR", None)
+                else:
+                    os.environ["LOWRANK_FIGURE_DIR"] = env_before
+        import nbformat
+
+        nb = nbformat.read(partial, as_version=4)
+        nb.metadata["lowrank"] = {"notebook": name, "wall_s": round(time.time() - start, 2)}
+        nbformat.write(nb, partial)
+        os.replace(partial, output)
+    return glued_values(nb)
+
+
+def glued_values(nb) -> dict:
+    """`{name: value}` of everything the notebook glued (myst-nb / scrapbook outputs)."""
+    values = {}
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            meta = out.get("metadata", {}).get("scrapbook")
+            if not meta:
+                continue
+            text = out.get("data", {}).get(meta.get("mime_prefix", "") + "text/plain")
+            if text is not None:
+                values[meta["name"]] = _parse_text(text if isinstance(text, str) else "".join(text))
+    return values
+
+
+def _parse_text(text: str):
+    """A glued value's text/plain: JSON (verdict records, numbers), else a Python literal, else text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def verdicts(nb) -> dict:
+    """`{verdict name: record dict}` glued by `lowrank.verdicts.record`."""
+    from .verdicts import GLUE_PREFIX
+
+    return {k[len(GLUE_PREFIX):]: v for k, v in glued_values(nb).items() if k.startswith(GLUE_PREFIX)}

@@ -1,0 +1,54 @@
+"""One style for every figure, and saving a figure together with the data behind it."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+__all__ = ["use_style", "figure_dir", "save_figure", "PALETTE"]
+
+PALETTE = "colorblind"
+
+
+def use_style():
+    """Seaborn's ticks style with the colour-blind-safe palette; call once per notebook."""
+    import matplotlib as mpl
+    import seaborn as sns
+
+    sns.set_theme(style="ticks", palette=PALETTE, context="notebook")
+    mpl.rcParams.update({"figure.dpi": 100, "savefig.dpi": 150, "axes.grid": True, "grid.alpha": 0.3,
+                         "svg.hashsalt": "lowrank", "svg.fonttype": "none"})
+
+
+def figure_dir() -> Path:
+    """Where figures go: $LOWRANK_FIGURE_DIR (set by the book build and `lowrank run`) or ./figures."""
+    return Path(os.environ.get("LOWRANK_FIGURE_DIR", "figures"))
+
+
+def _atomic_write(path: Path, write):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_figure(fig, stem: str, data) -> dict:
+    """Write `stem`.png, .svg and the figure's data as `stem`.csv (a pandas DataFrame), atomically.
+
+    Returns the written paths. Every figure of the book goes through here, so every figure has
+    its data next to it.
+    """
+    if not hasattr(data, "to_csv") or len(data) == 0:
+        raise ValueError(f"figure {stem!r}: data must be a non-empty DataFrame")
+    out = figure_dir()
+    paths = {ext: out / f"{stem}.{ext}" for ext in ("png", "svg", "csv")}
+    _atomic_write(paths["csv"], lambda p: data.to_csv(p, index=False))
+    for ext in ("png", "svg"):
+        _atomic_write(paths[ext], lambda p, ext=ext: fig.savefig(p, format=ext, bbox_inches="tight"))
+    return paths

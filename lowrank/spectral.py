@@ -1,0 +1,183 @@
+"""Singular values and every rank-like quantity of the book.
+
+All functions take a matrix or a batch of matrices `(..., m, n)` (NumPy or torch) and compute in
+float64 by default. A single matrix gives Python numbers; a batch gives tensors of shape `(...)`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._checks import as_tensor, check_choice
+
+__all__ = [
+    "singular_values",
+    "numerical_rank",
+    "stable_rank",
+    "effective_rank",
+    "rank_k_error",
+    "alignment",
+    "principal_angles",
+    "conv_weight_as_matrix",
+    "count_outliers",
+    "leading_left_vectors",
+]
+
+
+def _matrix(M, name="M", dtype=torch.float64):
+    return as_tensor(M, name, dtype=dtype, min_ndim=2)
+
+
+def _out(t: torch.Tensor, single: bool):
+    return t.item() if single else t
+
+
+def singular_values(M, *, dtype=torch.float64) -> torch.Tensor:
+    """Singular values of `M` (..., m, n) in descending order, shape (..., min(m, n)).
+
+    `dtype=None` keeps the input's floating dtype (faster for float32 monitors).
+    """
+    return torch.linalg.svdvals(_matrix(M, dtype=dtype))
+
+
+def _top_and_fro(s: torch.Tensor):
+    top = s[..., 0]
+    if (top == 0).any():
+        raise ValueError("M is the zero matrix: its rank-like quantities are undefined")
+    return top, torch.linalg.vector_norm(s, dim=-1)
+
+
+def numerical_rank(M, eps: float = 1e-3, scale: str = "spectral", *, dtype=torch.float64):
+    """Number of singular values of `M / ||M||` above `eps`.
+
+    scale="spectral" divides by the largest singular value (the paper's definition);
+    scale="frobenius" divides by the Frobenius norm (the authors' public code, which calls
+    `torch.linalg.matrix_rank(M / ||M||_F, tol=eps)`).
+    """
+    if not eps > 0:
+        raise ValueError(f"eps must be positive, got {eps}")
+    check_choice(scale, "scale", {"spectral", "frobenius"})
+    s = singular_values(M, dtype=dtype)
+    top, fro = _top_and_fro(s)
+    norm = top if scale == "spectral" else fro
+    rank = (s > eps * norm.unsqueeze(-1)).sum(-1)
+    return _out(rank, s.ndim == 1)
+
+
+def stable_rank(M, *, dtype=torch.float64):
+    """`||M||_F^2 / ||M||_2^2`."""
+    s = singular_values(M, dtype=dtype)
+    top, fro = _top_and_fro(s)
+    return _out(fro**2 / top**2, s.ndim == 1)
+
+
+def effective_rank(M, *, dtype=torch.float64):
+    """Roy and Vetterli's effective rank: `exp(H(p))` with `p = s / sum(s)` and `0 log 0 = 0`."""
+    s = singular_values(M, dtype=dtype)
+    _top_and_fro(s)
+    p = s / s.sum(-1, keepdim=True)
+    plogp = torch.where(p > 0, p * torch.log(torch.where(p > 0, p, 1.0)), 0.0)
+    return _out(torch.exp(-plogp.sum(-1)), s.ndim == 1)
+
+
+def rank_k_error(M, k: int, norm: str = "fro", *, dtype=torch.float64):
+    """`min_{rank(A) <= k} ||M - A||` by Eckart-Young: the tail of the singular values."""
+    if not isinstance(k, int) or k < 0:
+        raise ValueError(f"k must be a non-negative integer, got {k!r}")
+    check_choice(norm, "norm", {"fro", "spectral"})
+    s = singular_values(M, dtype=dtype)
+    tail = s[..., k:]
+    if norm == "fro":
+        err = torch.linalg.vector_norm(tail, dim=-1)
+    elif tail.shape[-1] == 0:
+        err = torch.zeros(s.shape[:-1], dtype=s.dtype)
+    else:
+        err = tail[..., 0]
+    return _out(err, s.ndim == 1)
+
+
+def alignment(u, v):
+    """Absolute cosine `|<u, v>| / (||u|| ||v||)` over the last axis."""
+    u = as_tensor(u, "u", min_ndim=1)
+    v = as_tensor(v, "v", min_ndim=1)
+    if u.shape[-1] != v.shape[-1]:
+        raise ValueError(f"u and v must have the same length, got {u.shape[-1]} and {v.shape[-1]}")
+    nu, nv = torch.linalg.vector_norm(u, dim=-1), torch.linalg.vector_norm(v, dim=-1)
+    if (nu == 0).any() or (nv == 0).any():
+        raise ValueError("alignment of a zero vector is undefined")
+    cos = (u * v).sum(-1).abs() / (nu * nv)
+    return _out(cos.clamp(max=1.0), cos.ndim == 0)
+
+
+def _orthonormal_basis(A: torch.Tensor, name: str) -> torch.Tensor:
+    U, s, _ = torch.linalg.svd(A, full_matrices=False)
+    tol = s[0] * max(A.shape) * torch.finfo(A.dtype).eps if s.numel() else 0
+    r = int((s > tol).sum())
+    if r == 0:
+        raise ValueError(f"{name} has no column space (zero matrix)")
+    return U[:, :r]
+
+
+def principal_angles(A, B) -> torch.Tensor:
+    """Principal angles (radians, ascending) between the column spaces of `A` and `B`.
+
+    Small angles come from the sines (Bjorck and Golub) so that angles near zero stay accurate;
+    the number of angles is the smaller of the two subspace dimensions.
+    """
+    A = _matrix(A, "A")
+    B = _matrix(B, "B")
+    if A.ndim != 2 or B.ndim != 2:
+        raise ValueError("principal_angles takes two matrices, not batches")
+    if A.shape[0] != B.shape[0]:
+        raise ValueError(f"A and B must have the same number of rows, got {A.shape[0]} and {B.shape[0]}")
+    QA, QB = _orthonormal_basis(A, "A"), _orthonormal_basis(B, "B")
+    if QA.shape[1] < QB.shape[1]:
+        QA, QB = QB, QA
+    cosines = torch.linalg.svdvals(QA.T @ QB).clamp(max=1.0)  # descending
+    residual = QB - QA @ (QA.T @ QB)
+    sines = torch.linalg.svdvals(residual).clamp(max=1.0).flip(0)  # ascending
+    angles_from_sin = torch.arcsin(sines)
+    angles_from_cos = torch.arccos(cosines)
+    # arccos loses accuracy near 0, arcsin near pi/2: take each where it is well conditioned.
+    return torch.where(cosines**2 >= 0.5, angles_from_sin, angles_from_cos)
+
+
+def count_outliers(M, max_outliers: int = 5, gap: float = 1.5) -> int:
+    """Number of singular values of `M` separated from the bulk.
+
+    The count is the largest `k <= max_outliers` with `s_k / s_{k+1} >= gap` (0 when there is
+    none): the leading values sit above the last large gap among the top `max_outliers + 1`.
+    """
+    if not gap > 1:
+        raise ValueError(f"gap must be greater than 1, got {gap}")
+    if not isinstance(max_outliers, int) or max_outliers < 1:
+        raise ValueError(f"max_outliers must be a positive integer, got {max_outliers!r}")
+    s = singular_values(M)
+    if s.ndim != 1:
+        raise ValueError("count_outliers takes a single matrix")
+    k_max = min(max_outliers, s.shape[0] - 1)
+    ratios = s[:k_max] / s[1 : k_max + 1].clamp(min=torch.finfo(s.dtype).tiny)
+    big = torch.nonzero(ratios >= gap).flatten()
+    return int(big[-1]) + 1 if big.numel() else 0
+
+
+def leading_left_vectors(M, k: int = 1) -> torch.Tensor:
+    """The `k` leading left singular vectors of a matrix, as columns (signs are arbitrary)."""
+    U, _, _ = torch.linalg.svd(_matrix(M), full_matrices=False)
+    if not 1 <= k <= U.shape[-1]:
+        raise ValueError(f"k must be between 1 and {U.shape[-1]}, got {k}")
+    return U[..., :k]
+
+
+def conv_weight_as_matrix(weight) -> torch.Tensor:
+    """Reshape a conv kernel `(C_out, C_in, *kernel)` to the `C_out x (C_in * prod(kernel))` matrix.
+
+    This is the convention of Galanti et al. (and their code) for ranks of conv layers. A 2-D
+    weight is returned unchanged.
+    """
+    w = weight.detach() if isinstance(weight, torch.Tensor) else torch.as_tensor(weight)
+    if w.ndim < 2:
+        raise ValueError(f"a weight needs at least 2 dimensions, got shape {tuple(w.shape)}")
+    return w.reshape(w.shape[0], math.prod(w.shape[1:]))
