@@ -135,8 +135,14 @@ def main(argv=None) -> None:
     ap.add_argument("--jobs", type=int, default=2, help="notebooks executed at once (default 2)")
     ap.add_argument("--force", action="store_true", help="execute every notebook even if current")
     ap.add_argument("--no-html", action="store_true", help="execute only; skip Jupyter Book")
+    ap.add_argument("--only", nargs="+", metavar="PART/NAME", help="execute just these notebooks (always), nothing else")
     args = ap.parse_args(argv)
     start = time.time()
+    if args.only:
+        for name in args.only:
+            source_path(name)  # a clear error for a wrong name
+        execute_all(args.only, args.jobs, force=True)
+        return
     names = list_notebooks()
     if not names:
         raise SystemExit(f"no notebooks under {NOTEBOOK_ROOT}")

@@ -1,4 +1,4 @@
-"""Networks. For now the two-layer network of the low-rank-gradients paper,
+"""The two-layer network of the low-rank-gradients paper,
 
     f(x) = gamma_m * a^T sigma(W x),   W in R^{m x d} with unit-norm rows, a_j in {-1, +1} fixed,
 
@@ -14,7 +14,7 @@ from typing import Callable, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ._checks import as_tensor, check_choice
+from .._checks import as_tensor, check_choice
 
 __all__ = [
     "Activation",

@@ -1,0 +1,35 @@
+"""Networks of the three papers, one module per family; each exposes its weight matrices as its
+paper counts them.
+
+- `two_layer`: `f(x) = gamma_m a^T sigma(W x)` of the low-rank-gradients paper, activations by name.
+"""
+
+from .two_layer import (
+    ACTIVATIONS,
+    WEIGHT_STRUCTURES,
+    Activation,
+    activation,
+    gamma_m,
+    normalize_rows,
+    outer_weights,
+    sphere_rows,
+    sphere_rows_orthogonal_to,
+    tilted_rows,
+    two_layer_forward,
+    weight_structure,
+)
+
+__all__ = [
+    "ACTIVATIONS",
+    "WEIGHT_STRUCTURES",
+    "Activation",
+    "activation",
+    "gamma_m",
+    "normalize_rows",
+    "outer_weights",
+    "sphere_rows",
+    "sphere_rows_orthogonal_to",
+    "tilted_rows",
+    "two_layer_forward",
+    "weight_structure",
+]

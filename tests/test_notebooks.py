@@ -1,0 +1,80 @@
+"""Every notebook: executed at ci scale (once, by the build), verdicts against golden values,
+figures present, paper-scale parameters valid."""
+
+from pathlib import Path
+
+import math
+
+import nbformat
+import pytest
+import yaml
+
+from lowrank import build, notebooks
+
+GOLDEN = yaml.safe_load((Path(__file__).with_name("golden_verdicts.yaml")).read_text())
+NAMES = notebooks.list_notebooks()
+
+
+def test_there_are_notebooks():
+    assert "gradients/decomposition" in NAMES
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_verdicts_match_golden(name, executed_notebooks):
+    nb = nbformat.read(executed_notebooks[name], as_version=4)
+    found = notebooks.verdicts(nb)
+    assert found, f"{name} glued no verdict"
+    golden = GOLDEN.get(name)
+    assert golden is not None, f"{name} has no block in tests/golden_verdicts.yaml"
+    assert set(found) == set(golden), f"{name}: verdicts {sorted(found)} vs golden {sorted(golden)}"
+    for key, want in golden.items():
+        got = found[key]
+        assert got["scale"] == "ci"
+        assert got["agrees"] == want["agrees"], f"{name}.{key}: agrees={got['agrees']}, golden {want['agrees']}"
+        value = got["measured"]
+        assert math.isfinite(value), f"{name}.{key} measured {value}"
+        if "max" in want:
+            assert value <= want["max"], f"{name}.{key} = {value} > {want['max']}"
+        if "min" in want:
+            assert value >= want["min"], f"{name}.{key} = {value} < {want['min']}"
+        if "value" in want:
+            tol = want.get("abs", 0.0) + want.get("rel", 0.0) * abs(want["value"])
+            assert abs(value - want["value"]) <= tol, f"{name}.{key} = {value}, golden {want['value']} ± {tol}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_figures_written_with_data(name, executed_notebooks):
+    source = notebooks.source_path(name).read_text()
+    declared = source.count("plotting.save_figure(")
+    folder = build.FIGURES / name
+    stems = {p.stem for p in folder.glob("*.png")}
+    assert len(stems) >= max(declared, 1), f"{name}: {len(stems)} figures written, {declared} declared"
+    for stem in stems:
+        for ext in ("png", "svg", "csv"):
+            path = folder / f"{stem}.{ext}"
+            assert path.is_file() and path.stat().st_size > 0, f"missing or empty {path}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_paper_params_are_notebook_parameters(name):
+    path = notebooks.paper_params_path(name)
+    assert path.is_file(), f"{name} has no {path}"
+    paper = yaml.safe_load(path.read_text())
+    defaults = notebooks.parameter_defaults(notebooks.read_notebook(name))
+    unknown = set(paper) - set(defaults)
+    assert not unknown, f"{path.name}: {sorted(unknown)} are not parameters of {name}"
+    assert paper.get("scale") == "paper" and defaults.get("scale") == "ci"
+    for key, value in paper.items():
+        assert type(value) is type(defaults[key]) or (isinstance(value, (int, float)) and isinstance(defaults[key], (int, float))), key
+
+
+def test_book_renders_executed_outputs_without_reexecuting():
+    """jupyter-cache holds exactly the papermill outputs; Jupyter Book executed nothing itself."""
+    from jupyter_cache import get_cache
+
+    cache = get_cache(str(build.CACHE))
+    assert len(cache.list_cache_records()) == len(NAMES)
+    assert not cache.list_project_records(), "Jupyter Book executed a notebook itself (cache miss)"
+    html = build.BUILD / "html" / "notebooks" / "gradients" / "decomposition.html"
+    assert html.is_file(), "run `make book` first"
+    assert "Verdict" in html.read_text()
