@@ -1,0 +1,173 @@
+"""lowrank.data, lowrank.nets (two-layer) and lowrank.gradients.decompose against independent
+computations: autograd, closed forms, explicit rank, scipy quadrature."""
+
+import math
+
+import numpy as np
+import pytest
+import scipy.integrate
+import torch
+
+from lowrank import data, gradients, nets, spectral
+
+
+@pytest.fixture(scope="module")
+def problem():
+    D = data.spiked_gaussian(60, 40, alpha=0.5, nu=0.375, seed=3)
+    y, _ = data.triple_index_target(D.X, seed=4)
+    W = nets.sphere_rows(50, 40, seed=5)
+    a = nets.outer_weights(50, seed=6)
+    return D, y, W, a
+
+
+def test_spiked_gaussian_structure():
+    D = data.spiked_gaussian(500, 30, alpha=1.0, nu=0.5, seed=0)
+    assert D.X.dtype == torch.float64 and D.X.shape == (500, 30)
+    assert D.zeta == pytest.approx(500**0.5)
+    assert D.q.norm().item() == pytest.approx(1.0)
+    torch.testing.assert_close(D.X, D.X_B + D.zeta * torch.outer(D.z, D.q))
+    np.testing.assert_allclose(torch.diagonal(D.Sigma_hat).numpy(), np.arange(1, 31) ** -1.0)
+    # the bulk's sample covariance estimates Sigma_hat
+    cov = (D.X_B.T @ D.X_B / 500).diagonal().numpy()
+    np.testing.assert_allclose(cov, np.arange(1, 31) ** -1.0, rtol=0.25)
+    again = data.spiked_gaussian(500, 30, alpha=1.0, nu=0.5, seed=0)
+    assert torch.equal(D.X, again.X)
+
+
+def test_targets():
+    D = data.spiked_gaussian(100, 10, 0.0, 0.0, seed=1)
+    y, betas = data.triple_index_target(D.X, seed=2)
+    torch.testing.assert_close(betas.T @ betas, torch.eye(3, dtype=torch.float64))
+    torch.testing.assert_close(y, torch.tanh(D.X @ betas).sum(1) / math.sqrt(3))
+    omega = torch.ones(10, dtype=torch.float64) / math.sqrt(10)
+    torch.testing.assert_close(data.single_index_target(D.X, omega), torch.sigmoid(D.X @ omega))
+
+
+@pytest.mark.parametrize("name", sorted(nets.ACTIVATIONS))
+def test_activation_derivatives_match_autograd(name):
+    act = nets.activation(name)
+    x = torch.linspace(-3, 3, 61, dtype=torch.float64).requires_grad_(True)
+    x = x[x.abs() > 1e-3].detach().requires_grad_(True)  # skip ReLU's kink
+    (d1,) = torch.autograd.grad(act.f(x).sum(), x, create_graph=True)
+    torch.testing.assert_close(act.df(x), d1)
+    if name != "relu":
+        (d2,) = torch.autograd.grad(d1.sum(), x)
+        torch.testing.assert_close(act.d2f(x), d2)
+
+
+def test_weight_structures():
+    q = torch.zeros(20, dtype=torch.float64)
+    q[0] = 1.0
+    for name in sorted(nets.WEIGHT_STRUCTURES):
+        W = nets.weight_structure(name, 30, q, n=100, seed=0)
+        torch.testing.assert_close(W.norm(dim=1), torch.ones(30, dtype=torch.float64))
+    assert nets.weight_structure("orthogonal", 30, q, 100, 0)[:, 0].abs().max() < 1e-12
+    tilted = nets.weight_structure("tilted", 30, q, 100, 0)
+    assert (tilted[:, 0].mean() > nets.weight_structure("isotropic", 30, q, 100, 0)[:, 0].mean())
+    assert nets.gamma_m(100, "ntk") == 0.1 and nets.gamma_m(100, "mf") == 0.01
+
+
+@pytest.mark.parametrize("activation", ["tanh", "softplus", "relu", "sigmoid"])
+@pytest.mark.parametrize("loss", ["mse", "logistic"])
+@pytest.mark.parametrize("mu", ["sample", "quadrature"])
+def test_decomposition_identity_and_ranks(problem, activation, loss, mu):
+    D, y, W, a = problem
+    if loss == "logistic":
+        y = torch.where(y >= 0, 1.0, -1.0).double()
+    dec = gradients.decompose(D.X_B, D.z, D.q, D.zeta, W, a, y, activation=activation, gamma=50**-0.5,
+                              loss=loss, mu=mu, Sigma_hat=D.Sigma_hat)
+    assert dec.G.shape == dec.S1.shape == dec.E.shape == (40, 50)
+    assert dec.identity_residual() < 1e-13
+    # G against an explicit formula, independent of autograd
+    f = nets.two_layer_forward(D.X, W, a, activation=activation, gamma=50**-0.5)
+    r = f - y if loss == "mse" else -y * torch.sigmoid(-y * f)
+    dsig = nets.activation(activation).df(D.X @ W.T)
+    G_explicit = 50**-0.5 / 60 * D.X.T @ ((r[:, None] * a[None, :]) * dsig)
+    torch.testing.assert_close(dec.G, G_explicit)
+    torch.testing.assert_close(dec.r, r)
+    for term in (dec.S1, dec.S12, dec.S2):
+        assert torch.linalg.matrix_rank(term).item() <= 1
+    # S12 shares S1's right vector and S2's left vector: S1 + S12 and S12 + S2 are rank one
+    assert torch.linalg.matrix_rank(dec.S1 + dec.S12).item() == 1
+    assert torch.linalg.matrix_rank(dec.S12 + dec.S2).item() == 1
+
+
+def test_residue_matches_autograd_of_loss():
+    f = torch.linspace(-2, 2, 9, dtype=torch.float64).requires_grad_(True)
+    y = torch.tensor([1.0, -1.0] * 4 + [1.0], dtype=torch.float64)
+    for name in sorted(gradients.LOSSES):
+        L = gradients.loss_function(name)
+        (g,) = torch.autograd.grad(L.value(f, y).sum(), f)
+        torch.testing.assert_close(L.residue(f.detach(), y), g)
+
+
+def test_mu_quadrature_against_scipy_and_closed_form():
+    rng = np.random.default_rng(0)
+    d = 6
+    A = rng.standard_normal((d, d))
+    Sigma = torch.as_tensor(A @ A.T / d + np.eye(d))
+    W = nets.sphere_rows(4, d, seed=1)
+    mu = gradients.mu_quadrature(W, Sigma, "tanh").numpy()
+    for j in range(4):
+        s = math.sqrt(float(W[j] @ Sigma @ W[j]))
+        ref, _ = scipy.integrate.quad(lambda t: (1 - np.tanh(s * t) ** 2) * np.exp(-t * t / 2) / np.sqrt(2 * np.pi),
+                                      -np.inf, np.inf)
+        assert mu[j] == pytest.approx(ref, abs=1e-6)  # 80 nodes: ~1e-7 for tanh
+    np.testing.assert_allclose(gradients.mu_quadrature(W, Sigma, "relu").numpy(), 0.5, atol=1e-12)
+    # the sample mean converges to it
+    D = data.spiked_gaussian(20000, d, 0.0, 0.2, seed=2)
+    Sig = D.Sigma_hat + D.zeta**2 * torch.outer(D.q, D.q)
+    np.testing.assert_allclose(gradients.mu_sample(D.X, W, "sigmoid").numpy(),
+                               gradients.mu_quadrature(W, Sig, "sigmoid").numpy(), atol=0.01)
+
+
+def test_spike_summary_on_a_small_problem():
+    p = gradients.spiked_problem(80, 60, 70, alpha=0.0, nu=0.0, activation="tanh", seed=0)
+    row = gradients.spike_summary(gradients.decompose_problem(p), p.data)
+    assert row["identity_residual"] < 1e-13
+    assert row["s1"] == pytest.approx(spectral.singular_values(gradients.decompose_problem(p).G)[0].item())
+    assert 0 <= row["align_u1_q"] <= 1 and 0 <= row["q_in_top2"] <= 1
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(activation="swish"), "activation='swish' is not allowed"),
+        (dict(loss="hinge"), "loss='hinge'"),
+        (dict(mu="median"), "mu='median'"),
+        (dict(mu="quadrature"), "needs Sigma_hat"),
+    ],
+)
+def test_decompose_rejects_bad_options(problem, kwargs, message):
+    D, y, W, a = problem
+    opts = dict(activation="tanh", gamma=0.1) | kwargs
+    with pytest.raises(ValueError, match=message):
+        gradients.decompose(D.X_B, D.z, D.q, D.zeta, W, a, y, **opts)
+
+
+def test_decompose_rejects_bad_shapes_and_values(problem):
+    D, y, W, a = problem
+    with pytest.raises(ValueError, match="W must have shape"):
+        gradients.decompose(D.X_B, D.z, D.q, D.zeta, W[:, :-1], a, y, activation="tanh", gamma=0.1)
+    bad = y.clone()
+    bad[0] = float("nan")
+    with pytest.raises(ValueError, match="y contains NaN"):
+        gradients.decompose(D.X_B, D.z, D.q, D.zeta, W, a, bad, activation="tanh", gamma=0.1)
+    with pytest.raises(ValueError, match="labels y in"):
+        gradients.decompose(D.X_B, D.z, D.q, D.zeta, W, a, y, activation="tanh", gamma=0.1, loss="logistic")
+    with pytest.raises(ValueError, match="nu must be non-negative"):
+        data.spiked_gaussian(10, 5, 0.0, -0.1, seed=0)
+    with pytest.raises(ValueError, match="seed"):
+        data.spiked_gaussian(10, 5, 0.0, 0.1, seed=-1)
+    with pytest.raises(ValueError, match="zero row"):
+        nets.normalize_rows(torch.zeros(2, 3))
+
+
+def test_device_is_cpu_here_and_overridable(monkeypatch):
+    from lowrank import device
+
+    monkeypatch.delenv("LOWRANK_DEVICE", raising=False)
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert device.get_device().type == expected
+    monkeypatch.setenv("LOWRANK_DEVICE", "cpu")
+    assert device.get_device().type == "cpu"

@@ -1,0 +1,137 @@
+"""lowrank.spectral against NumPy/SciPy and planted low-rank matrices."""
+
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+
+from lowrank import spectral
+
+
+def planted(m, n, spectrum, seed=0):
+    """A matrix with exactly the given singular values (random orthogonal factors)."""
+    rng = np.random.default_rng(seed)
+    k = len(spectrum)
+    U, _ = np.linalg.qr(rng.standard_normal((m, k)))
+    V, _ = np.linalg.qr(rng.standard_normal((n, k)))
+    return U @ np.diag(spectrum) @ V.T
+
+
+def test_singular_values_match_numpy():
+    M = np.random.default_rng(1).standard_normal((7, 5))
+    np.testing.assert_allclose(spectral.singular_values(M).numpy(), np.linalg.svd(M, compute_uv=False), rtol=1e-12)
+
+
+def test_numerical_rank_spectral_and_frobenius_on_planted_spectrum():
+    s = [10.0, 1.0, 0.05, 0.011, 0.009, 1e-6]
+    M = planted(20, 15, s)
+    # spectral: s_i / 10 > 1e-3  <=> s_i > 0.01 -> 10, 1, 0.05, 0.011
+    assert spectral.numerical_rank(M, eps=1e-3) == 4
+    fro = np.sqrt(np.sum(np.square(s)))
+    assert spectral.numerical_rank(M, eps=1e-3, scale="frobenius") == sum(v / fro > 1e-3 for v in s)
+    # the authors' code: torch.linalg.matrix_rank(M / ||M||_F, tol=1e-3)
+    Mt = torch.as_tensor(M)
+    assert spectral.numerical_rank(M, eps=1e-3, scale="frobenius") == int(
+        torch.linalg.matrix_rank(Mt / Mt.norm(), atol=1e-3, rtol=0.0))
+    assert spectral.numerical_rank(M, eps=0.5) == 1
+
+
+def test_stable_and_effective_rank_closed_forms():
+    s = np.array([3.0, 2.0, 1.0])
+    M = planted(6, 4, s)
+    assert spectral.stable_rank(M) == pytest.approx(np.sum(s**2) / 9.0, rel=1e-12)
+    p = s / s.sum()
+    assert spectral.effective_rank(M) == pytest.approx(np.exp(-(p * np.log(p)).sum()), rel=1e-10)
+    # a rank-one matrix: 0 log 0 = 0 gives effective rank exactly 1
+    assert spectral.effective_rank(planted(5, 5, [2.0])) == pytest.approx(1.0, abs=1e-6)
+    assert spectral.effective_rank(np.eye(4)) == pytest.approx(4.0, rel=1e-12)
+
+
+def test_rank_k_error_is_eckart_young():
+    rng = np.random.default_rng(2)
+    M = rng.standard_normal((9, 6))
+    U, s, Vt = np.linalg.svd(M, full_matrices=False)
+    for k in range(0, 7):
+        best = U[:, :k] @ np.diag(s[:k]) @ Vt[:k]
+        assert spectral.rank_k_error(M, k) == pytest.approx(np.linalg.norm(M - best), abs=1e-12)
+        assert spectral.rank_k_error(M, k, norm="spectral") == pytest.approx(np.linalg.norm(M - best, 2), abs=1e-12)
+
+
+def test_batched_input_matches_loop():
+    rng = np.random.default_rng(3)
+    B = rng.standard_normal((2, 3, 6, 4))
+    ranks = spectral.numerical_rank(B, eps=0.3)
+    assert ranks.shape == (2, 3)
+    for i in range(2):
+        for j in range(3):
+            assert ranks[i, j] == spectral.numerical_rank(B[i, j], eps=0.3)
+            assert spectral.stable_rank(B)[i, j].item() == pytest.approx(spectral.stable_rank(B[i, j]))
+            assert spectral.effective_rank(B)[i, j].item() == pytest.approx(spectral.effective_rank(B[i, j]))
+
+
+def test_alignment():
+    assert spectral.alignment([1, 0], [-3, 0]) == pytest.approx(1.0)
+    assert spectral.alignment([1, 0], [0, 2]) == pytest.approx(0.0)
+    assert spectral.alignment([1, 1], [1, 0]) == pytest.approx(2**-0.5)
+    with pytest.raises(ValueError, match="zero vector"):
+        spectral.alignment([0, 0], [1, 0])
+    with pytest.raises(ValueError, match="same length"):
+        spectral.alignment([1, 0, 0], [1, 0])
+
+
+def test_principal_angles_match_scipy_and_resolve_tiny_angles():
+    rng = np.random.default_rng(4)
+    A, B = rng.standard_normal((10, 3)), rng.standard_normal((10, 2))
+    ours = spectral.principal_angles(A, B).numpy()
+    np.testing.assert_allclose(ours, np.sort(scipy.linalg.subspace_angles(A, B)), atol=1e-12)
+    # a tiny angle: arccos alone would give 0 (or ~1e-8 noise) for 1e-10
+    theta = 1e-10
+    e1 = np.eye(5)[:, [0]]
+    rotated = np.cos(theta) * e1 + np.sin(theta) * np.eye(5)[:, [1]]
+    assert spectral.principal_angles(e1, rotated).item() == pytest.approx(theta, rel=1e-6)
+    assert spectral.principal_angles(e1, np.eye(5)[:, [1]]).item() == pytest.approx(np.pi / 2)
+
+
+def test_conv_weight_as_matrix():
+    w = torch.arange(2 * 3 * 5 * 5, dtype=torch.float64).reshape(2, 3, 5, 5)
+    M = spectral.conv_weight_as_matrix(w)
+    assert M.shape == (2, 75)
+    assert torch.equal(M[1, :25], w[1, 0].flatten())
+
+
+def test_count_outliers_on_planted_spikes():
+    rng = np.random.default_rng(5)
+    bulk = rng.standard_normal((200, 300)) / np.sqrt(300)
+    u, v = rng.standard_normal(200), rng.standard_normal(300)
+    u2, v2 = rng.standard_normal(200), rng.standard_normal(300)
+    one = bulk + 20 * np.outer(u / np.linalg.norm(u), v / np.linalg.norm(v))
+    two = one + 8 * np.outer(u2 / np.linalg.norm(u2), v2 / np.linalg.norm(v2))
+    assert spectral.count_outliers(bulk) == 0
+    assert spectral.count_outliers(one) == 1
+    assert spectral.count_outliers(two) == 2
+
+
+def test_leading_left_vectors():
+    M = planted(8, 6, [5.0, 2.0, 1.0], seed=6)
+    U = spectral.leading_left_vectors(M, 2)
+    Un = np.linalg.svd(M)[0][:, :2]
+    np.testing.assert_allclose(np.abs(U.numpy().T @ Un), np.eye(2), atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: spectral.numerical_rank(np.ones(3)), "at least 2 dimensions"),
+        (lambda: spectral.numerical_rank(np.array([[1.0, np.nan]])), "NaN"),
+        (lambda: spectral.numerical_rank(np.eye(3), eps=-1e-3), "eps must be positive"),
+        (lambda: spectral.numerical_rank(np.eye(3), scale="nuclear"), "scale="),
+        (lambda: spectral.stable_rank(np.zeros((3, 3))), "zero matrix"),
+        (lambda: spectral.rank_k_error(np.eye(3), -1), "k must be"),
+        (lambda: spectral.singular_values(np.zeros((0, 3))), "empty"),
+        (lambda: spectral.principal_angles(np.eye(3), np.eye(4)), "same number of rows"),
+        (lambda: spectral.count_outliers(np.eye(3), gap=1.0), "gap"),
+    ],
+)
+def test_bad_input_is_rejected_clearly(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
