@@ -78,8 +78,16 @@ def execute(name: str, output: Path, parameters: dict | None = None, figure_dir:
     The kernel runs in the notebook's folder; figures go to `figure_dir` (LOWRANK_FIGURE_DIR).
     Returns the glued values. On failure nothing is left at `output`.
     """
+    import logging
+
     import jupytext
     import papermill
+
+    # papermill's own reading of the parameter cell trips over our rule comments ({min: 0}) and
+    # warns "Passed unknown parameter"; parameters are validated by lowrank.runs instead.
+    logging.getLogger("papermill.translators").setLevel(logging.ERROR)
+    if parameters:
+        logging.getLogger("papermill").setLevel(logging.ERROR)
 
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,88 @@
+"""The `lowrank` command: rerun any notebook of the book with new parameters.
+
+    lowrank list [PART/NAME]
+    lowrank run PART/NAME [-p NAME VALUE ...] [--params FILE.yaml] [--scale ci|paper] [--force]
+    lowrank report RUN_FOLDER [RUN_FOLDER ...] [-o report.html]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+from . import notebooks, runs
+
+__all__ = ["main"]
+
+
+def _parse_value(text: str):
+    """`-p` values are YAML scalars or flow lists: 0.3, relu, [tanh, elu], true."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def cmd_list(args) -> int:
+    names = [args.name] if args.name else notebooks.list_notebooks()
+    for name in names:
+        specs = runs.parameter_specs(name)
+        paper_path = notebooks.paper_params_path(name)
+        paper = yaml.safe_load(paper_path.read_text()) if paper_path.is_file() else {}
+        print(f"{name}")
+        for spec in specs.values():
+            p = f"  paper: {paper[spec.name]!r}" if spec.name in paper else ""
+            print(f"  {spec.name:<22} = {spec.default!r:<28}{p}")
+            if args.name:
+                print(f"  {'':<22}   {spec.comment}  [{spec.describe()}]")
+        print()
+    return 0
+
+
+def cmd_run(args) -> int:
+    overrides = {k: _parse_value(v) for k, v in args.p or []}
+    params = runs.resolve_parameters(args.name, scale=args.scale, params_file=args.params, overrides=overrides)
+    folder, reused = runs.run(args.name, params, force=args.force)
+    print(f"{'reused' if reused else 'wrote'} {folder}")
+    for v in runs.load_run(folder)["verdicts"].values():
+        print(f"  {v['claim']} {v['name']}: {v['measured']:.4g} (expects {v['expected']}; "
+              f"{'agrees' if v['agrees'] else 'DISAGREES'})")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from .report import render
+
+    out = Path(args.output)
+    render([runs.load_run(f) for f in args.folders], out)
+    print(f"wrote {out}")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="lowrank", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    p_list = sub.add_parser("list", help="notebooks with their parameters, defaults and paper values")
+    p_list.add_argument("name", nargs="?")
+    p_run = sub.add_parser("run", help="execute a notebook with new parameters into a run folder")
+    p_run.add_argument("name", help="PART/NAME, e.g. gradients/decomposition")
+    p_run.add_argument("-p", nargs=2, action="append", metavar=("NAME", "VALUE"), help="set a parameter")
+    p_run.add_argument("--params", metavar="FILE", help="YAML file of parameters")
+    p_run.add_argument("--scale", choices=["ci", "paper"], default="ci", help="start from ci defaults or paper YAML")
+    p_run.add_argument("--force", action="store_true", help="rerun even if a run folder with this hash exists")
+    p_rep = sub.add_parser("report", help="render run folders as one standalone HTML page")
+    p_rep.add_argument("folders", nargs="+")
+    p_rep.add_argument("-o", "--output", default="report.html")
+    args = ap.parse_args(argv)
+    try:
+        return {"list": cmd_list, "run": cmd_run, "report": cmd_report}[args.command](args)
+    except (runs.ParameterError, FileNotFoundError) as err:
+        print(f"lowrank: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Standalone HTML for one run folder, or a side-by-side comparison of several."""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+
+__all__ = ["render"]
+
+_STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}
+th{background:#f3f3f3}.no{color:#b00;font-weight:bold}.diff{background:#fff6d5}img{max-width:100%}"""
+
+
+def _cell(x) -> str:
+    return html.escape(f"{x:.4g}" if isinstance(x, float) else str(x))
+
+
+def render(loaded: list[dict], out: Path) -> Path:
+    """Write `out`: parameters and verdicts as tables (differences highlighted), then figures."""
+    if not loaded:
+        raise ValueError("nothing to render: give at least one run folder")
+    labels = [r["provenance"]["hash"] for r in loaded]
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>lowrank runs</title><style>{_STYLE}</style>",
+             "</head><body>"]
+    names = sorted({r["provenance"]["notebook"] for r in loaded})
+    parts.append(f"<h1>{html.escape(', '.join(names))}</h1>")
+    head = "<tr><th></th>" + "".join(f"<th>{html.escape(x)}</th>" for x in labels) + "</tr>"
+
+    def table(title, rows):
+        parts.append(f"<h2>{title}</h2><table>{head}")
+        for key, values in rows:
+            cls = " class='diff'" if len({repr(v) for v in values}) > 1 else ""
+            parts.append(f"<tr{cls}><th>{html.escape(key)}</th>" + "".join(f"<td>{v}</td>" for v in values) + "</tr>")
+        parts.append("</table>")
+
+    pkeys = sorted({k for r in loaded for k in r["provenance"]["parameters"]})
+    table("Parameters", [(k, [_cell(r["provenance"]["parameters"].get(k, "")) for r in loaded]) for k in pkeys])
+    vkeys = sorted({k for r in loaded for k in r["verdicts"]})
+
+    def verdict(r, k):
+        v = r["verdicts"].get(k)
+        if v is None:
+            return ""
+        mark = "agrees" if v["agrees"] else "<span class='no'>disagrees</span>"
+        return f"{_cell(v['measured'])} ({mark})<br><small>expects {html.escape(v['expected'])}</small>"
+
+    table("Verdicts", [(k, [verdict(r, k) for r in loaded]) for k in vkeys])
+    prov = ["start", "wall_s", "device", "git"]
+    table("Provenance", [(k, [_cell(r["provenance"].get(k)) for r in loaded]) for k in prov])
+    parts.append("<h2>Figures</h2>")
+    stems = sorted({p.stem for r in loaded for p in r["figures"]})
+    for stem in stems:
+        parts.append(f"<h3>{html.escape(stem)}</h3><table><tr>")
+        for r in loaded:
+            png = r["folder"] / "figures" / f"{stem}.png"
+            img = (f"<img src='data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}'>"
+                   if png.is_file() else "(none)")
+            parts.append(f"<td><b>{html.escape(r['provenance']['hash'])}</b><br>{img}</td>")
+        parts.append("</tr></table>")
+    parts.append("</body></html>")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text("".join(parts))
+    tmp.replace(out)
+    return out
