@@ -3,8 +3,9 @@
     python -m lowrank.build [--jobs N] [--no-html] [--force]
 
 Each notebook is executed by papermill into `_build/executed/<part>/<name>.ipynb`, keyed by a
-hash of its source *and of every module of `lowrank/`*: jupyter-cache alone does not notice a
-change in imported code, so a change in the package re-executes every notebook. The executed
+hash of its source *and of every module of `lowrank/` it imports, directly or not*: jupyter-cache
+alone does not notice a change in imported code, so a change in the package re-executes exactly
+the notebooks that use the changed module. The executed
 outputs are then handed to jupyter-cache, so that Jupyter Book renders them without executing
 anything again; the tests read the same executed notebooks.
 """
@@ -20,7 +21,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from .notebooks import NOTEBOOK_ROOT, REPO_ROOT, execute, list_notebooks, source_path
+from .notebooks import REPO_ROOT, execute, source_path
 
 BUILD = REPO_ROOT / "_build"
 EXECUTED = BUILD / "executed"
@@ -29,16 +30,66 @@ CACHE = BUILD / ".jupyter_cache"
 PACKAGE = Path(__file__).resolve().parent
 
 
-def package_hash() -> str:
-    h = hashlib.sha256()
-    for p in sorted(PACKAGE.rglob("*.py")):
+def _module_file(module: str) -> Path | None:
+    """`lowrank.a.b` -> its source file (module or package __init__), None if it is not ours."""
+    parts = module.split(".")
+    if parts[0] != "lowrank":
+        return None
+    base = PACKAGE.joinpath(*parts[1:])
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imports(source: str, module: str, is_package: bool) -> set[str]:
+    """Absolute names of the modules `source` imports (relative imports resolved against `module`)."""
+    import ast
+
+    found = set()
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                root = ".".join(base + ([node.module] if node.module else []))
+            else:
+                root = node.module or ""
+            found.add(root)
+            found.update(f"{root}.{a.name}" for a in node.names)  # `from lowrank import spectral`
+    return found
+
+
+def lowrank_sources(code: str) -> list[Path]:
+    """The files of `lowrank/` that `code` uses, directly or through other modules (with the
+    `__init__.py` of every package on the way), so a change in any of them changes the key."""
+    todo = [m for m in _imports(code, "__main__", False) if _module_file(m)]
+    seen: dict[str, Path] = {}
+    while todo:
+        mod = todo.pop()
+        path = _module_file(mod)
+        if path is None or mod in seen:
+            continue
+        seen[mod] = path
+        parents = [".".join(mod.split(".")[:i]) for i in range(1, len(mod.split(".")))]
+        todo += parents
+        todo += [m for m in _imports(path.read_text(), mod, path.name == "__init__.py") if _module_file(m)]
+    return sorted(set(seen.values()))
+
+
+def execution_key(name: str) -> str:
+    """Hash of the notebook's source and of every `lowrank` file it uses."""
+    import jupytext
+
+    src = source_path(name)
+    code = "\n".join(c.source for c in jupytext.read(src).cells if c.cell_type == "code")
+    h = hashlib.sha256(src.read_bytes())
+    for p in lowrank_sources(code):
         h.update(p.relative_to(PACKAGE).as_posix().encode())
         h.update(p.read_bytes())
     return h.hexdigest()
-
-
-def execution_key(name: str, pkg_hash: str) -> str:
-    return hashlib.sha256(source_path(name).read_bytes() + pkg_hash.encode()).hexdigest()
 
 
 def executed_path(name: str) -> Path:
@@ -49,9 +100,9 @@ def _key_path(name: str) -> Path:
     return EXECUTED / f"{name}.key"
 
 
-def is_current(name: str, pkg_hash: str) -> bool:
+def is_current(name: str) -> bool:
     kp = _key_path(name)
-    return executed_path(name).is_file() and kp.is_file() and kp.read_text() == execution_key(name, pkg_hash)
+    return executed_path(name).is_file() and kp.is_file() and kp.read_text() == execution_key(name)
 
 
 def _execute_one(name: str, key: str, threads: int) -> tuple[str, float]:
@@ -65,8 +116,7 @@ def _execute_one(name: str, key: str, threads: int) -> tuple[str, float]:
 
 def execute_all(names, jobs: int, force: bool = False) -> dict:
     """Execute the notebooks whose key changed; return `{name: seconds}` of those executed."""
-    pkg = package_hash()
-    todo = [n for n in names if force or not is_current(n, pkg)]
+    todo = [n for n in names if force or not is_current(n)]
     done = {}
     if not todo:
         print(f"all {len(names)} notebooks are current (cache hit)")
@@ -76,7 +126,7 @@ def execute_all(names, jobs: int, force: bool = False) -> dict:
     print(f"executing {len(todo)} of {len(names)} notebooks, {jobs} at a time", flush=True)
     failures = {}
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(_execute_one, n, execution_key(n, pkg), threads): n for n in todo}
+        futures = {pool.submit(_execute_one, n, execution_key(n), threads): n for n in todo}
         for i, fut in enumerate(as_completed(futures), 1):
             name = futures[fut]
             try:
@@ -120,6 +170,36 @@ def fill_jupyter_cache(names) -> None:
                                     check_validity=False, overwrite=True)
 
 
+def toc_files() -> set[str]:
+    import yaml
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "file" in node:
+                yield node["file"]
+            for v in node.values():
+                yield from walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                yield from walk(v)
+
+    toc = yaml.safe_load((REPO_ROOT / "_toc.yml").read_text())
+    return {toc["root"], *walk(toc)}
+
+
+def book_notebooks() -> list[str]:
+    """The notebooks the book contains: those in `_toc.yml`, in toc order."""
+    prefix = "notebooks/"
+    return [f[len(prefix):] for f in sorted(toc_files()) if f.startswith(prefix)]
+
+
+def write_ledger(names) -> Path:
+    from .ledger import write_ledger as write
+    from .runs import RUNS
+
+    return write(REPO_ROOT / "book" / "ledger.md", {n: executed_path(n) for n in names}, RUNS, toc_files())
+
+
 def build_html() -> Path:
     jb = Path(sys.executable).with_name("jupyter-book")
     cmd = [str(jb), "build", str(REPO_ROOT), "--path-output", str(REPO_ROOT), "-W", "-n", "--keep-going"]
@@ -143,11 +223,12 @@ def main(argv=None) -> None:
             source_path(name)  # a clear error for a wrong name
         execute_all(args.only, args.jobs, force=True)
         return
-    names = list_notebooks()
+    names = book_notebooks()
     if not names:
-        raise SystemExit(f"no notebooks under {NOTEBOOK_ROOT}")
+        raise SystemExit("no notebooks in _toc.yml")
     execute_all(names, args.jobs, args.force)
     fill_jupyter_cache(names)
+    write_ledger(names)
     if not args.no_html:
         index = build_html()
         print(f"\nThe book is at {index} (built in {time.time() - start:.0f} s)")

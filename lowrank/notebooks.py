@@ -113,7 +113,8 @@ def execute(name: str, output: Path, parameters: dict | None = None, figure_dir:
         import nbformat
 
         nb = nbformat.read(partial, as_version=4)
-        nb.metadata["lowrank"] = {"notebook": name, "wall_s": round(time.time() - start, 2)}
+        nb.metadata["lowrank"] = {"notebook": name, "wall_s": round(time.time() - start, 2),
+                                  "executed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         nbformat.write(nb, partial)
         os.replace(partial, output)
     return glued_values(nb)
