@@ -18,9 +18,13 @@ env: $(STAMP)
 book: $(STAMP)
 	$(VENV)/bin/python -m lowrank.build
 
-# Unit tests, golden verdicts and nbval on the executed notebooks (builds the book first).
+# Unit tests and golden verdicts on the build's executed notebooks, then nbval: a fresh kernel
+# re-runs each executed notebook and must print the same rounded verdict summary (cells tagged
+# nbval-check-output), which is the check that a rerun reproduces the book.
 test: book
 	$(VENV)/bin/python -m pytest
+	LOWRANK_FIGURE_DIR=$(CURDIR)/_build/nbval-figures $(VENV)/bin/python -m pytest -p no:cacheprovider \
+		--nbval-lax --nbval-current-env -o testpaths= _build/executed
 
 clean:
 	rm -rf _build
