@@ -79,3 +79,17 @@ def test_book_renders_executed_outputs_without_reexecuting():
     html = build.BUILD / "html" / "notebooks" / "gradients" / "decomposition.html"
     assert html.is_file(), "run `make book` first"
     assert "Verdict" in html.read_text()
+
+
+def test_ledger_lists_every_claim_and_links_every_notebook(executed_notebooks):
+    import yaml as _yaml
+
+    text = build.write_ledger(NAMES).read_text()
+    claims = _yaml.safe_load((build.REPO_ROOT / "book" / "claims.yaml").read_text())
+    assert {c["notebook"] for c in claims} >= set(NAMES), "a notebook without a row in book/claims.yaml"
+    for c in claims:
+        assert f"| {c['claim']}" in text or f"[{c['claim']}]" in text
+    for name in NAMES:
+        assert f"(../notebooks/{name}.md)" in text
+        for v in notebooks.verdicts(nbformat.read(executed_notebooks[name], as_version=4)).values():
+            assert f"{v['measured']:.3g} ({'yes' if v['agrees'] else '**no**'})" in text
