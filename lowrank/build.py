@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -109,7 +110,8 @@ def _execute_one(name: str, key: str, threads: int) -> tuple[str, float]:
     os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by the kernel
     start = time.time()
     _key_path(name).unlink(missing_ok=True)
-    execute(name, executed_path(name), figure_dir=FIGURES / name)
+    # pages are notebooks/<part>/<name>.html; figures are published in figures/<part>/<name>/
+    execute(name, executed_path(name), figure_dir=FIGURES / name, figure_url=f"../../figures/{name}")
     _key_path(name).write_text(key)
     return name, time.time() - start
 
@@ -207,7 +209,16 @@ def build_html() -> Path:
     result = subprocess.run(cmd, cwd=REPO_ROOT)
     if result.returncode != 0:
         raise SystemExit(f"jupyter-book failed (exit {result.returncode}); see the warnings above")
+    publish_figures()
     return BUILD / "html" / "index.html"
+
+
+def publish_figures() -> None:
+    """Copy every figure's files (PNG, SVG, CSV) next to the HTML, where the pages link to them."""
+    target = BUILD / "html" / "figures"
+    shutil.rmtree(target, ignore_errors=True)
+    if FIGURES.is_dir():
+        shutil.copytree(FIGURES, target)
 
 
 def main(argv=None) -> None:

@@ -3,6 +3,7 @@
     lowrank list [PART/NAME]
     lowrank run PART/NAME [-p NAME VALUE ...] [--params FILE.yaml] [--scale ci|paper] [--force]
     lowrank report RUN_FOLDER [RUN_FOLDER ...] [-o report.html]
+    lowrank sweep SPEC.yaml [--executor local|ray] [--address HOST:PORT] [--jobs N] [--collect]
 """
 
 from __future__ import annotations
@@ -62,6 +63,23 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    from . import sweeps
+
+    spec = sweeps.load_spec(args.spec, output=args.output)
+    if args.collect:
+        table = sweeps.collect(spec)
+        print(f"collected {table['run'].nunique()} runs of {len(spec.points)} into {spec.output / 'collected.csv'}")
+        return 0
+    result = sweeps.run_sweep(spec, args.executor, address=args.address, jobs=args.jobs)
+    print(f"{len(result['done'])} ran, {len(result['skipped'])} already finished, {len(result['failed'])} failed "
+          f"({spec.output})")
+    for folder, error in result["failed"].items():
+        last = error.splitlines()[-1] if error else "no message"
+        print(f"FAILED {folder}: {last}", file=sys.stderr)
+    return 1 if result["failed"] else 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="lowrank", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -76,10 +94,19 @@ def main(argv=None) -> int:
     p_rep = sub.add_parser("report", help="render run folders as one standalone HTML page")
     p_rep.add_argument("folders", nargs="+")
     p_rep.add_argument("-o", "--output", default="report.html")
+    p_sw = sub.add_parser("sweep", help="run (or --collect) a sweep spec on a local pool or Ray")
+    p_sw.add_argument("spec")
+    p_sw.add_argument("--executor", choices=["local", "ray"], default="local")
+    p_sw.add_argument("--address", help="Ray cluster address (default: a local Ray instance)")
+    p_sw.add_argument("--jobs", type=int, help="local executor: runs at once (default: CPU count)")
+    p_sw.add_argument("--output", help="sweep folder (default runs/sweeps/<spec name>)")
+    p_sw.add_argument("--collect", action="store_true", help="gather finished runs into collected.csv")
     args = ap.parse_args(argv)
+    from .sweeps import SweepError
+
     try:
-        return {"list": cmd_list, "run": cmd_run, "report": cmd_report}[args.command](args)
-    except (runs.ParameterError, FileNotFoundError) as err:
+        return {"list": cmd_list, "run": cmd_run, "report": cmd_report, "sweep": cmd_sweep}[args.command](args)
+    except (runs.ParameterError, FileNotFoundError, SweepError) as err:
         print(f"lowrank: error: {err}", file=sys.stderr)
         return 2
 

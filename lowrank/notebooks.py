@@ -72,11 +72,12 @@ def parameter_defaults(nb) -> dict:
 
 
 def execute(name: str, output: Path, parameters: dict | None = None, figure_dir: Path | None = None,
-            timeout: int = 1800) -> dict:
+            figure_url: str | None = None, timeout: int = 1800) -> dict:
     """Execute notebook `name` with papermill into `output` (.ipynb), atomically.
 
-    The kernel runs in the notebook's folder; figures go to `figure_dir` (LOWRANK_FIGURE_DIR).
-    Returns the glued values. On failure nothing is left at `output`.
+    The kernel runs in the notebook's folder; figures go to `figure_dir` (LOWRANK_FIGURE_DIR) and
+    their download links point at `figure_url` (LOWRANK_FIGURE_URL). Returns the glued values.
+    On failure nothing is left at `output`.
     """
     import logging
 
@@ -95,9 +96,12 @@ def execute(name: str, output: Path, parameters: dict | None = None, figure_dir:
         src = Path(tmp) / "input.ipynb"
         jupytext.write(read_notebook(name), src)
         partial = Path(tmp) / "output.ipynb"
-        env_before = os.environ.get("LOWRANK_FIGURE_DIR")
-        if figure_dir is not None:
-            os.environ["LOWRANK_FIGURE_DIR"] = str(Path(figure_dir).resolve())
+        env = {"LOWRANK_FIGURE_DIR": str(Path(figure_dir).resolve()) if figure_dir is not None else None,
+               "LOWRANK_FIGURE_URL": figure_url}
+        env_before = {k: os.environ.get(k) for k in env}
+        for k, v in env.items():  # the kernel inherits the environment
+            if v is not None:
+                os.environ[k] = v
         try:
             start = time.time()
             papermill.execute_notebook(
@@ -105,11 +109,11 @@ def execute(name: str, output: Path, parameters: dict | None = None, figure_dir:
                 kernel_name="python3", progress_bar=False, execution_timeout=timeout,
             )
         finally:
-            if figure_dir is not None:
-                if env_before is None:
-                    os.environ.pop("LOWRANK_FIGURE_DIR", None)
+            for k, v in env_before.items():
+                if v is None:
+                    os.environ.pop(k, None)
                 else:
-                    os.environ["LOWRANK_FIGURE_DIR"] = env_before
+                    os.environ[k] = v
         import nbformat
 
         nb = nbformat.read(partial, as_version=4)

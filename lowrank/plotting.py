@@ -51,4 +51,24 @@ def save_figure(fig, stem: str, data) -> dict:
     _atomic_write(paths["csv"], lambda p: data.to_csv(p, index=False))
     for ext in ("png", "svg"):
         _atomic_write(paths[ext], lambda p, ext=ext: fig.savefig(p, format=ext, bbox_inches="tight"))
+    _show_download_links(stem)
     return paths
+
+
+def _show_download_links(stem: str) -> None:
+    """Inside a kernel, print links to the figure's data and vector image.
+
+    The book build sets LOWRANK_FIGURE_URL to where it publishes the figure folder, relative to
+    the page; elsewhere the links point at the files themselves.
+    """
+    try:
+        from IPython import get_ipython
+        from IPython.display import HTML, display
+    except ImportError:
+        return
+    if get_ipython() is None:
+        return
+    base = os.environ.get("LOWRANK_FIGURE_URL") or figure_dir().resolve().as_uri()
+    links = " · ".join(f'<a href="{base}/{stem}.{ext}" download>{label}</a>'
+                       for ext, label in (("csv", "data (CSV)"), ("svg", "figure (SVG)")))
+    display(HTML(f'<p class="figure-downloads">Download: {links}</p>'))

@@ -1,0 +1,317 @@
+"""Sweeps: a grid (or list) of runs of a notebook or a function, on a local process pool or Ray.
+
+A sweep spec is a YAML file:
+
+    notebook: sgd/rank_vs_batch_size      # or  function: lowrank.some_module:callable
+    scale: ci                             # notebooks: start from ci defaults or the paper YAML
+    base: params/my_base.yaml             # optional: shared parameters (a YAML file or a mapping)
+    grid:                                 # the cartesian product of these lists ...
+      batch_size: [4, 8, 16]
+      seed: [0, 1]
+    points:                               # ... or/and an explicit list of points
+      - {batch_size: 128, seed: 0}
+    resources: {num_cpus: 1, num_gpus: 0} # per run, for Ray
+
+Every point is validated before anything runs. Each run writes its own folder
+`<output>/<hash>/` atomically (the layout of `lowrank run`); a restarted sweep skips finished
+runs, and one failing run is reported without stopping the others.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+import inspect
+import itertools
+import json
+import os
+import shutil
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from . import notebooks, runs
+
+__all__ = ["SweepSpec", "SweepError", "load_spec", "run_sweep", "collect", "EXECUTORS"]
+
+EXECUTORS = ("local", "ray")
+
+
+class SweepError(ValueError):
+    """A sweep spec that cannot run; raised before any run starts."""
+
+
+@dataclass
+class SweepSpec:
+    path: Path
+    notebook: str | None
+    function: str | None
+    scale: str
+    points: list[dict]  # fully resolved parameters of every run
+    resources: dict = field(default_factory=dict)
+    output: Path | None = None
+
+    @property
+    def target(self) -> str:
+        return self.notebook or self.function
+
+    def run_folder(self, params: dict) -> Path:
+        return self.output / runs.run_hash(self.target, params)
+
+
+def _load_function(ref: str):
+    module, _, attr = ref.partition(":")
+    if not module or not attr:
+        raise SweepError(f"function must be 'module:callable', got {ref!r}")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as err:
+        raise SweepError(f"cannot import function {ref!r}: {err}") from err
+    if not callable(fn):
+        raise SweepError(f"{ref!r} is not callable")
+    return fn
+
+
+def load_spec(path, output: Path | None = None) -> SweepSpec:
+    """Read and validate a sweep spec; every point's parameters are checked here."""
+    path = Path(path)
+    if not path.is_file():
+        raise SweepError(f"sweep spec {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise SweepError(f"sweep spec {path} is not valid YAML: {err}") from err
+    if not isinstance(raw, dict):
+        raise SweepError(f"sweep spec {path} must be a mapping")
+    unknown = set(raw) - {"notebook", "function", "scale", "base", "grid", "points", "resources"}
+    if unknown:
+        raise SweepError(f"sweep spec {path}: unknown keys {sorted(unknown)}")
+    if ("notebook" in raw) == ("function" in raw):
+        raise SweepError(f"sweep spec {path}: give exactly one of 'notebook' or 'function'")
+    grid = raw.get("grid") or {}
+    if not isinstance(grid, dict) or any(not isinstance(v, list) or not v for v in grid.values()):
+        raise SweepError(f"sweep spec {path}: 'grid' must map parameter names to non-empty lists")
+    listed = raw.get("points") or []
+    if not isinstance(listed, list) or any(not isinstance(p, dict) for p in listed):
+        raise SweepError(f"sweep spec {path}: 'points' must be a list of mappings")
+    keys = list(grid)
+    points = [dict(zip(keys, combo)) for combo in itertools.product(*grid.values())] if grid else []
+    points += listed
+    if not points:
+        raise SweepError(f"sweep spec {path}: no points (give 'grid' or 'points')")
+    base = raw.get("base") or {}
+    if isinstance(base, str):  # a YAML file of shared parameters, relative to the spec or the repository
+        base_path = path.parent / base
+        if not base_path.is_file():
+            base_path = notebooks.REPO_ROOT / base
+        base = runs._load_yaml(base_path)
+    if not isinstance(base, dict):
+        raise SweepError(f"sweep spec {path}: 'base' must be a mapping or a YAML file name")
+    scale = raw.get("scale", "ci")
+    resources = raw.get("resources") or {}
+    if set(resources) - {"num_cpus", "num_gpus"}:
+        raise SweepError(f"sweep spec {path}: resources takes num_cpus and num_gpus only")
+    if "notebook" in raw:
+        name = raw["notebook"]
+        try:
+            notebooks.source_path(name)
+            resolved = [runs.resolve_parameters(name, scale=scale, overrides={**base, **p}) for p in points]
+        except (runs.ParameterError, FileNotFoundError) as err:
+            raise SweepError(f"sweep spec {path}: {err}") from err
+        spec = SweepSpec(path, name, None, scale, resolved, resources)
+    else:
+        fn = _load_function(raw["function"])
+        accepted = inspect.signature(fn).parameters
+        resolved = []
+        for p in points:
+            full = {**base, **p}
+            bad = [k for k in full if k not in accepted]
+            if bad:
+                raise SweepError(f"sweep spec {path}: {raw['function']} takes no parameter {bad[0]!r}; "
+                                 f"it takes {sorted(accepted)}")
+            resolved.append(full)
+        spec = SweepSpec(path, None, raw["function"], scale, resolved, resources)
+    hashes = [runs.run_hash(spec.target, p) for p in spec.points]
+    if len(set(hashes)) != len(hashes):
+        raise SweepError(f"sweep spec {path}: two points have the same parameters")
+    spec.output = Path(output) if output else runs.RUNS / "sweeps" / path.stem
+    return spec
+
+
+def execute_point(target_kind: str, target: str, params: dict, folder: str) -> str:
+    """Run one point into `folder` (atomically); returns the folder. Runs inside a worker."""
+    folder = Path(folder)
+    if folder.is_dir():
+        return str(folder)
+    if target_kind == "notebook":
+        made, _ = runs.run(target, params, runs_root=folder.parent / ".nb")
+        os.rename(made, folder)  # same file system: atomic
+        return str(folder)
+    tmp = folder.parent / f".{folder.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        start = time.time()
+        result = _load_function(target)(**params)
+        if hasattr(result, "to_csv"):
+            result.to_csv(tmp / "results.csv", index=False)
+        else:
+            (tmp / "results.json").write_text(json.dumps(result, indent=2, sort_keys=True, default=float))
+        (tmp / "parameters.json").write_text(json.dumps(params, indent=2, sort_keys=True))
+        (tmp / "provenance.json").write_text(json.dumps({
+            "function": target, "parameters": params, "hash": folder.name, "git": runs._git_state(),
+            "versions": runs._versions(), "wall_s": round(time.time() - start, 2),
+            "end": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        }, indent=2, sort_keys=True))
+        os.rename(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return str(folder)
+
+
+def _point_process(task, error_file):
+    """Body of a local worker process: run one point, leave a traceback file if it fails."""
+    try:
+        execute_point(*task)
+    except BaseException:
+        Path(error_file).write_text(traceback.format_exc())
+        raise SystemExit(1)
+
+
+def _run_local(tasks, jobs, on_start, on_done):
+    """One process per run (at most `jobs` at once): a run that crashes or is killed takes no
+    other run with it, unlike a shared process pool."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    queue, running = list(tasks), {}
+    while queue or running:
+        while queue and len(running) < jobs:
+            t = queue.pop(0)
+            err_file = Path(t[3]).parent / f".{Path(t[3]).name}.error"
+            err_file.unlink(missing_ok=True)
+            proc = ctx.Process(target=_point_process, args=(t, str(err_file)), daemon=False)
+            proc.start()
+            running[proc] = (t, err_file)
+            on_start(t)
+        for proc in [p for p in running if not p.is_alive()]:
+            t, err_file = running.pop(proc)
+            proc.join()
+            if proc.exitcode == 0:
+                on_done(t, None)
+            else:
+                why = err_file.read_text().strip() if err_file.is_file() else f"worker exited with code {proc.exitcode}"
+                err_file.unlink(missing_ok=True)
+                on_done(t, why)
+        time.sleep(0.05)
+
+
+def _run_ray(tasks, resources, address, on_start, on_done):
+    import ray
+
+    started_here = not ray.is_initialized()
+    if started_here:
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    remote = ray.remote(max_retries=0, num_cpus=resources.get("num_cpus", 1),
+                        num_gpus=resources.get("num_gpus", 0))(execute_point)
+    try:
+        refs = {}
+        for t in tasks:
+            refs[remote.remote(*t)] = t
+            on_start(t)
+        while refs:
+            done, _ = ray.wait(list(refs), num_returns=1)
+            for ref in done:
+                t = refs.pop(ref)
+                try:
+                    ray.get(ref)
+                    on_done(t, None)
+                except Exception as err:  # a crashed worker or a failing run: report it, go on
+                    on_done(t, f"{type(err).__name__}: {err}")
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def run_sweep(spec: SweepSpec, executor: str = "local", *, address: str | None = None, jobs: int | None = None,
+              progress: bool = True) -> dict:
+    """Run every missing point of `spec`. Returns {"done": [...], "skipped": [...], "failed": {folder: error}}."""
+    from tqdm.auto import tqdm
+
+    if executor not in EXECUTORS:
+        raise SweepError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+    spec.output.mkdir(parents=True, exist_ok=True)
+    kind = "notebook" if spec.notebook else "function"
+    folders = [spec.run_folder(p) for p in spec.points]
+    skipped = [str(f) for f in folders if f.is_dir()]
+    tasks = [(kind, spec.target, p, str(f)) for p, f in zip(spec.points, folders) if not f.is_dir()]
+    state = {"running": 0, "done": [], "failed": {}}
+    bar = tqdm(total=len(folders), initial=len(skipped), desc=f"sweep {spec.path.stem}", unit="run",
+               disable=not progress)
+
+    def show():
+        bar.set_postfix(done=len(skipped) + len(state["done"]), running=state["running"], failed=len(state["failed"]))
+
+    def on_start(t):
+        state["running"] += 1
+        show()
+
+    def on_done(t, error):
+        state["running"] -= 1
+        if error is None:
+            state["done"].append(t[3])
+        else:
+            state["failed"][t[3]] = error
+        bar.update(1)
+        show()
+
+    if tasks:
+        if executor == "local":
+            _run_local(tasks, jobs or os.cpu_count() or 1, on_start, on_done)
+        else:
+            _run_ray(tasks, spec.resources, address, on_start, on_done)
+    bar.close()
+    (spec.output / "sweep.json").write_text(json.dumps({"spec": str(spec.path), "target": spec.target,
+                                                        "runs": [str(f) for f in folders]}, indent=2))
+    return {"done": state["done"], "skipped": skipped, "failed": state["failed"]}
+
+
+def collect(spec: SweepSpec):
+    """One tidy table of every finished run: its parameters as columns, then its results
+    (a function's rows, or a notebook's verdicts: one row per verdict)."""
+    import pandas as pd
+
+    frames = []
+    for params in spec.points:
+        folder = spec.run_folder(params)
+        if not folder.is_dir():
+            continue
+        flat = {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in params.items()}
+        if (folder / "results.csv").is_file():
+            df = pd.read_csv(folder / "results.csv")
+        elif (folder / "results.json").is_file():
+            df = pd.json_normalize(json.loads((folder / "results.json").read_text()))
+        else:
+            verdicts = json.loads((folder / "verdicts.json").read_text())
+            df = pd.DataFrame([{"verdict": k, "measured": v["measured"], "agrees": v["agrees"]}
+                               for k, v in verdicts.items()])
+        for k, v in reversed(list(flat.items())):
+            if k not in df.columns:
+                df.insert(0, k, v)
+        df.insert(0, "run", folder.name)
+        frames.append(df)
+    if not frames:
+        raise SweepError(f"no finished runs of {spec.path} under {spec.output}")
+    table = pd.concat(frames, ignore_index=True)
+    out = spec.output / "collected.csv"
+    tmp = out.with_name(".collected.csv.tmp")
+    table.to_csv(tmp, index=False)
+    tmp.replace(out)
+    return table
