@@ -7,3 +7,7 @@ notebooks), `build` (the book build).
 """
 
 __version__ = "0.1.0"
+
+from .device import deterministic as _deterministic
+
+_deterministic()

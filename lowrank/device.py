@@ -6,7 +6,7 @@ import os
 
 import torch
 
-__all__ = ["get_device", "describe_device"]
+__all__ = ["get_device", "describe_device", "deterministic"]
 
 
 def get_device() -> torch.device:
@@ -25,3 +25,15 @@ def describe_device(device: torch.device | None = None) -> str:
     if dev.type == "cuda":
         return f"cuda ({torch.cuda.get_device_name(dev)})"
     return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def deterministic() -> None:
+    """Make torch choose deterministic kernels (called when `lowrank` is imported).
+
+    On the CPU this makes a seeded run repeat bit for bit. On CUDA, cuBLAS also needs
+    CUBLAS_WORKSPACE_CONFIG set before its first use (done here when unset); a few GPU kernels have
+    no deterministic version and only warn, and results still differ from the CPU's in the last bits
+    (different summation order), which is why golden values are for the CPU.
+    """
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)

@@ -110,3 +110,16 @@ def test_run_folder_contents_reuse_and_report(tmp_path):
     out = render([runs.load_run(folder), runs.load_run(folder)], tmp_path / "report.html")
     text = out.read_text()
     assert "identity_residual" in text and "data:image/png;base64" in text
+
+
+def test_same_parameters_give_identical_verdicts(tmp_path):
+    """Determinism on the CPU: two executions, bit-identical verdicts (not just rounded)."""
+    import torch
+
+    assert torch.are_deterministic_algorithms_enabled()
+    params = runs.resolve_parameters(NB, overrides={**TINY, "seed": 7})
+    first, _ = runs.run(NB, params, runs_root=tmp_path / "a")
+    second, _ = runs.run(NB, params, runs_root=tmp_path / "b")
+    assert (first / "verdicts.json").read_text() == (second / "verdicts.json").read_text()
+    assert (first / "figures" / "decomposition_outlier_counts.csv").read_bytes() == \
+        (second / "figures" / "decomposition_outlier_counts.csv").read_bytes()
