@@ -202,9 +202,13 @@ def write_ledger(names) -> Path:
     return write(REPO_ROOT / "book" / "ledger.md", {n: executed_path(n) for n in names}, RUNS, toc_files())
 
 
-def build_html() -> Path:
+def build_html(rebuild_all: bool = False) -> Path:
+    """Jupyter Book with warnings as errors. Sphinx re-reads only pages whose *source* changed, so
+    when a notebook was re-executed (new outputs, same source) every page is rebuilt (`--all`)."""
     jb = Path(sys.executable).with_name("jupyter-book")
     cmd = [str(jb), "build", str(REPO_ROOT), "--path-output", str(REPO_ROOT), "-W", "-n", "--keep-going"]
+    if rebuild_all:
+        cmd.append("--all")
     print("building HTML:", " ".join(cmd[1:]), flush=True)
     result = subprocess.run(cmd, cwd=REPO_ROOT)
     if result.returncode != 0:
@@ -237,11 +241,11 @@ def main(argv=None) -> None:
     names = book_notebooks()
     if not names:
         raise SystemExit("no notebooks in _toc.yml")
-    execute_all(names, args.jobs, args.force)
+    executed = execute_all(names, args.jobs, args.force)
     fill_jupyter_cache(names)
     write_ledger(names)
     if not args.no_html:
-        index = build_html()
+        index = build_html(rebuild_all=bool(executed))
         print(f"\nThe book is at {index} (built in {time.time() - start:.0f} s)")
 
 

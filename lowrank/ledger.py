@@ -93,5 +93,7 @@ def ledger_markdown(rows: list[dict], toc_files: set[str]) -> str:
 
 
 def write_ledger(out: Path, executed: dict[str, Path], runs_root: Path, toc_files: set[str]) -> Path:
-    out.write_text(ledger_markdown(ledger_rows(executed, runs_root), toc_files))
+    text = ledger_markdown(ledger_rows(executed, runs_root), toc_files)
+    if not out.is_file() or out.read_text() != text:  # unchanged: keep the mtime, Sphinx skips the page
+        out.write_text(text)
     return out

@@ -24,3 +24,62 @@ def test_key_changes_with_used_code_only(tmp_path, monkeypatch):
     assert build.execution_key(NB) == before
     (pkg / "spectral.py").write_text((pkg / "spectral.py").read_text() + "\n# used change\n")
     assert build.execution_key(NB) != before
+
+
+PROBE = """---
+jupytext:
+  text_representation: {{extension: .md, format_name: myst, format_version: 0.13}}
+kernelspec: {{display_name: Python 3, language: python, name: python3}}
+---
+
+# Probe {name}
+
+```{{code-cell}} ipython3
+:tags: [parameters]
+
+scale = "ci"
+```
+
+```{{code-cell}} ipython3
+{code}
+```
+"""
+
+
+def test_changed_function_shows_up_in_rebuilt_book(tmp_path):
+    """Build a two-page book on a copy of the package, change a function one page uses, rebuild:
+    that page shows the new value, the other page is not executed again."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = tmp_path / "book"
+    shutil.copytree(build.PACKAGE, root / "lowrank", ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "book").mkdir()
+    shutil.copytree(build.REPO_ROOT / "book" / "_ext", root / "book" / "_ext")
+    for rel in ("_config.yml", "book/references.bib", "book/claims.yaml"):
+        shutil.copy(build.REPO_ROOT / rel, root / rel)
+    (root / "book" / "intro.md").write_text("# Probe book\n")
+    (root / "_toc.yml").write_text("format: jb-book\nroot: book/intro\nchapters:\n"
+                                   "  - file: notebooks/probe/uses_spectral\n  - file: notebooks/probe/plain\n")
+    (root / "notebooks" / "probe").mkdir(parents=True)
+    (root / "notebooks" / "probe" / "uses_spectral.md").write_text(PROBE.format(
+        name="A", code="from lowrank import spectral\nprint('stable rank', spectral.stable_rank([[3.0, 0], [0, 4.0]]))"))
+    (root / "notebooks" / "probe" / "plain.md").write_text(PROBE.format(name="B", code="print('no lowrank here')"))
+    env = {**os.environ, "PYTHONPATH": str(root)}
+
+    def build_book():
+        subprocess.run([sys.executable, "-m", "lowrank.build", "--jobs", "1"], cwd=root, env=env, check=True,
+                       capture_output=True, text=True)
+        page = (root / "_build" / "html" / "notebooks" / "probe" / "uses_spectral.html").read_text()
+        stamp = json.loads((root / "_build" / "executed" / "probe" / "plain.ipynb").read_text())
+        return page, stamp["metadata"]["lowrank"]["executed_at"]
+
+    page, plain_stamp = build_book()
+    assert "stable rank 1.5625" in page  # (9 + 16) / 16
+    spectral = root / "lowrank" / "spectral.py"
+    spectral.write_text(spectral.read_text().replace("return _out(fro**2 / top**2", "return _out(2 * fro**2 / top**2"))
+    page, plain_again = build_book()
+    assert "stable rank 3.125" in page, "the rebuilt book shows a stale output"
+    assert plain_again == plain_stamp, "a page that does not use the changed module was executed again"
