@@ -23,7 +23,7 @@ book: $(STAMP)
 # nbval-check-output), which is the check that a rerun reproduces the book.
 test: book
 	$(VENV)/bin/python -m pytest
-	LOWRANK_FIGURE_DIR=$(CURDIR)/_build/nbval-figures $(VENV)/bin/python -m pytest -p no:cacheprovider \
+	OMP_NUM_THREADS=1 LOWRANK_FIGURE_DIR=$(CURDIR)/_build/nbval-figures $(VENV)/bin/python -m pytest -p no:cacheprovider \
 		--nbval-lax --nbval-current-env -o testpaths= _build/executed
 
 clean:

@@ -12,19 +12,33 @@ splits exactly into
     E   = (gamma / n) X_B^T [(r a^T) o sigma'_perp]              error
 
 for any choice of `mu` (see papers/NOTATION.md: S12 and the display form of G are reconstructed).
+
+Also here (Sections 4-5 and Remark 1 of the low-rank-gradients paper):
+
+- the regularised gradients: weight decay (`weight_decay_gradient`, `weight_decay_scales`), input
+  noise (`add_input_noise`, `noisy_problem`) and the Jacobian penalty (`jacobian_penalty_gradient`,
+  split into the data spike `S3` and the bulk `E2`);
+- the residue-alignment exponent `residue_alignment_beta` (Assumption 6) and, for real data,
+  `estimate_nu_alpha`, `spike_split` and `real_problem`;
+- a valid 1-D convolution as a weight-tied two-layer network (`conv1d_weight_matrix`,
+  `conv1d_forward`, `conv1d_problem`) and the filter gradient folded from the untied gradient
+  (`conv1d_filter_gradient`, `conv1d_filter_low_rank`);
+- which spike dominates: measured (`dominant_spike`, `call_problem`) and predicted by the rule of
+  thumb of Section 5 (`rule_of_thumb`, `rule_of_thumb_boundaries`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
 
-from ._checks import as_tensor, check_choice
-from .data import SpikedData, spiked_gaussian, triple_index_target
+from ._checks import as_tensor, check_choice, check_positive
+from .data import SpikedData, generator, spiked_gaussian, triple_index_target
 from .nets import activation as get_activation
-from .nets import gamma_m, outer_weights, two_layer_forward, weight_structure
+from .nets import gamma_m, outer_weights, sphere_rows, two_layer_forward, weight_structure
 from .spectral import alignment, count_outliers, leading_left_vectors, singular_values
 
 __all__ = [
@@ -39,6 +53,38 @@ __all__ = [
     "spiked_problem",
     "decompose_problem",
     "spike_summary",
+    # Section 4: regularisers
+    "weight_decay_gradient",
+    "WeightDecayScales",
+    "weight_decay_scales",
+    "tau2_from_rho",
+    "add_input_noise",
+    "noisy_problem",
+    "JacobianPenaltyGradient",
+    "jacobian_penalty",
+    "jacobian_penalty_gradient",
+    "jacobian_penalty_problem",
+    # residue alignment, spectrum estimates
+    "residue_alignment_beta",
+    "SpectrumFit",
+    "estimate_nu_alpha",
+    "spike_split",
+    "real_problem",
+    # Remark 1: convolution
+    "conv1d_weight_matrix",
+    "conv1d_forward",
+    "conv1d_filter_gradient",
+    "ConvProblem",
+    "conv1d_problem",
+    "FilterLowRank",
+    "conv1d_filter_low_rank",
+    # which spike dominates
+    "SPIKE_LABELS",
+    "SpikeCall",
+    "dominant_spike",
+    "rule_of_thumb",
+    "rule_of_thumb_boundaries",
+    "call_problem",
 ]
 
 
@@ -147,13 +193,14 @@ def decompose(
 
     X = X_B + zeta * torch.outer(z, q)
     W_leaf = W.clone().requires_grad_(True)
-    f = two_layer_forward(X, W_leaf, a, activation=activation, gamma=gamma)
+    Z = X @ W_leaf.T  # pre-activations, n x m: computed once, reused below
+    f = gamma * act.f(Z) @ a
     (grad_W,) = torch.autograd.grad(lossf.value(f, y).mean(), W_leaf)
     G = grad_W.T
 
     f = f.detach()
     r = lossf.residue(f, y)
-    dsig = act.df(X @ W.T)  # n x m
+    dsig = act.df(Z.detach())  # sigma'(X W^T), n x m
     if mu == "sample":
         mu_vec = dsig.mean(0)
     else:
@@ -231,3 +278,517 @@ def spike_summary(dec: Decomposition, data: SpikedData, *, outlier_gap: float = 
     }
     row.update({f"s{i + 1}": float(v) for i, v in enumerate(s[:top])})
     return row
+
+
+# --------------------------------------------------------------------------------------------
+# Section 4: the regularised gradients (weight decay, input noise, Jacobian penalty)
+# --------------------------------------------------------------------------------------------
+
+
+def weight_decay_gradient(G, W, lam: float) -> torch.Tensor:
+    """`G(lambda) = G(0) + lambda W^T` (d x m): the gradient of `L + (lambda/2) ||W||_F^2`.
+
+    `G` is the transposed (d x m) gradient of the unregularised loss, `W` the m x d weights.
+    """
+    G = as_tensor(G, "G", min_ndim=2)
+    W = as_tensor(W, "W", min_ndim=2)
+    check_positive(lam, "lam", strict=False)
+    if tuple(G.shape) != tuple(W.T.shape):
+        raise ValueError(f"G must be d x m = {tuple(W.T.shape)} (the transpose of W), got {tuple(G.shape)}")
+    return G + lam * W.T
+
+
+class WeightDecayScales(NamedTuple):
+    """The two weight-decay scales of Section 4 (Prop. 4.1 with its constants set to 1)."""
+
+    keeps_spikes_below: float  # lambda ||W||_2 = o(sqrt(m) gamma): S1 and S2 survive
+    suppresses_spikes_above: float  # lambda ||W||_2 = omega(sqrt(m) gamma n^nu): both are suppressed
+    W_norm: float  # ||W||_2
+
+
+def weight_decay_scales(W, *, gamma: float, n: int, nu: float) -> WeightDecayScales:
+    """`sqrt(m) gamma / ||W||_2` and `sqrt(m) gamma n^nu / ||W||_2`.
+
+    Prop. 4.1 bounds `||S1||_2 <= O(sqrt(m) gamma)` and `||S2||_2 <= O(sqrt(m) gamma n^nu)`; weight
+    decay adds `lambda W^T`, whose spectral norm is `lambda ||W||_2`. The constants of the O(.) are
+    not given, so these are scales, not sharp thresholds.
+    """
+    W = as_tensor(W, "W", min_ndim=2)
+    check_positive(gamma, "gamma")
+    check_positive(nu, "nu", strict=False)
+    wn = float(torch.linalg.matrix_norm(W, ord=2))
+    base = math.sqrt(W.shape[0]) * gamma / wn
+    return WeightDecayScales(base, base * float(n) ** float(nu), wn)
+
+
+def tau2_from_rho(n: int, rho: float) -> float:
+    """The input-noise variance `tau^2 = n^rho` of Prop. 4.2."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    return float(n) ** float(rho)
+
+
+def add_input_noise(data: SpikedData, tau2: float, seed: int) -> SpikedData:
+    """`x'_i = x_i + xi_i` with `xi_i ~ N(0, tau2 I)` drawn from `seed` (Section 4).
+
+    The noise joins the bulk: `X'_B = X_B + Xi`, `Sigma_hat' = Sigma_hat + tau2 I`, while `z`, `q`
+    and `zeta` are unchanged, so `X' = X'_B + zeta z q^T` and `decompose` applied to the returned
+    data gives the primed terms `S1', S12', S2', E'` of Prop. 4.2.
+    """
+    check_positive(tau2, "tau2", strict=False)
+    g = generator(seed)
+    n, d = data.X_B.shape
+    xi = math.sqrt(tau2) * torch.randn(n, d, generator=g, dtype=torch.float64)
+    X_B = data.X_B + xi
+    X = X_B + data.zeta * torch.outer(data.z, data.q)
+    Sigma_hat = data.Sigma_hat + tau2 * torch.eye(d, dtype=torch.float64)
+    return SpikedData(X, X_B, data.z, data.q, data.zeta, Sigma_hat)
+
+
+def noisy_problem(p: SpikedProblem, tau2: float, seed: int) -> SpikedProblem:
+    """The same problem with isotropic input noise of variance `tau2`: the labels `y`, `W`, `a`
+    are kept (the labels are those of the clean inputs, as in Section 4)."""
+    return p._replace(data=add_input_noise(p.data, tau2, seed))
+
+
+class JacobianPenaltyGradient(NamedTuple):
+    G_reg: torch.Tensor  # d x m, the gradient of L_reg (transposed, like G)
+    S3: torch.Tensor  # d x m, the data-aligned rank-one spike (left vector q)
+    E2: torch.Tensor  # d x m, the bulk part
+
+    def identity_residual(self) -> float:
+        """`||G_reg - (S3 + E2)||_F / ||G_reg||_F`: zero up to round-off."""
+        return float((self.G_reg - self.S3 - self.E2).norm() / self.G_reg.norm())
+
+
+def _two_layer_inputs(X_B, z, q, W, a):
+    X_B = as_tensor(X_B, "X_B", min_ndim=2)
+    n, d = X_B.shape
+    z = as_tensor(z, "z", min_ndim=1)
+    q = as_tensor(q, "q", min_ndim=1)
+    W = as_tensor(W, "W", min_ndim=2)
+    a = as_tensor(a, "a", min_ndim=1)
+    m = W.shape[0]
+    for name, t, shape in (("z", z, (n,)), ("q", q, (d,)), ("W", W, (m, d)), ("a", a, (m,))):
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape} (from X_B {n} x {d} and W {m} rows), got {tuple(t.shape)}")
+    return X_B, z, q, W, a
+
+
+def jacobian_penalty(X, W, a, *, activation: str, gamma: float, lam: float) -> torch.Tensor:
+    """`L_reg = lambda/(2n) sum_i ||d f(x_i)/dW||_F^2` in closed form (differentiable in W).
+
+    `d f(x)/dW = gamma (a o sigma'(W x)) x^T` is rank one, so
+    `||d f(x)/dW||_F^2 = gamma^2 ||x||^2 sum_j a_j^2 sigma'(w_j^T x)^2`.
+    """
+    check_positive(lam, "lam", strict=False)
+    act = get_activation(activation)
+    sq = (X * X).sum(1)  # ||x_i||^2
+    return lam * gamma**2 / (2 * X.shape[0]) * (sq[:, None] * act.df(X @ W.T) ** 2 * (a * a)[None, :]).sum()
+
+
+def jacobian_penalty_gradient(X_B, z, q, zeta: float, W, a, *, activation: str, gamma: float,
+                              lam: float) -> JacobianPenaltyGradient:
+    """Gradient of the Jacobian penalty (Prop. 4.3) and its split into `S3 + E2`.
+
+    With `D = Diag(||x_i||^2)` (squared Euclidean norms of the full inputs `x_i = x_B,i + zeta z_i q`)
+    and `P = sigma'(X W^T) o sigma''(X W^T)` (n x m),
+
+        G_reg = (lambda gamma^2 / n) X^T D P Diag(a o a)                (d x m)
+        S3    = (lambda gamma^2 zeta / n) q (z^T D P) Diag(a o a)       data-aligned, rank one
+        E2    = (lambda gamma^2 / n) X_B^T D P Diag(a o a)
+
+    With `a_j in {-1, +1}` the factor `Diag(a o a)` is the identity and these are the formulas of
+    papers/NOTATION.md; the identity `G_reg = S3 + E2` is exact (`X = X_B + zeta z q^T`). The factor
+    2 from differentiating `sigma'^2` cancels the 1/2 of the penalty. For ReLU, `sigma'' = 0` almost
+    everywhere and the gradient vanishes.
+    """
+    X_B, z, q, W, a = _two_layer_inputs(X_B, z, q, W, a)
+    check_positive(lam, "lam", strict=False)
+    act = get_activation(activation)
+    n = X_B.shape[0]
+    X = X_B + zeta * torch.outer(z, q)
+    pre = X @ W.T
+    DP = (X * X).sum(1)[:, None] * act.df(pre) * act.d2f(pre) * (a * a)[None, :]  # D P Diag(a^2)
+    c = lam * gamma**2 / n
+    S3 = c * zeta * torch.outer(q, z @ DP)
+    E2 = c * X_B.T @ DP
+    return JacobianPenaltyGradient(c * X.T @ DP, S3, E2)
+
+
+def jacobian_penalty_problem(p: SpikedProblem, lam: float) -> JacobianPenaltyGradient:
+    D = p.data
+    return jacobian_penalty_gradient(D.X_B, D.z, D.q, D.zeta, p.W, p.a, activation=p.activation,
+                                     gamma=p.gamma, lam=lam)
+
+
+# --------------------------------------------------------------------------------------------
+# Residue alignment (Assumption 6), spectrum estimates for real data
+# --------------------------------------------------------------------------------------------
+
+
+def residue_alignment_beta(z, r, d: int) -> float:
+    """`beta_hat = -2 log(|z^T r| / (sqrt(n) ||r||_2)) / log d` (Assumption 6).
+
+    For `r` independent of `z`, `|z^T r| / (sqrt(n) ||r||) ~ |N(0,1)| / sqrt(n)`, so `beta_hat` is
+    about `log n / log d` (close to 1 in the proportional regime) with a spread of order
+    `1 / log d` from a single draw. Returns `inf` when `z^T r = 0`.
+    """
+    z = as_tensor(z, "z", min_ndim=1)
+    r = as_tensor(r, "r", min_ndim=1)
+    if z.shape != r.shape:
+        raise ValueError(f"z and r must have the same shape, got {tuple(z.shape)} and {tuple(r.shape)}")
+    if not isinstance(d, int) or d < 2:
+        raise ValueError(f"d must be an integer >= 2, got {d!r}")
+    rn = float(r.norm())
+    if rn == 0:
+        raise ValueError("the residue is zero: its alignment is undefined")
+    ratio = abs(float(z @ r)) / (math.sqrt(z.shape[0]) * rn)
+    return math.inf if ratio == 0 else -2 * math.log(ratio) / math.log(d)
+
+
+class SpectrumFit(NamedTuple):
+    """`nu` and `alpha` read off the eigenvalues of a data matrix's second-moment matrix."""
+
+    nu: float  # log(zeta2) / (2 log n), 0 when there is no excess
+    alpha: float  # minus the log-log slope of the bulk eigenvalues over `fit_range`
+    zeta2: float  # excess of the top eigenvalue over the fitted bulk's first eigenvalue, in bulk units
+    bulk_scale: float  # exp(intercept): the fitted bulk's first eigenvalue
+    fit_range: tuple  # (j_lo, j_hi): bulk indices, 1-based and inclusive (bulk j = eigenvalue j + 1)
+    r2: float  # R^2 of the log-log fit
+    eigenvalues: torch.Tensor  # all eigenvalues, descending
+    q: torch.Tensor  # the top eigenvector (the spike direction)
+    n: int
+    nu_absolute: float  # log(ell_1) / (2 log n): the top eigenvalue itself read as zeta^2 (unit-dependent)
+
+
+def estimate_nu_alpha(X, *, fit_range=(1, None), center: bool = False) -> SpectrumFit:
+    """Estimate the spike exponent `nu` and the bulk decay `alpha` of Assumption 2 from data.
+
+    Method (the paper's own estimator is in its appendix, which the book does not have):
+
+    1. `ell_1 >= ell_2 >= ...` are the eigenvalues of `X^T X / n` (the second-moment matrix of the
+       inputs as the network sees them; `center=True` subtracts the column means first).
+    2. The top eigenvalue is the spike; the bulk's j-th eigenvalue is `ell_{j+1}` (a rank-one spike
+       shifts the bulk's indices by one, by interlacing). The bulk is fitted as
+       `ell_{j+1} = b j^(-alpha)` by least squares of `log ell_{j+1}` on `log j` over
+       `j_lo <= j <= j_hi` (default `j_lo = 1`, `j_hi = floor(min(n, d) / 2)`, leaving out the
+       tail that finite samples and a noise floor distort).
+    3. In the model `Sigma = Sigma_hat + zeta^2 q q^T` with `lambda_1(Sigma_hat) = 1`, the top
+       eigenvalue is about `1 + zeta^2` in bulk units, so `zeta^2 = max(ell_1 / b - 1, 0)` and
+       `nu = log(zeta^2) / (2 log n)` (0 when `zeta^2 <= 1`). `nu_absolute = log(ell_1) / (2 log n)`
+       reads the top eigenvalue itself as `zeta^2`; it agrees with `nu` for the model's units
+       (`lambda_1(Sigma_hat) = 1`, large spike) but depends on the units of the data.
+
+    Known bias: a finite sample spreads the eigenvalues (Marchenko-Pastur), which adds an apparent
+    decay of order `sqrt(d / n)` to `alpha` (about +0.04 at n/d = 200 for alpha = 0).
+    """
+    X = as_tensor(X, "X", min_ndim=2)
+    if X.ndim != 2:
+        raise ValueError(f"X must be a matrix (n x d), got shape {tuple(X.shape)}")
+    n, d = X.shape
+    if center:
+        X = X - X.mean(0, keepdim=True)
+    M = X.T @ X / n
+    evals, evecs = torch.linalg.eigh(M)
+    evals, evecs = evals.flip(0).clamp(min=0), evecs.flip(1)
+    rank = min(n, d)
+    lo, hi = fit_range
+    hi = rank // 2 if hi is None else hi
+    if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo and lo + 2 <= hi <= rank - 1):
+        raise ValueError(f"fit_range must be bulk indices 1 <= j_lo, j_lo + 2 <= j_hi <= min(n, d) - 1 = "
+                         f"{rank - 1}; got ({lo}, {hi})")
+    js = torch.arange(lo, hi + 1, dtype=torch.float64)
+    ev = evals[lo: hi + 1]  # bulk eigenvalue j is ell_{j+1}, i.e. evals[j]
+    if (ev <= 0).any():
+        raise ValueError(f"eigenvalues in the fit range {fit_range} are not all positive: shorten the range")
+    x, y = js.log(), ev.log()
+    A = torch.stack([torch.ones_like(x), x], 1)
+    coef = torch.linalg.lstsq(A, y[:, None]).solution[:, 0]
+    resid = y - A @ coef
+    ss = float(((y - y.mean()) ** 2).sum())
+    r2 = 1 - float((resid**2).sum()) / ss if ss > 0 else 1.0
+    b = float(coef[0].exp())
+    zeta2 = max(float(evals[0]) / b - 1, 0.0)
+    nu = math.log(zeta2) / (2 * math.log(n)) if zeta2 > 1 else 0.0
+    l1 = float(evals[0])
+    nu_abs = math.log(l1) / (2 * math.log(n)) if l1 > 1 else 0.0
+    return SpectrumFit(nu, float(-coef[1]), zeta2, b, (lo, hi), r2, evals, evecs[:, 0], n, nu_abs)
+
+
+def spike_split(X, q=None) -> SpikedData:
+    """Write a data matrix as `X = X_B + zeta z q^T` (exactly), for real data.
+
+    `q` defaults to the top eigenvector of `X^T X / n`; `zeta z = X q` with `zeta = ||X q|| / sqrt(n)`
+    (so `||z||^2 = n`, like a standard Gaussian vector), `X_B = X - X q q^T`, and `Sigma_hat` is the
+    sample second-moment matrix of `X_B`. The gradient decomposition is exact for any such split.
+    """
+    X = as_tensor(X, "X", min_ndim=2)
+    n, d = X.shape
+    if q is None:
+        q = torch.linalg.eigh(X.T @ X / n).eigenvectors[:, -1]
+    q = as_tensor(q, "q", min_ndim=1)
+    if q.shape != (d,):
+        raise ValueError(f"q must have shape ({d},), got {tuple(q.shape)}")
+    q = q / q.norm()
+    proj = X @ q
+    zeta = float(proj.norm()) / math.sqrt(n)
+    if zeta == 0:
+        raise ValueError("X has no component along q")
+    X_B = X - torch.outer(proj, q)
+    return SpikedData(X, X_B, proj / zeta, q, zeta, X_B.T @ X_B / n)
+
+
+def real_problem(X, y, *, width: int, activation: str, scaling: str = "ntk", loss: str = "mse",
+                 seed: int = 0) -> SpikedProblem:
+    """A two-layer network on a real data matrix `X` (n x d) with targets `y`: the data are split as
+    `X = X_B + zeta z q^T` by `spike_split` (q the top eigenvector), `W` has rows uniform on the
+    sphere (sub-seed `seed + 3`) and `a_j = +-1` (sub-seed `seed + 4`), as in `spiked_problem`."""
+    get_activation(activation)
+    loss_function(loss)
+    X = as_tensor(X, "X", min_ndim=2)
+    y = as_tensor(y, "y", min_ndim=1)
+    if X.ndim != 2 or y.shape != (X.shape[0],):
+        raise ValueError(f"X must be n x d and y of length n, got {tuple(X.shape)} and {tuple(y.shape)}")
+    if loss == "logistic":
+        _check_pm1(y)
+    if not isinstance(width, int) or width < 1:
+        raise ValueError(f"width must be a positive integer, got {width!r}")
+    data = spike_split(X)
+    W = sphere_rows(width, X.shape[1], seed + 3)
+    a = outer_weights(width, seed + 4)
+    return SpikedProblem(data, y, W, a, gamma_m(width, scaling), activation, loss)
+
+
+# --------------------------------------------------------------------------------------------
+# Remark 1: a 1-D convolution as a weight-tied two-layer network
+# --------------------------------------------------------------------------------------------
+
+
+def _conv_index(m: int, k: int) -> torch.Tensor:
+    return torch.arange(m)[:, None] + torch.arange(k)[None, :]  # W[j, j + i] = w[i]
+
+
+def conv1d_weight_matrix(w, d: int) -> torch.Tensor:
+    """The m x d weight-tied matrix of a valid 1-D convolution (stride 1) with filter `w` (length
+    k): `W[j, j + i] = w[i]`, zero elsewhere, `m = d - k + 1` (Remark 1). Row norms equal `||w||`."""
+    w = as_tensor(w, "w", min_ndim=1)
+    if w.ndim != 1:
+        raise ValueError(f"w must be a vector, got shape {tuple(w.shape)}")
+    k = w.shape[0]
+    if not isinstance(d, int) or d < k:
+        raise ValueError(f"d must be an integer >= the filter length {k}, got {d!r}")
+    m = d - k + 1
+    W = torch.zeros(m, d, dtype=torch.float64)
+    W[torch.arange(m)[:, None], _conv_index(m, k)] = w
+    return W
+
+
+def conv1d_forward(X, w, a, *, activation: str, gamma: float) -> torch.Tensor:
+    """`f(x) = gamma a^T sigma(conv(x, w))` with `torch.nn.functional.conv1d` (a cross-correlation,
+    valid, stride 1): the convolutional network itself, differentiable in the filter `w`."""
+    act = get_activation(activation)
+    if X.ndim != 2 or w.ndim != 1 or a.shape != (X.shape[1] - w.shape[0] + 1,):
+        raise ValueError(f"shapes do not fit: X {tuple(X.shape)}, w {tuple(w.shape)}, a {tuple(a.shape)} "
+                         f"(a needs d - k + 1 entries)")
+    pre = torch.nn.functional.conv1d(X[:, None, :], w[None, None, :])[:, 0, :]  # n x m
+    return gamma * act.f(pre) @ a
+
+
+def conv1d_filter_gradient(G, k: int) -> torch.Tensor:
+    """The filter gradient from the untied gradient: `g_i = sum_j G[j + i, j]` (i = 0..k-1).
+
+    `G` is the book's transposed d x m gradient (`G = (dL/dW)^T`); in the m x d orientation of
+    Remark 1 this is the sum of the i-th superdiagonal, `g_i = sum_j (dL/dW)[j, j + i]`, because
+    every entry `W[j, j + i]` is the same parameter `w_i` (chain rule for tied weights).
+    """
+    G = as_tensor(G, "G", min_ndim=2)
+    if G.ndim != 2:
+        raise ValueError(f"G must be a matrix, got shape {tuple(G.shape)}")
+    d, m = G.shape
+    if not isinstance(k, int) or k < 1 or m != d - k + 1:
+        raise ValueError(f"G is {d} x {m}, which needs a filter of length k = d - m + 1 = {d - m + 1}, got {k!r}")
+    return G.T[torch.arange(m)[:, None], _conv_index(m, k)].sum(0)
+
+
+class ConvProblem(NamedTuple):
+    problem: SpikedProblem  # its W is the weight-tied m x d matrix of the filter
+    w: torch.Tensor  # the filter, length k, unit norm
+
+
+def conv1d_problem(n: int, d: int, k: int, *, alpha: float, nu: float, activation: str, loss: str = "mse",
+                   scaling: str = "ntk", target_link: str = "tanh", outer: str = "random",
+                   seed: int = 0) -> ConvProblem:
+    """Spiked data, a triple-index target and a valid 1-D convolution with one unit-norm filter
+    (uniform on the sphere S^{k-1}), written as the weight-tied two-layer network of Remark 1.
+
+    `outer="random"`: `a_j` uniform on {-1, +1} (Assumption 3); `outer="ones"`: `a_j = 1` (a sum
+    over positions, i.e. global pooling). Sub-seeds as in `spiked_problem`: data `seed`, target
+    `seed + 1`, filter `seed + 3`, a `seed + 4`.
+    """
+    check_choice(outer, "outer", {"random", "ones"})
+    if not isinstance(k, int) or not 1 <= k <= d:
+        raise ValueError(f"k must be an integer in [1, d], got {k!r}")
+    get_activation(activation)
+    loss_function(loss)
+    data = spiked_gaussian(n, d, alpha, nu, seed)
+    y, _ = triple_index_target(data.X, link=target_link, seed=seed + 1)
+    if loss == "logistic":
+        y = torch.where(y >= 0, 1.0, -1.0).to(torch.float64)
+    w = torch.randn(k, generator=generator(seed + 3), dtype=torch.float64)
+    w = w / w.norm()
+    m = d - k + 1
+    a = outer_weights(m, seed + 4) if outer == "random" else torch.ones(m, dtype=torch.float64)
+    W = conv1d_weight_matrix(w, d)
+    return ConvProblem(SpikedProblem(data, y, W, a, gamma_m(m, scaling), activation, loss), w)
+
+
+class FilterLowRank(NamedTuple):
+    g: torch.Tensor  # k, the true filter gradient
+    g_low: torch.Tensor  # k, the filter gradient of G's best rank-`rank` approximation
+    components: torch.Tensor  # k x rank: the filter gradients of u_l v_l^T (no singular value)
+    error: float  # ||g - g_low|| / ||g||: what the rank-`rank` part of G leaves out
+    subspace_error: float  # ||g - P g|| / ||g||, P the projection on span(components, extra)
+
+
+def conv1d_filter_low_rank(G, k: int, rank: int = 2, extra=None) -> FilterLowRank:
+    """How far the filter gradient is from the span of the filter images of G's top singular pairs.
+
+    With `G = sum_l s_l u_l v_l^T` (d x m), each rank-one term maps to the filter vector
+    `c_l[i] = sum_j u_l[j + i] v_l[j]` (a correlation of the two singular vectors, Remark 1), and
+    `g = sum_l s_l c_l` exactly. `error` measures the tail `l > rank`; `subspace_error` the distance
+    of `g` from `span(c_1..c_rank)`, optionally with `extra` directions (k x p) added.
+    """
+    if not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"rank must be a positive integer, got {rank!r}")
+    g = conv1d_filter_gradient(G, k)
+    U, s, Vh = torch.linalg.svd(as_tensor(G, "G"), full_matrices=False)
+    rank = min(rank, s.shape[0])
+    comps = torch.stack([conv1d_filter_gradient(torch.outer(U[:, l], Vh[l]), k) for l in range(rank)], 1)
+    g_low = comps @ s[:rank]
+    basis = comps
+    if extra is not None:
+        extra = as_tensor(extra, "extra", min_ndim=1)
+        extra = extra[:, None] if extra.ndim == 1 else extra
+        if extra.shape[0] != k:
+            raise ValueError(f"extra must have {k} rows, got {tuple(extra.shape)}")
+        basis = torch.cat([comps, extra], 1)
+    Q = _orthonormal_columns(basis)
+    gn = float(g.norm())
+    if gn == 0:
+        raise ValueError("the filter gradient is zero")
+    return FilterLowRank(g, g_low, comps, float((g - g_low).norm()) / gn,
+                         float((g - Q @ (Q.T @ g)).norm()) / gn)
+
+
+def _orthonormal_columns(A: torch.Tensor) -> torch.Tensor:
+    U, s, _ = torch.linalg.svd(A, full_matrices=False)
+    keep = s > s[0] * max(A.shape) * torch.finfo(A.dtype).eps if s.numel() and s[0] > 0 else s > 0
+    return U[:, keep]
+
+
+# --------------------------------------------------------------------------------------------
+# Which spike dominates: measured (from G) and predicted (Section 5's rule of thumb)
+# --------------------------------------------------------------------------------------------
+
+SPIKE_LABELS = ("residue", "data", "both", "none")
+
+
+class SpikeCall(NamedTuple):
+    label: str  # one of SPIKE_LABELS
+    outliers: int
+    align_residue: float  # |cos(u1, X_B^T r)|
+    align_q: float  # |cos(u1, q)|
+    residue_in_top2: float  # ||U_2^T x|| with x = X_B^T r / ||X_B^T r||
+    q_in_top2: float  # ||U_2^T q||
+    second_ratio: float  # s_2 / s_1 of G
+
+
+def dominant_spike(G, residue_direction, q, *, gap: float = 1.5, max_outliers: int = 5,
+                   subspace_threshold: float = 0.5, min_ratio: float = 0.1) -> SpikeCall:
+    """Which spike dominates a gradient `G` (d x m), read off its spectrum and singular vectors.
+
+    Criterion, in order:
+
+    - `"none"`: no singular value is separated from the bulk (`count_outliers(G, max_outliers,
+      gap) == 0`, i.e. no ratio `s_k / s_{k+1} >= gap` among the top `max_outliers + 1`);
+    - `"both"` (rank two): at least two outliers, a second singular value of at least
+      `min_ratio` times the first (otherwise G is rank one up to a relative error below
+      `min_ratio`), and the top-two left singular subspace `U_2` holds at least
+      `subspace_threshold` of both the residue direction `x = X_B^T r` (`||U_2^T x|| / ||x||`)
+      and the data spike `q` (`||U_2^T q||`);
+    - otherwise the leading left singular vector `u1` decides: `"residue"` when
+      `|cos(u1, X_B^T r)| >= |cos(u1, q)|`, else `"data"`.
+
+    `residue_direction` is `X_B^T r` (or `X'_B^T r'` under input noise).
+    """
+    G = as_tensor(G, "G", min_ndim=2)
+    if not 0 < subspace_threshold <= 1:
+        raise ValueError(f"subspace_threshold must be in (0, 1], got {subspace_threshold}")
+    if not 0 <= min_ratio <= 1:
+        raise ValueError(f"min_ratio must be in [0, 1], got {min_ratio}")
+    x = as_tensor(residue_direction, "residue_direction", min_ndim=1)
+    q = as_tensor(q, "q", min_ndim=1)
+    if x.shape != (G.shape[0],) or q.shape != (G.shape[0],):
+        raise ValueError(f"residue_direction and q must have G's {G.shape[0]} rows, got "
+                         f"{tuple(x.shape)} and {tuple(q.shape)}")
+    k = count_outliers(G, max_outliers=max_outliers, gap=gap)
+    U, s, _ = torch.linalg.svd(G, full_matrices=False)
+    U2 = U[:, :2]
+    a_res, a_q = alignment(U2[:, 0], x), alignment(U2[:, 0], q)
+    x_in = float((U2.T @ (x / x.norm())).norm())
+    q_in = float((U2.T @ (q / q.norm())).norm())
+    ratio = float(s[1] / s[0]) if s.numel() > 1 and s[0] > 0 else 0.0
+    if k == 0:
+        label = "none"
+    elif k >= 2 and ratio >= min_ratio and x_in >= subspace_threshold and q_in >= subspace_threshold:
+        label = "both"
+    else:
+        label = "residue" if a_res >= a_q else "data"
+    return SpikeCall(label, k, float(a_res), float(a_q), x_in, q_in, ratio)
+
+
+def rule_of_thumb(nu: float, alpha: float, beta: float, *, large_input_noise: bool = False,
+                  large_jacobian_penalty: bool = False) -> str:
+    """Section 5's rule of thumb: which spike dominates the gradient at initialisation.
+
+    - `"residue"` (S1) iff `2 nu < min{1/2, beta - alpha, 1 - alpha}`, or under large isotropic
+      input noise (stated in the paper);
+    - `"data"` (q) iff `2 nu > beta` and either `nu >= 1/2` (Theorem 3.2: rank one along
+      `S12 + S2`) or `nu < 1/4` (Theorem 3.1: `S12`, along q, dominates `S1 + S12`), or under a
+      large Jacobian penalty. The paper's formula for this case is lost from its text; this is the
+      book's reconstruction from Theorems 3.1 and 3.2 (papers/NOTATION.md);
+    - `"both"` otherwise: both spikes remain and the gradient is typically rank two.
+    """
+    for name, v in (("nu", nu), ("alpha", alpha), ("beta", beta)):
+        if not isinstance(v, (int, float)) or math.isnan(v):
+            raise ValueError(f"{name} must be a number, got {v!r}")
+    if large_input_noise and large_jacobian_penalty:
+        raise ValueError("the rule of thumb has no case for large input noise and a large Jacobian penalty together")
+    if large_input_noise:
+        return "residue"
+    if large_jacobian_penalty:
+        return "data"
+    if 2 * nu < min(0.5, beta - alpha, 1 - alpha):
+        return "residue"
+    if 2 * nu > beta and (nu >= 0.5 or nu < 0.25):
+        return "data"
+    return "both"
+
+
+def rule_of_thumb_boundaries(beta: float) -> dict:
+    """The lines of the rule in the (alpha, nu) plane for a given `beta`, as functions of alpha:
+    `nu = 1/4`, `nu = (beta - alpha)/2`, `nu = (1 - alpha)/2` (residue region below all three),
+    `nu = 1/2` and `nu = beta/2` (data region above both)."""
+    return {
+        "nu = 1/4": lambda al: 0.25 + 0 * al,
+        "nu = (beta - alpha)/2": lambda al: (beta - al) / 2,
+        "nu = (1 - alpha)/2": lambda al: (1 - al) / 2,
+        "nu = 1/2": lambda al: 0.5 + 0 * al,
+        "nu = beta/2": lambda al: beta / 2 + 0 * al,
+    }
+
+
+def call_problem(dec: Decomposition, data: SpikedData, **kwargs) -> SpikeCall:
+    """`dominant_spike` for a decomposed problem: residue direction `X_B^T r`, spike `q`."""
+    return dominant_spike(dec.G, data.X_B.T @ dec.r, data.q, **kwargs)

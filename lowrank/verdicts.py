@@ -37,8 +37,15 @@ class Verdict:
         return asdict(self)
 
     def rounded(self, digits: int = 3) -> str:
+        """The verdict as one line, stable across reruns: values at round-off level (|m| < 1e-10)
+        print as such, since their digits depend on the summation order (thread count)."""
         m = self.measured
-        value = f"{m:.{digits}g}" if math.isfinite(m) else str(m)
+        if not math.isfinite(m):
+            value = str(m)
+        elif abs(m) < 1e-10:
+            value = "round-off (< 1e-10)"
+        else:
+            value = f"{m:.{digits}g}"
         return f"{self.claim} {self.name}: {value} ({'agrees' if self.agrees else 'DISAGREES'})"
 
 
