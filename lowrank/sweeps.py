@@ -141,11 +141,18 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
     return spec
 
 
-def execute_point(target_kind: str, target: str, params: dict, folder: str) -> str:
-    """Run one point into `folder` (atomically); returns the folder. Runs inside a worker."""
+def execute_point(target_kind: str, target: str, params: dict, folder: str, threads: int = 1) -> str:
+    """Run one point into `folder` (atomically); returns the folder. Runs inside a worker.
+
+    Every run uses `threads` CPU threads whatever the executor (Ray would otherwise give 1, a local
+    process all cores), so that both executors give bit-identical results."""
+    import torch
+
     folder = Path(folder)
     if folder.is_dir():
         return str(folder)
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by a notebook's kernel
     if target_kind == "notebook":
         made, _ = runs.run(target, params, runs_root=folder.parent / ".nb")
         os.rename(made, folder)  # same file system: atomic
@@ -251,7 +258,8 @@ def run_sweep(spec: SweepSpec, executor: str = "local", *, address: str | None =
     kind = "notebook" if spec.notebook else "function"
     folders = [spec.run_folder(p) for p in spec.points]
     skipped = [str(f) for f in folders if f.is_dir()]
-    tasks = [(kind, spec.target, p, str(f)) for p, f in zip(spec.points, folders) if not f.is_dir()]
+    threads = int(spec.resources.get("num_cpus", 1))
+    tasks = [(kind, spec.target, p, str(f), threads) for p, f in zip(spec.points, folders) if not f.is_dir()]
     state = {"running": 0, "done": [], "failed": {}}
     bar = tqdm(total=len(folders), initial=len(skipped), desc=f"sweep {spec.path.stem}", unit="run",
                disable=not progress)
@@ -274,7 +282,7 @@ def run_sweep(spec: SweepSpec, executor: str = "local", *, address: str | None =
 
     if tasks:
         if executor == "local":
-            _run_local(tasks, jobs or os.cpu_count() or 1, on_start, on_done)
+            _run_local(tasks, jobs or max(1, (os.cpu_count() or 1) // threads), on_start, on_done)
         else:
             _run_ray(tasks, spec.resources, address, on_start, on_done)
     bar.close()
@@ -305,6 +313,7 @@ def collect(spec: SweepSpec):
         for k, v in reversed(list(flat.items())):
             if k not in df.columns:
                 df.insert(0, k, v)
+        df = df.drop(columns=["run"], errors="ignore")  # a run's own index means nothing across runs
         df.insert(0, "run", folder.name)
         frames.append(df)
     if not frames:

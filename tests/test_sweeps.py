@@ -106,3 +106,27 @@ def test_cli_sweep_and_collect(tmp_path, capsys, reference):
     assert cli.main(["sweep", str(spec), "--output", str(out), "--collect"]) == 0
     table = pd.read_csv(out / "collected.csv")
     assert len(table) == 4 and {"run", "seed", "size", "rank", "stable_rank"} <= set(table.columns)
+
+
+def test_part_two_ci_sweep_under_both_executors_feeds_the_notebook(tmp_path):
+    """sweeps/sgd_batch_size_ci.yaml (the ci version of the paper's batch-size grid) gives the same
+    collected table on the local pool and on Ray, and the Part II page plots it without training."""
+    pytest.importorskip("ray")
+    spec_path = sweeps.notebooks.REPO_ROOT / "sweeps" / "sgd_batch_size_ci.yaml"
+    tables = {}
+    for executor in ("local", "ray"):
+        spec = sweeps.load_spec(spec_path, output=tmp_path / executor)
+        result = sweeps.run_sweep(spec, executor, jobs=2, progress=False)
+        assert len(result["done"]) == len(spec.points) and not result["failed"], result["failed"]
+        tables[executor] = sweeps.collect(spec).sort_values(["run", "epoch", "layer_index"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(tables["local"], tables["ray"])
+    assert tables["local"]["run"].nunique() == 4 and {"rank", "rank_frobenius", "dist"} <= set(tables["local"].columns)
+
+    from lowrank import runs
+
+    params = runs.resolve_parameters("sgd/rank_vs_batch_size",
+                                     overrides={"sweep_table": str(tmp_path / "local" / "collected.csv")})
+    folder, _ = runs.run("sgd/rank_vs_batch_size", params, runs_root=tmp_path / "runs")
+    nb = (folder / "notebook.ipynb").read_text()
+    assert "read from" in nb and "collected.csv" in nb
+    assert (folder / "figures" / "rank_vs_batch_size_final.csv").stat().st_size > 0

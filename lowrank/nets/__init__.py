@@ -2,6 +2,9 @@
 paper counts them.
 
 - `two_layer`: `f(x) = gamma_m a^T sigma(W x)` of the low-rank-gradients paper, activations by name.
+- `mlp`, `conv`, `vit`: Part II's MLP-L-H / MLP-BN / RES / RES-BN, VGG-16 and ResNet-18, the ViT;
+  `zoo.for_data` builds any of them by its paper name for a data set.
+- `normalized`: Part III's `rho * f_V` (weight normalisation with a learnable scale).
 """
 
 from .two_layer import (
@@ -33,3 +36,4 @@ __all__ = [
     "two_layer_forward",
     "weight_structure",
 ]
+from . import conv, mlp, vit, zoo  # noqa: E402

@@ -1,0 +1,283 @@
+"""lowrank.gradient_dynamics against independent computations: closed forms, autograd, scipy,
+planted structures, and bad inputs."""
+
+import math
+
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+
+from lowrank import gradient_dynamics as gd
+from lowrank import gradients
+from lowrank.data import spiked_gaussian
+from lowrank.nets import gamma_m, normalize_rows, sphere_rows, two_layer_forward
+
+
+def small_problem(seed=0, n=40, d=30, m=50, nu=0.25, activation="tanh"):
+    return gradients.spiked_problem(n, d, m, alpha=0.0, nu=nu, activation=activation, seed=seed)
+
+
+# --------------------------------------------------------------------------- slopes, beta
+
+
+def test_loglog_slope_recovers_planted_power_law():
+    x = np.array([10.0, 20, 40, 80, 160])
+    fit = gd.loglog_slope(x, 3.0 * x**-0.37)
+    assert fit.slope == pytest.approx(-0.37, abs=1e-12)
+    assert math.exp(fit.intercept) == pytest.approx(3.0, rel=1e-12)
+    assert fit.stderr == pytest.approx(0.0, abs=1e-10)
+    assert fit.points == 5
+
+
+def test_loglog_slope_repeats_and_noise_match_numpy_polyfit():
+    rng = np.random.default_rng(0)
+    x = np.repeat([5.0, 10, 20, 40], 3)
+    y = 2 * x**0.5 * np.exp(0.1 * rng.standard_normal(x.size))
+    fit = gd.loglog_slope(x, y)
+    slope, intercept = np.polyfit(np.log(x), np.log(y), 1)
+    assert fit.slope == pytest.approx(slope, rel=1e-10)
+    assert fit.intercept == pytest.approx(intercept, rel=1e-10)
+    assert fit.stderr > 0
+
+
+@pytest.mark.parametrize("x, y, match", [
+    ([1, 2, 3], [1, 2], "same number"),
+    ([0, 1, 2], [1, 2, 3], "x must be positive"),
+    ([1, 2, 3], [1, -2, 3], "y must be positive"),
+    ([2, 2, 2], [1, 2, 3], "two distinct"),
+])
+def test_loglog_slope_rejects_bad_input(x, y, match):
+    with pytest.raises(ValueError, match=match):
+        gd.loglog_slope(x, y)
+
+
+def test_residue_alignment_and_beta_hat_closed_form():
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(100, generator=g, dtype=torch.float64)
+    r = torch.randn(100, generator=g, dtype=torch.float64)
+    c = abs(float(z @ r)) / (10 * float(r.norm()))
+    assert gd.residue_alignment(z, r) == pytest.approx(c)
+    assert gd.beta_hat(z, r, 400) == pytest.approx(-2 * math.log(c) / math.log(400))
+    # r = z: the alignment is ||z|| / sqrt(n), close to 1
+    assert gd.residue_alignment(z, z) == pytest.approx(float(z.norm()) / 10)
+
+
+def test_residue_alignment_bad_inputs():
+    with pytest.raises(ValueError, match="one length"):
+        gd.residue_alignment(torch.ones(3), torch.ones(4))
+    with pytest.raises(ValueError, match="zero vector"):
+        gd.residue_alignment(torch.ones(3), torch.zeros(3))
+    with pytest.raises(ValueError, match="d must be"):
+        gd.beta_hat(torch.ones(3), torch.ones(3), 1)
+    with pytest.raises(ValueError, match="infinite"):
+        gd.beta_hat(torch.tensor([1.0, -1.0]), torch.tensor([1.0, 1.0]), 10)
+
+
+# --------------------------------------------------------------------------- norms
+
+
+def test_top_singular_value_matches_svdvals_small_and_large():
+    g = torch.Generator().manual_seed(1)
+    for shape in [(30, 40), (260, 300)]:
+        M = torch.randn(*shape, generator=g, dtype=torch.float64)
+        assert gd.top_singular_value(M) == pytest.approx(float(torch.linalg.svdvals(M)[0]), rel=1e-10)
+    with pytest.raises(ValueError, match="at least 2 dimensions"):
+        gd.top_singular_value(torch.ones(3))
+
+
+def test_term_norms_match_full_svd():
+    p = small_problem()
+    dec = gradients.decompose_problem(p)
+    row = gd.term_norms(dec, data=p.data)
+    for key, M in [("norm_S1", dec.S1), ("norm_S12", dec.S12), ("norm_S2", dec.S2), ("norm_E", dec.E),
+                   ("norm_G", dec.G)]:
+        assert row[key] == pytest.approx(float(torch.linalg.svdvals(M)[0]), rel=1e-10), key
+    assert row["r_rms"] == pytest.approx(float(dec.r.norm()) / math.sqrt(len(dec.r)))
+    assert row["residue_alignment"] == pytest.approx(gd.residue_alignment(p.data.z, dec.r))
+    with pytest.raises(TypeError, match="Decomposition"):
+        gd.term_norms((1, 2))
+
+
+# --------------------------------------------------------------------------- sigma'_perp
+
+
+def test_sigma_perp_is_centred_and_its_norm_is_the_spectral_norm():
+    p = small_problem(activation="softplus")
+    P = gd.sigma_perp(p.data.X, p.W, "softplus")
+    assert torch.allclose(P.mean(0), torch.zeros(P.shape[1], dtype=torch.float64), atol=1e-14)
+    assert gd.sigma_perp_norm(p.data.X, p.W, "softplus") == pytest.approx(float(torch.linalg.svdvals(P)[0]))
+    mu = torch.full((p.W.shape[0],), 0.5, dtype=torch.float64)
+    P2 = gd.sigma_perp(p.data.X, p.W, "softplus", mu)
+    assert torch.allclose(P2, torch.sigmoid(p.data.X @ p.W.T) - 0.5)
+
+
+def test_relu_sigma_perp_is_the_sign_outer_product_for_a_large_spike():
+    """Prop. 3.1, planted: with 2 nu > 1 - alpha by a wide margin every pre-activation takes the sign
+    of z_i w_j^T q, so sigma'_perp = (1/2) sign(z) sign(Wq)^T up to the few small products."""
+    n, d, m = 200, 100, 80
+    data = spiked_gaussian(n, d, 0.0, 1.5, 0)
+    W = sphere_rows(m, d, 1)
+    P = gd.sigma_perp(data.X, W, "relu", mu=torch.full((m,), 0.5, dtype=torch.float64))
+    planted = 0.5 * torch.outer(torch.sign(data.z), torch.sign(W @ data.q))
+    assert float((P == planted).double().mean()) > 0.98
+    assert gd.sigma_perp_norm(data.X, W, "relu", torch.full((m,), 0.5, dtype=torch.float64)) / n > 0.3
+
+
+def test_sigma_perp_bad_inputs():
+    with pytest.raises(ValueError, match="columns"):
+        gd.sigma_perp(torch.ones(4, 3), torch.ones(2, 5), "relu")
+    with pytest.raises(ValueError, match="mu must have shape"):
+        gd.sigma_perp(torch.ones(4, 3), torch.ones(2, 3), "relu", mu=torch.ones(3))
+    with pytest.raises(ValueError, match="activation"):
+        gd.sigma_perp(torch.ones(4, 3), torch.ones(2, 3), "swish")
+
+
+# --------------------------------------------------------------------------- gradient and training
+
+
+@pytest.mark.parametrize("activation", ["relu", "sigmoid", "tanh"])
+def test_gradient_matrix_matches_autograd(activation):
+    p = small_problem(activation=activation)
+    G, r = gd.gradient_matrix(p.data.X, p.W, p.a, p.y, activation=activation, gamma=p.gamma)
+    W = p.W.clone().requires_grad_(True)
+    f = two_layer_forward(p.data.X, W, p.a, activation=activation, gamma=p.gamma)
+    (grad,) = torch.autograd.grad((0.5 * (f - p.y) ** 2).mean(), W)
+    assert torch.allclose(G, grad.T, rtol=1e-10, atol=1e-14)
+    assert torch.allclose(r, f.detach() - p.y)
+
+
+def test_gradient_matrix_bad_inputs():
+    p = small_problem()
+    with pytest.raises(ValueError, match="W must have shape"):
+        gd.gradient_matrix(p.data.X, p.W[:, :-1], p.a, p.y, activation="tanh", gamma=p.gamma)
+    with pytest.raises(ValueError, match="y must have shape"):
+        gd.gradient_matrix(p.data.X, p.W, p.a, p.y[:-1], activation="tanh", gamma=p.gamma)
+    with pytest.raises(ValueError, match="gamma"):
+        gd.gradient_matrix(p.data.X, p.W, p.a, p.y, activation="tanh", gamma=0.0)
+    with pytest.raises(ValueError, match="loss"):
+        gd.gradient_matrix(p.data.X, p.W, p.a, p.y, activation="tanh", gamma=p.gamma, loss="hinge")
+
+
+def _autograd_wn_step(X, y, V, a, activation, gamma, lr):
+    V = V.clone().requires_grad_(True)
+    W = V / V.norm(dim=1, keepdim=True)
+    f = two_layer_forward(X, W, a, activation=activation, gamma=gamma)
+    (g,) = torch.autograd.grad((0.5 * (f - y) ** 2).mean(), V)
+    return (V - lr * g).detach()
+
+
+def test_weight_normalised_steps_match_autograd_on_v():
+    p = small_problem(activation="sigmoid")
+    lr = 0.7 / p.gamma
+    run = gd.train_weight_normalized(p.data.X, p.y, p.W, p.a, activation="sigmoid", gamma=p.gamma, steps=3, lr=lr)
+    V = p.W.clone()
+    for _ in range(3):
+        V = _autograd_wn_step(p.data.X, p.y, V, p.a, "sigmoid", p.gamma, lr)
+    assert torch.allclose(run.W[3], normalize_rows(V), atol=1e-12)
+    for t, W in run.W.items():
+        assert torch.allclose(W.norm(dim=1), torch.ones(W.shape[0], dtype=torch.float64)), t
+
+
+def test_training_trace_records_alignments_and_a_falling_loss():
+    p = small_problem(activation="tanh")
+    D = p.data
+    run = gd.train_weight_normalized(D.X, p.y, p.W, p.a, activation="tanh", gamma=p.gamma, steps=15,
+                                     lr=0.5 / p.gamma, X_B=D.X_B, references={"q": D.q}, top_k=2,
+                                     snapshot_steps=[0, 15])
+    tr = run.trace
+    assert list(tr["step"]) == list(range(16))
+    assert set(run.W) == {0, 15}
+    assert torch.allclose(run.W[0], p.W, atol=1e-15)
+    assert run.U.shape == (16, D.X.shape[1], 2)
+    assert tr["align_initial"].iloc[0] == pytest.approx(1.0)
+    assert tr["loss"].iloc[-1] < tr["loss"].iloc[0]
+    # step 0 agrees with the decomposition's gradient
+    dec = gradients.decompose_problem(p)
+    U = torch.linalg.svd(dec.G, full_matrices=False)[0]
+    assert tr["s1"].iloc[0] == pytest.approx(float(torch.linalg.svdvals(dec.G)[0]))
+    assert tr["align_q"].iloc[0] == pytest.approx(abs(float(U[:, 0] @ D.q)), abs=1e-10)
+    res = D.X_B.T @ dec.r
+    assert tr["align_residue"].iloc[0] == pytest.approx(abs(float(U[:, 0] @ res)) / float(res.norm()), abs=1e-10)
+
+
+def test_projected_normalisation_keeps_unit_rows():
+    p = small_problem()
+    run = gd.train_weight_normalized(p.data.X, p.y, p.W, p.a, activation="tanh", gamma=p.gamma, steps=2,
+                                     normalization="projected")
+    G, _ = gd.gradient_matrix(p.data.X, p.W, p.a, p.y, activation="tanh", gamma=p.gamma)
+    assert torch.allclose(run.W[1], normalize_rows(p.W - G.T / p.gamma))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"steps": -1}, "steps"),
+    ({"lr": -1.0}, "lr"),
+    ({"normalization": "batch"}, "normalization"),
+    ({"top_k": 0}, "top_k"),
+    ({"references": {"q": torch.ones(3)}}, "references"),
+    ({"snapshot_steps": [99]}, "snapshot_steps"),
+    ({"X_B": torch.ones(2, 2)}, "X_B"),
+])
+def test_training_rejects_bad_inputs(kwargs, match):
+    p = small_problem()
+    args = dict(activation="tanh", gamma=p.gamma, steps=2)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        gd.train_weight_normalized(p.data.X, p.y, p.W, p.a, **args)
+
+
+def test_training_rejects_bad_shapes():
+    p = small_problem()
+    with pytest.raises(ValueError, match="y must have shape"):
+        gd.train_weight_normalized(p.data.X, p.y[:-1], p.W, p.a, activation="tanh", gamma=p.gamma, steps=1)
+    with pytest.raises(ValueError, match="a must have shape"):
+        gd.train_weight_normalized(p.data.X, p.y, p.W, p.a[:-1], activation="tanh", gamma=p.gamma, steps=1)
+    with pytest.raises(ValueError, match="W0 must have"):
+        gd.train_weight_normalized(p.data.X, p.y, p.W[:, :-1], p.a, activation="tanh", gamma=p.gamma, steps=1)
+
+
+# --------------------------------------------------------------------------- angles, comparison
+
+
+def test_weight_angles_against_scipy_and_a_planted_rotation():
+    W1 = sphere_rows(12, 8, 0)
+    W2 = sphere_rows(12, 8, 1)
+    ang = gd.weight_angles(W1, W2)
+    ref = np.degrees(scipy.linalg.subspace_angles(W1.numpy(), W2.numpy()))
+    assert ang["mean_principal_angle"] == pytest.approx(ref.mean(), abs=1e-6)
+    assert ang["max_principal_angle"] == pytest.approx(ref.max(), abs=1e-6)
+    # rotate the first neuron by 30 degrees in the plane of e1, e2 and leave the rest alone
+    W = torch.zeros(4, 3, dtype=torch.float64)
+    W[:, 0] = 1
+    R = W.clone()
+    R[0] = torch.tensor([math.cos(math.pi / 6), math.sin(math.pi / 6), 0.0], dtype=torch.float64)
+    assert gd.weight_angles(W, R)["mean_neuron_angle"] == pytest.approx(30 / 4, abs=1e-6)
+    assert gd.weight_angles(W1, W1)["mean_neuron_angle"] == pytest.approx(0.0, abs=1e-5)
+    with pytest.raises(ValueError, match="one shape"):
+        gd.weight_angles(W1, W2[:, :-1])
+
+
+def test_scaling_comparison_uses_one_initialisation_and_each_step():
+    p = small_problem()
+    runs, angles = gd.scaling_comparison(p.data.X, p.y, p.W, p.a, activation="tanh", steps=2,
+                                         snapshot_steps=[0, 2])
+    assert set(runs) == {"mf", "ntk"}
+    m = p.W.shape[0]
+    single = gd.train_weight_normalized(p.data.X, p.y, p.W, p.a, activation="tanh", gamma=gamma_m(m, "ntk"),
+                                        steps=2, snapshot_steps=[2])
+    assert torch.allclose(runs["ntk"].W[2], single.W[2])
+    assert list(angles["step"]) == [0, 2]
+    assert angles["mean_principal_angle"].iloc[0] == 0.0
+    assert angles["mean_neuron_angle"].iloc[1] > 0
+    with pytest.raises(ValueError, match="lr_factor"):
+        gd.scaling_comparison(p.data.X, p.y, p.W, p.a, activation="tanh", steps=1, lr=1.0)
+
+
+def test_initial_alignments_mf_residue_is_minus_target():
+    out = gd.initial_alignments(60, 80, 100, scaling="mf", seed=3)
+    assert set(out) == {"align_Xy", "align_Xr", "align_omega", "s1_over_s2", "r_y_corr"}
+    assert out["r_y_corr"] > 0.95
+    assert out["align_Xr"] > 0.9
+    assert out == gd.initial_alignments(60, 80, 100, scaling="mf", seed=3)
+    with pytest.raises(ValueError, match="scaling"):
+        gd.initial_alignments(60, 80, 100, scaling="lazy")

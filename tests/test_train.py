@@ -1,0 +1,159 @@
+"""The training loop: the vmapped ensemble is K independent runs of torch.optim.SGD; monitors and
+divergence handling."""
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from lowrank import datasets, spectral, train
+from lowrank.nets import mlp
+
+
+def _tiny(n=96, d=6, c=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+    return datasets.Dataset(x[:64], y[:64], x[64:], y[64:], c, "tiny")
+
+
+def _reference(model_fn, data, run, *, batch_size, epochs, loss, milestones, gamma):
+    """One run with torch.optim.SGD + MultiStepLR and the same batch order as train_ensemble."""
+    torch.manual_seed(run["seed"])
+    net = model_fn()
+    opt = torch.optim.SGD(net.parameters(), lr=run["lr"], momentum=run["momentum"], weight_decay=run["weight_decay"])
+    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=list(milestones), gamma=gamma)
+    gen = torch.Generator().manual_seed(10_007 * run["seed"] + 17)
+    n = data.x_train.shape[0]
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=gen)
+        net.train()
+        for s in range(n // batch_size):
+            idx = perm[s * batch_size:(s + 1) * batch_size]
+            opt.zero_grad()
+            train.loss_value(net(data.x_train[idx]), data.y_train[idx], loss).backward()
+            opt.step()
+        sched.step()
+    return net
+
+
+@pytest.mark.parametrize("kind, loss", [("MLP", "ce"), ("MLP-BN", "mse"), ("RES-BN", "ce")])
+def test_ensemble_equals_independent_torch_sgd(kind, loss):
+    data = _tiny()
+    model_fn = lambda: mlp.mlp(kind, 2, 8, 6, 3)  # noqa: E731
+    runs = [{"lr": 0.1, "weight_decay": 1e-2, "momentum": 0.9, "seed": 3},
+            {"lr": 0.05, "weight_decay": 0.0, "momentum": 0.0, "seed": 5}]
+    kw = dict(batch_size=16, epochs=3, loss=loss, milestones=(1, 2), gamma=0.5)
+    table = train.train_ensemble(model_fn, data, runs, progress=False, device="cpu", **kw)
+    for k, run in enumerate(runs):
+        ref = _reference(model_fn, data, run, **kw).eval()
+        last = table[(table["run"] == k) & (table["epoch"] == 3)].sort_values("layer_index")
+        for (name, _), row in zip(ref.weight_specs(), last.itertuples()):
+            M = spectral.conv_weight_as_matrix(dict(ref.named_parameters())[name])
+            assert row.weight_norm == pytest.approx(float(M.norm()), rel=1e-5)
+            assert row.rank == spectral.numerical_rank(M, 1e-3)
+        with torch.no_grad():
+            acc = float((ref(data.x_test).argmax(1) == data.y_test).float().mean())
+        assert last["test_acc"].iloc[0] == pytest.approx(acc, abs=1e-6)
+        assert last["lr"].iloc[0] == pytest.approx(run["lr"] * 0.25)
+
+
+def test_table_is_tidy_and_distances_are_right():
+    data = _tiny()
+    table = train.train(lambda: mlp.MLP(6, 3, 2, 8), data, lr=0.1, batch_size=8, epochs=2, progress=False)
+    assert len(table) == 3 * 3  # epochs 0..2, three matrices
+    assert table[table.epoch == 0]["dist"].isna().all()
+    assert not table.duplicated(["run", "epoch", "layer"]).any()
+    e1 = table[table.epoch == 1].set_index("layer")
+    e0 = table[table.epoch == 0].set_index("layer")
+    # dist_rel = dist / ||W_before||_F
+    np.testing.assert_allclose(e1["dist_rel"], e1["dist"] / e0["weight_norm"], rtol=1e-10)
+    assert (e1["dist"] >= (e1["weight_norm"] - e0["weight_norm"]).abs() - 1e-9).all()  # triangle inequality
+    for col in ("rank", "rank_frobenius", "stable_rank", "train_acc", "test_loss", "spectral_norm"):
+        assert col in table
+
+
+def test_spectrum_stats_matches_spectral():
+    g = torch.Generator().manual_seed(0)
+    M = torch.randn(4, 7, 5, generator=g, dtype=torch.float64) @ torch.diag(torch.logspace(0, -5, 5, dtype=torch.float64))
+    st = train.spectrum_stats(torch.linalg.svdvals(M), 1e-3)
+    assert st["rank"].tolist() == spectral.numerical_rank(M, 1e-3).tolist()
+    assert st["rank_frobenius"].tolist() == spectral.numerical_rank(M, 1e-3, scale="frobenius").tolist()
+    torch.testing.assert_close(st["stable_rank"], spectral.stable_rank(M))
+    zero = train.spectrum_stats(torch.zeros(1, 3, dtype=torch.float64), 1e-3)
+    assert zero["rank"].item() == 0 and math.isnan(zero["stable_rank"].item())
+
+
+def test_lr_at():
+    assert train.lr_at(0.1, 60, (60, 100, 200)) == pytest.approx(0.1)
+    assert train.lr_at(0.1, 61, (60, 100, 200)) == pytest.approx(0.01)
+    assert train.lr_at(0.1, 500, (60, 100, 200)) == pytest.approx(1e-4)
+
+
+def test_divergence_stops_only_that_run_and_keeps_what_was_measured():
+    data = _tiny()
+    runs = [{"lr": 0.05, "seed": 0}, {"lr": 1e6, "seed": 0}]
+    with pytest.warns(RuntimeWarning, match="diverged"):
+        table = train.train_ensemble(lambda: mlp.MLP(6, 3, 2, 8), data, runs, batch_size=8, epochs=3,
+                                     loss="mse", progress=False)
+    assert 1 in table.attrs["diverged"] and 0 not in table.attrs["diverged"]
+    assert table[table.run == 0]["epoch"].max() == 3
+    kept = table[table.run == 1]
+    assert kept["epoch"].max() < 3 and (kept["epoch"] == 0).any()
+    assert np.isfinite(kept[["weight_norm", "train_loss"]].to_numpy()).all()
+
+
+def test_sweep_groups_by_batch_size_and_keeps_grid_order():
+    data = _tiny()
+    grid = [{"batch_size": 16, "lr": 0.1, "seed": 0}, {"batch_size": 8, "lr": 0.1, "seed": 0},
+            {"batch_size": 16, "lr": 0.05, "seed": 1}]
+    table = train.sweep(lambda: mlp.MLP(6, 3, 1, 8), data, grid, epochs=1, progress=False)
+    by_run = table.groupby("run").first()
+    assert by_run["batch_size"].tolist() == [16, 8, 16]
+    assert by_run["lr0"].tolist() == [0.1, 0.1, 0.05]
+    avg = train.average_rank(table, include_classifier=False)
+    assert len(avg) == 3 * 2
+    fin = train.final_values(table, convention="frobenius")
+    assert fin["epoch"].tolist() == [1, 1, 1]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"batch_size": 0}, "batch_size"), ({"epochs": 0}, "epochs"), ({"loss": "hinge"}, "loss"),
+    ({"eps": 0}, "eps"), ({"batch_size": 1000}, "larger than the training set")])
+def test_bad_arguments(kwargs, match):
+    base = dict(batch_size=8, epochs=1, progress=False)
+    with pytest.raises(ValueError, match=match):
+        train.train_ensemble(lambda: mlp.MLP(6, 3, 1, 4), _tiny(), [{"lr": 0.1}], **(base | kwargs))
+
+
+@pytest.mark.parametrize("runs, match", [([], "empty"), ([{"weight_decay": 0.1}], "lr"), ([{"lr": -1}], "lr"),
+                                         ([{"lr": 0.1, "momentum": 1.0}], "momentum")])
+def test_bad_runs(runs, match):
+    with pytest.raises(ValueError, match=match):
+        train.train_ensemble(lambda: mlp.MLP(6, 3, 1, 4), _tiny(), runs, batch_size=8, epochs=1, progress=False)
+
+
+def test_average_rank_convention():
+    with pytest.raises(ValueError, match="convention"):
+        train.average_rank(None, convention="nuclear")
+
+
+def test_augment_images():
+    g = torch.Generator().manual_seed(0)
+    x = torch.arange(2 * 1 * 6 * 6, dtype=torch.float32).reshape(2, 1, 6, 6)
+    # crop only, with no padding, no flip, no rotation: the identity
+    torch.testing.assert_close(train.augment_images(x, g, padding=0, flip=False, rotation_step=0), x)
+    # flips and crops only move pixels: each output pixel is an input pixel or the zero padding
+    out = train.augment_images(x, g, padding=2, flip=True, rotation_step=0)
+    assert out.shape == x.shape
+    assert set(out.unique().tolist()) <= set(x.unique().tolist()) | {0.0}
+    # a rotation by 360 degrees (k * 15 with step 15 includes k = 24) keeps the shape
+    assert train.augment_images(x, g, padding=0, flip=False).shape == x.shape
+    # reproducible from the generator
+    a = train.augment_images(x, torch.Generator().manual_seed(3))
+    b = train.augment_images(x, torch.Generator().manual_seed(3))
+    torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="images"):
+        train.augment_images(x[0], g)
