@@ -24,7 +24,7 @@ book: $(STAMP)
 test: book
 	$(VENV)/bin/python -m pytest
 	OMP_NUM_THREADS=1 LOWRANK_FIGURE_DIR=$(CURDIR)/_build/nbval-figures $(VENV)/bin/python -m pytest -p no:cacheprovider \
-		--nbval-lax --nbval-current-env -o testpaths= _build/executed
+		--nbval-lax --nbval-current-env -o testpaths= $$($(VENV)/bin/python -m lowrank.build --list-executed)
 
 clean:
 	rm -rf _build

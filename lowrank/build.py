@@ -231,7 +231,11 @@ def main(argv=None) -> None:
     ap.add_argument("--force", action="store_true", help="execute every notebook even if current")
     ap.add_argument("--no-html", action="store_true", help="execute only; skip Jupyter Book")
     ap.add_argument("--only", nargs="+", metavar="PART/NAME", help="execute just these notebooks (always), nothing else")
+    ap.add_argument("--list-executed", action="store_true", help="print the executed notebooks of the book and exit")
     args = ap.parse_args(argv)
+    if args.list_executed:
+        print(" ".join(str(executed_path(n).relative_to(REPO_ROOT)) for n in book_notebooks()))
+        return
     start = time.time()
     if args.only:
         for name in args.only:
