@@ -174,17 +174,11 @@ def decompose(
     mu="sample" uses the column means of `sigma'(X W^T)`; mu="quadrature" computes
     `E[sigma'(w_j^T x)]` under `N(0, Sigma_hat + zeta^2 q q^T)` and needs `Sigma_hat`.
     """
-    X_B = as_tensor(X_B, "X_B", min_ndim=2)
-    n, d = X_B.shape
-    z = as_tensor(z, "z", min_ndim=1)
-    q = as_tensor(q, "q", min_ndim=1)
-    W = as_tensor(W, "W", min_ndim=2)
-    a = as_tensor(a, "a", min_ndim=1)
+    X_B, z, q, W, a = _two_layer_inputs(X_B, z, q, W, a)
+    n = X_B.shape[0]
     y = as_tensor(y, "y", min_ndim=1)
-    m = W.shape[0]
-    for name, t, shape in (("z", z, (n,)), ("q", q, (d,)), ("W", W, (m, d)), ("a", a, (m,)), ("y", y, (n,))):
-        if tuple(t.shape) != shape:
-            raise ValueError(f"{name} must have shape {shape} (from X_B {n} x {d} and W {m} rows), got {tuple(t.shape)}")
+    if tuple(y.shape) != (n,):
+        raise ValueError(f"y must have shape ({n},) (from X_B), got {tuple(y.shape)}")
     act = get_activation(activation)
     lossf = loss_function(loss)
     check_choice(mu, "mu", {"sample", "quadrature"})

@@ -37,3 +37,4 @@ __all__ = [
     "weight_structure",
 ]
 from . import conv, mlp, vit, zoo  # noqa: E402
+from . import normalized  # noqa: E402

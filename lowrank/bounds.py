@@ -1,0 +1,164 @@
+"""Norm-based generalisation bounds of the square-loss paper (Xu et al. 2023, Section
+"Generalization: Rademacher Complexity of Convolutional Layers"), with the constants as written.
+
+- Eq. 12 / 15 (Theorem 3): for a network that fits the data, with probability >= 1 - delta,
+  `err <= 2 (rho + 1) R_S(F) + 3 sqrt( log(2 (rho + 1)^2 / delta) / (2N) )`,
+  where F is the class of networks with product norm <= 1 and rho the product of the layer norms.
+- Eq. 16: with Golowich et al.'s `R_S(F) <= (sqrt(2 log(2) L) + 1) / sqrt(N)` (inputs in the unit
+  ball). The journal text of Eq. 16 prints the confidence term with an extra "log" (flattened as
+  `3 log 2 log rho + 1 2 / delta 2 N`); we use the form that Eq. 12 and Eq. 15 derive,
+  `3 sqrt(log(2 (rho+1)^2 / delta) / (2N))`.
+- Eq. 19 (Theorem 4, binary-tree CNN, d = 2^L): `R_X(H) <= 2^L rho sqrt(sum_i ||x_i||^2) / N`, rho the
+  product of the kernel norms; the proof sketch (Eq. 22) gives `2^(L-1)`, also reported.
+- Eq. 25 (the same network treated as dense, with Toeplitz norms):
+  `2^L prod_{l=1}^L sqrt(2^l) rho sqrt(sum_i ||x_i||^2) / N = 2^(0.25 L^2 + 1.25 L) rho sqrt(...) / N`.
+
+Eq. 19 and Eq. 25 bound the Rademacher complexity of the class with product norm <= rho; the
+error bounds below put them into Eq. 12 at rho = 1 (the class F), as Theorem 3's proof does.
+
+Every function returns a dict with each term. The bounds assume the network **fits** the training
+set (`y f(x) >= 1`, zero ramp loss). A network trained with weight decay only quasi-interpolates
+(`rho * f_bar_n = 1 - eps`); pass the unnormalised margins `y_n f(x_n)` as `margins` to get the
+empirical ramp-loss term of Eq. 13 added (`bound_with_ramp`), or evaluate at
+`margin_normalized_rho(f_bar)` = 1 / min_n f_bar_n, the scale at which the normalised network has
+every margin >= 1 (same decisions, zero ramp loss).
+"""
+
+from __future__ import annotations
+
+import math
+
+
+from ._checks import as_tensor, check_positive
+
+__all__ = [
+    "golowich_rademacher",
+    "confidence_term",
+    "ramp_loss",
+    "margin_normalized_rho",
+    "error_bound",
+    "theorem3_bound",
+    "tree_rademacher",
+    "dense_tree_rademacher",
+    "theorem4_bound",
+    "dense_tree_bound",
+]
+
+
+def _check_n(n):
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"N must be a positive integer, got {n!r}")
+
+
+def _check_depth(L):
+    if not isinstance(L, int) or isinstance(L, bool) or L < 1:
+        raise ValueError(f"the depth L must be a positive integer, got {L!r}")
+
+
+def _check_delta(delta):
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+
+
+def _check_rho(rho):
+    if not (isinstance(rho, (int, float)) and math.isfinite(rho) and rho >= 0):
+        raise ValueError(f"rho must be a finite non-negative number, got {rho!r}")
+
+
+def golowich_rademacher(depth: int, n: int, radius: float = 1.0) -> float:
+    """`(sqrt(2 log(2) L) + 1) * radius / sqrt(N)`: the paper's bound on R_S(F) (Theorem 1 of
+    Golowich, Rakhlin and Shamir) for product norm <= 1 and inputs in the ball of `radius` (1 in
+    the paper)."""
+    _check_depth(depth)
+    _check_n(n)
+    check_positive(radius, "radius")
+    return (math.sqrt(2 * math.log(2) * depth) + 1) * radius / math.sqrt(n)
+
+
+def confidence_term(rho: float, n: int, delta: float) -> float:
+    """`3 sqrt( log(2 (rho + 1)^2 / delta) / (2N) )` (Eq. 12, 15)."""
+    _check_rho(rho)
+    _check_n(n)
+    _check_delta(delta)
+    return 3 * math.sqrt(math.log(2 * (rho + 1) ** 2 / delta) / (2 * n))
+
+
+def ramp_loss(values) -> float:
+    """Mean ramp loss of unnormalised margins `v_n = y_n f(x_n)`: 1 for v <= 0, 1 - v on [0, 1], 0 above."""
+    v = as_tensor(values, "margins", min_ndim=1).reshape(-1)
+    return float((1 - v).clamp(0, 1).mean())
+
+
+def margin_normalized_rho(fbar) -> float:
+    """`1 / min_n f_bar_n`: the rho at which `rho f_V` has every training margin >= 1 (inf if some
+    margin is <= 0, i.e. the training set is not separated)."""
+    f = as_tensor(fbar, "fbar", min_ndim=1).reshape(-1)
+    m = float(f.min())
+    return 1 / m if m > 0 else math.inf
+
+
+def error_bound(rademacher_unit: float, rho: float, n: int, delta: float = 0.05, margins=None) -> dict:
+    """Eq. 12: `2 (rho + 1) R(F) + 3 sqrt(log(2 (rho+1)^2 / delta) / (2N))`, each term reported.
+
+    `rademacher_unit` is the Rademacher complexity bound of the class with product norm <= 1.
+    """
+    _check_rho(rho)
+    check_positive(rademacher_unit, "rademacher_unit", strict=False)
+    complexity = 2 * (rho + 1) * rademacher_unit
+    confidence = confidence_term(rho, n, delta)
+    out = {
+        "rho": rho, "N": n, "delta": delta, "rademacher_unit": rademacher_unit,
+        "complexity_term": complexity, "confidence_term": confidence, "bound": complexity + confidence,
+    }
+    if margins is not None:
+        ramp = ramp_loss(margins)
+        out.update(ramp_term=ramp, bound_with_ramp=ramp + complexity + confidence)
+    return out
+
+
+def theorem3_bound(rho: float, n: int, depth: int, delta: float = 0.05, radius: float = 1.0, margins=None) -> dict:
+    """Eq. 16 (Theorem 3 with Golowich et al.'s complexity): the dense-network bound."""
+    r = golowich_rademacher(depth, n, radius)
+    return {"equation": "16", "L": depth, "radius": radius, **error_bound(r, rho, n, delta, margins)}
+
+
+def _sqrt_sum_sq_norms(X) -> tuple[float, int]:
+    X = as_tensor(X, "X", min_ndim=2)
+    X = X.reshape(X.shape[0], -1)
+    return float((X**2).sum().sqrt()), X.shape[0]
+
+
+def tree_rademacher(rho: float, X, depth: int, constant: str = "eq19") -> float:
+    """Theorem 4: `2^L rho sqrt(sum_i ||x_i||^2) / N` (Eq. 19); `constant="eq22"` uses the proof
+    sketch's `2^(L-1)`."""
+    _check_rho(rho)
+    _check_depth(depth)
+    if constant not in ("eq19", "eq22"):
+        raise ValueError(f"constant must be 'eq19' or 'eq22', got {constant!r}")
+    root, n = _sqrt_sum_sq_norms(X)
+    power = depth if constant == "eq19" else depth - 1
+    return 2.0**power * rho * root / n
+
+
+def dense_tree_rademacher(rho: float, X, depth: int) -> float:
+    """Eq. 25: `2^L prod_{l=1}^L sqrt(2^l) rho sqrt(sum_i ||x_i||^2) / N`, the tree network bounded
+    as a dense one (Toeplitz norms), `= 2^(0.25 L^2 + 1.25 L) rho sqrt(...) / N`."""
+    _check_rho(rho)
+    _check_depth(depth)
+    root, n = _sqrt_sum_sq_norms(X)
+    factor = 2.0**depth * math.prod(math.sqrt(2.0**l) for l in range(1, depth + 1))
+    return factor * rho * root / n
+
+
+def theorem4_bound(rho: float, X, depth: int, delta: float = 0.05, margins=None, constant: str = "eq19") -> dict:
+    """Eq. 19 put into Eq. 12: the binary-tree CNN's error bound, rho = product of kernel norms."""
+    r = tree_rademacher(1.0, X, depth, constant)
+    n = as_tensor(X, "X", min_ndim=2).shape[0]
+    return {"equation": "19" if constant == "eq19" else "22", "L": depth, **error_bound(r, rho, n, delta, margins)}
+
+
+def dense_tree_bound(rho: float, X, depth: int, delta: float = 0.05, margins=None) -> dict:
+    """Eq. 25 put into Eq. 12: the same tree network's bound when it is treated as dense."""
+    r = dense_tree_rademacher(1.0, X, depth)
+    n = as_tensor(X, "X", min_ndim=2).shape[0]
+    return {"equation": "25", "L": depth, **error_bound(r, rho, n, delta, margins)}

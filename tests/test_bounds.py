@@ -1,0 +1,95 @@
+"""lowrank.bounds: the constants of Eqs. 12, 16, 19, 22 and 25 and the Toeplitz norm of conv layers."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lowrank import bounds
+from lowrank.nets import normalized
+
+
+def test_golowich_rademacher_and_confidence_constants():
+    assert bounds.golowich_rademacher(2, 100) == pytest.approx((math.sqrt(4 * math.log(2)) + 1) / 10)
+    assert bounds.golowich_rademacher(3, 25, radius=2.0) == pytest.approx(2 * (math.sqrt(6 * math.log(2)) + 1) / 5)
+    assert bounds.confidence_term(4.0, 50, 0.1) == pytest.approx(3 * math.sqrt(math.log(2 * 25 / 0.1) / 100))
+
+
+def test_theorem3_terms_add_up():
+    b = bounds.theorem3_bound(7.0, 400, 6, delta=0.05)
+    r = (math.sqrt(2 * math.log(2) * 6) + 1) / 20
+    assert b["complexity_term"] == pytest.approx(2 * 8 * r)
+    assert b["bound"] == pytest.approx(b["complexity_term"] + b["confidence_term"])
+    assert b["equation"] == "16" and "ramp_term" not in b
+
+
+def test_bound_decreases_with_n_and_grows_with_rho():
+    small = bounds.theorem3_bound(5.0, 100, 4)["bound"]
+    assert bounds.theorem3_bound(5.0, 1000, 4)["bound"] < small < bounds.theorem3_bound(50.0, 100, 4)["bound"]
+
+
+def test_tree_and_dense_rademacher_constants():
+    X = torch.full((8, 16), 0.25, dtype=torch.float64)  # ||x_i|| = 1, sqrt(sum ||x||^2) = sqrt(8)
+    root = math.sqrt(8) / 8
+    for L in (2, 4, 6):
+        assert bounds.tree_rademacher(3.0, X, L) == pytest.approx(2**L * 3 * root)
+        assert bounds.tree_rademacher(3.0, X, L, constant="eq22") == pytest.approx(2 ** (L - 1) * 3 * root)
+        # Eq. 25: the product form equals the closed form 2^(0.25 L^2 + 1.25 L)
+        assert bounds.dense_tree_rademacher(3.0, X, L) == pytest.approx(2 ** (0.25 * L**2 + 1.25 * L) * 3 * root)
+        ratio = bounds.dense_tree_rademacher(1.0, X, L) / bounds.tree_rademacher(1.0, X, L)
+        assert ratio == pytest.approx(2 ** (L * (L + 1) / 4))
+
+
+def test_theorem4_and_dense_tree_bounds_use_eq12_at_rho_one():
+    X = torch.rand(30, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    b19 = bounds.theorem4_bound(12.0, X, 6)
+    b25 = bounds.dense_tree_bound(12.0, X, 6)
+    assert b19["complexity_term"] == pytest.approx(2 * 13 * bounds.tree_rademacher(1.0, X, 6))
+    assert b25["complexity_term"] / b19["complexity_term"] == pytest.approx(2 ** (6 * 7 / 4))
+    assert b19["confidence_term"] == b25["confidence_term"] == pytest.approx(bounds.confidence_term(12.0, 30, 0.05))
+
+
+def test_ramp_loss_and_margin_normalized_rho():
+    assert bounds.ramp_loss([-1.0, 0.0, 0.25, 1.0, 3.0]) == pytest.approx((1 + 1 + 0.75 + 0 + 0) / 5)
+    assert bounds.margin_normalized_rho([0.5, 0.25, 1.0]) == pytest.approx(4.0)
+    assert bounds.margin_normalized_rho([0.5, -0.1]) == math.inf
+    b = bounds.theorem3_bound(2.0, 10, 2, margins=[0.5, 1.5])
+    assert b["ramp_term"] == pytest.approx(0.25)
+    assert b["bound_with_ramp"] == pytest.approx(b["bound"] + 0.25)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"rho": -1.0, "n": 10, "depth": 2}, "rho"),
+    ({"rho": 1.0, "n": 0, "depth": 2}, "N must"),
+    ({"rho": 1.0, "n": 10, "depth": 0}, "depth"),
+    ({"rho": 1.0, "n": 10, "depth": 2, "delta": 1.5}, "delta"),
+])
+def test_invalid_inputs_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        bounds.theorem3_bound(**kwargs)
+
+
+def _toeplitz_matrix(w, in_shape, stride, padding):
+    """The matrix of a conv layer, column by column from unit inputs."""
+    conv = F.conv1d if w.ndim == 3 else F.conv2d
+    n = math.prod(in_shape)
+    basis = torch.eye(n, dtype=torch.float64).reshape(n, *in_shape)
+    return conv(basis, w, stride=stride, padding=padding).reshape(n, -1).T
+
+
+@pytest.mark.parametrize("shape, in_shape, stride, padding", [
+    ((4, 3, 3, 3), (3, 7, 7), 1, 0),
+    ((4, 3, 3, 3), (3, 7, 7), 2, 1),
+    ((2, 1, 2), (1, 16), 2, 0),
+    ((5, 2, 3), (2, 9), 1, 1),
+])
+def test_toeplitz_frobenius_norm_matches_the_explicit_matrix(shape, in_shape, stride, padding):
+    w = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    T = _toeplitz_matrix(w, in_shape, stride, padding)
+    assert normalized.toeplitz_frobenius_norm(w, in_shape, stride, padding) == pytest.approx(float(T.norm()), rel=1e-12)
+
+
+def test_toeplitz_norm_without_padding_is_sqrt_patches_times_filter_norm():
+    w = torch.randn(3, 2, 2, dtype=torch.float64)
+    assert normalized.toeplitz_frobenius_norm(w, (2, 32), 2, 0) == pytest.approx(math.sqrt(16) * float(w.norm()))

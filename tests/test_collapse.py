@@ -1,0 +1,164 @@
+"""lowrank.collapse: neural-collapse metrics on constructed features, the streaming version, margins."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from lowrank import collapse
+
+
+def simplex_etf(C: int, p: int, seed: int = 0, scale: float = 3.0) -> torch.Tensor:
+    """C x p class means whose centred versions form a simplex ETF, plus a non-zero global mean."""
+    g = torch.Generator().manual_seed(seed)
+    Q, _ = torch.linalg.qr(torch.randn(p, C + 1, generator=g, dtype=torch.float64))
+    E = torch.eye(C, dtype=torch.float64) - 1.0 / C  # centred one-hot, rows sum to 0
+    M = scale * E @ Q[:, :C].T  # C x p, rows mu_c - mu_G
+    mu_G = 5.0 * Q[:, C]  # orthogonal to the span of the centred means
+    return M + mu_G
+
+
+def collapsed_features(C=4, p=12, n_per_class=7, noise=0.0, seed=0):
+    means = simplex_etf(C, p, seed)
+    y = torch.arange(C).repeat_interleave(n_per_class)
+    g = torch.Generator().manual_seed(seed + 1)
+    H = means[y] + noise * torch.randn(len(y), p, generator=g, dtype=torch.float64)
+    W = means - means.mean(0)  # the classifier equals the centred means (NC3), orthogonal to mu_G
+    return H, y, W
+
+
+def test_simplex_etf_features_give_zero_metrics():
+    H, y, W = collapsed_features()
+    out = collapse.nc_metrics(H, y, W)
+    for key in collapse.NC_KEYS:
+        assert abs(out[key]) < 1e-10, (key, out[key])
+    assert out["classifier_cos_mean"] == pytest.approx(-1 / 3, abs=1e-12)
+    assert out["means_cos_mean"] == pytest.approx(-1 / 3, abs=1e-12)
+    assert out["classifier_global_mean_cos"] < 1e-10
+    assert out["classifier_global_mean_ratio"] < 1e-10
+    assert out["num_classes"] == 4
+
+
+def test_small_noise_gives_small_nc1_and_scaled_classifier_is_still_collapsed():
+    H, y, W = collapsed_features(noise=1e-3)
+    out = collapse.nc_metrics(H, y, 7.5 * W)
+    assert 0 < out["nc1"] < 1e-5
+    assert out["nc3"] < 1e-3 and out["nc4"] == 0
+
+
+def test_random_features_are_far_from_collapse():
+    g = torch.Generator().manual_seed(3)
+    H = torch.randn(200, 10, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 5, (200,), generator=g)
+    W = torch.randn(5, 10, generator=g, dtype=torch.float64)
+    out = collapse.nc_metrics(H, y, W)
+    assert out["nc1"] > 1.0  # within-class scatter dominates
+    assert out["nc3"] > 0.5
+    assert out["nc2_equiangular_classifiers"] > 0.05
+    assert out["nc4"] > 0.3
+    assert out["nc1_no_c"] == pytest.approx(5 * out["nc1"])
+    assert out["nc3_squared"] == pytest.approx(out["nc3"] ** 2)
+
+
+def test_nc1_matches_the_direct_formula():
+    g = torch.Generator().manual_seed(4)
+    H = torch.randn(60, 6, generator=g, dtype=torch.float64)
+    y = torch.arange(3).repeat(20)
+    W = torch.randn(3, 6, generator=g, dtype=torch.float64)
+    means = torch.stack([H[y == c].mean(0) for c in range(3)])
+    mu_G = means.mean(0)
+    Sw = sum((H[y == c] - means[c]).T @ (H[y == c] - means[c]) for c in range(3)) / 60
+    Sb = (means - mu_G).T @ (means - mu_G) / 3
+    expected = float(torch.trace(Sw @ torch.linalg.pinv(Sb, hermitian=True, rtol=1e-10))) / 3
+    assert collapse.nc_metrics(H, y, W)["nc1"] == pytest.approx(expected, rel=1e-8)
+
+
+def test_binary_scalar_classifier_equals_two_row_classifier():
+    g = torch.Generator().manual_seed(5)
+    H = torch.randn(40, 8, generator=g, dtype=torch.float64)
+    y_pm = torch.where(torch.arange(40) % 2 == 0, -1, 1)
+    w = torch.randn(1, 8, generator=g, dtype=torch.float64)
+    one = collapse.nc_metrics(H, y_pm, w, b=torch.tensor([0.3]))
+    two = collapse.nc_metrics(H, (y_pm + 1) // 2, torch.cat([-w, w]), b=torch.tensor([-0.3, 0.3]))
+    for key in one:
+        assert one[key] == pytest.approx(two[key], rel=1e-12, abs=1e-14), key
+
+
+def random_problem(seed=6, C=3, p=9, n=101):
+    g = torch.Generator().manual_seed(seed)
+    H = torch.randn(n, p, generator=g, dtype=torch.float64) + 4.0
+    y = torch.randint(0, C, (n,), generator=g)
+    W = torch.randn(C, p, generator=g, dtype=torch.float64)
+    b = torch.randn(C, generator=g, dtype=torch.float64)
+    return H, y, W, b
+
+
+def test_streaming_equals_batch():
+    H, y, W, b = random_problem()
+    batch = collapse.nc_metrics(H, y, W, b)
+    means = torch.stack([H[y == c].mean(0) for c in range(3)])
+    sizes = [13, 1, 40, 25, 22]
+    chunks = list(zip(torch.split(H, sizes), torch.split(y, sizes)))
+    stream = collapse.nc_metrics_streaming(chunks, W, b, reference_means=means)
+    for key in batch:
+        assert stream[key] == pytest.approx(batch[key], rel=1e-9, abs=1e-12), key
+
+
+def test_streaming_without_reference_means_has_nan_nc4_only():
+    H, y, W, _ = random_problem(seed=7)
+    batch = collapse.nc_metrics(H, y, W)
+    stream = collapse.nc_metrics_streaming(zip(torch.split(H, 10), torch.split(y, 10)), W)
+    assert math.isnan(stream["nc4"])
+    for key in batch:
+        if key != "nc4":
+            assert stream[key] == pytest.approx(batch[key], rel=1e-9, abs=1e-12), key
+
+
+def test_streaming_keeps_precision_near_collapse():
+    H, y, W = collapsed_features(noise=1e-7, p=6)
+    H = H + 1e4  # a large common offset: a naive sum of squares would lose the within-class scatter
+    batch = collapse.nc_metrics(H, y, W)
+    stream = collapse.nc_metrics_streaming(zip(torch.split(H, 5), torch.split(y, 5)), W)
+    assert stream["nc1"] == pytest.approx(batch["nc1"], rel=1e-4)
+
+
+def test_errors_name_the_problem():
+    H, y, W, _ = random_problem()
+    with pytest.raises(ValueError, match="C x p"):
+        collapse.nc_metrics(H, y, W[:, :4])
+    with pytest.raises(ValueError, match="labels must lie"):
+        collapse.nc_metrics(H, y + 5, W)
+    with pytest.raises(ValueError, match="no samples"):
+        collapse.nc_metrics(H, torch.zeros_like(y), W)
+    with pytest.raises(ValueError, match="labels"):
+        collapse.nc_metrics(H, y[:-1], W)
+    with pytest.raises(ValueError, match="NaN"):
+        collapse.nc_metrics(H * float("nan"), y, W)
+
+
+def test_centred_one_hot_and_margins():
+    T = collapse.centred_one_hot(torch.tensor([0, 2, 1]), 3)
+    assert torch.allclose(T.sum(1), torch.zeros(3, dtype=T.dtype))
+    assert torch.all(T.max(1).values == 1) and T[0, 1] == -0.5
+    f = torch.tensor([0.2, -0.1, 0.4])
+    assert torch.allclose(collapse.margins(f, torch.tensor([1, -1, -1])), torch.tensor([0.2, 0.1, -0.4]))
+    out = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 2.0]])
+    assert torch.allclose(collapse.margins(out, torch.tensor([0, 2])), torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError, match="-1, \\+1"):
+        collapse.margins(f, torch.tensor([0, 1, 1]))
+
+
+def test_margin_stats_predictions_are_consistent():
+    g = np.random.default_rng(0)
+    fbar = g.uniform(0.01, 0.05, size=50)
+    lam = 1e-3
+    mu, M = fbar.mean(), (fbar**2).mean()
+    rho_eq = mu / (M + lam)
+    s = collapse.margin_stats(fbar, rho_eq, lam)
+    assert s["rho_eq"] == pytest.approx(rho_eq)
+    assert s["sigma2"] == pytest.approx(M - mu**2)
+    # at rho = rho_eq the measured gap equals Eq. 8's prediction exactly
+    assert s["gap_measured"] == pytest.approx(s["gap_predicted"], rel=1e-12)
+    assert s["rho_over_rho_eq"] == pytest.approx(1.0)
+    assert s["fraction_positive"] == 1.0
