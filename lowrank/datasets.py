@@ -113,7 +113,7 @@ def _read_idx(path: Path) -> np.ndarray:
     data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
     if data.size != int(np.prod(shape)):
         raise ValueError(f"{path} is truncated: header says {shape}, found {data.size} values")
-    return data.reshape(shape)
+    return data.reshape(shape).copy()  # frombuffer is read-only
 
 
 def mnist(root, normalize: bool = True) -> Dataset:
