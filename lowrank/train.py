@@ -368,14 +368,15 @@ def sweep(model_fn: Callable[[], nn.Module], data: Dataset, grid, *, epochs: int
 
 def train_point(*, model: str, dataset: str, batch_size: int, lr: float, epochs: int, weight_decay: float = 0.0,
                 momentum: float = 0.0, milestones=(), gamma: float = 0.1, eps: float = 1e-3, loss: str = "ce",
-                augment: bool = False, seed: int = 0, data_root: str = "", cnn_width: float = 1.0) -> pd.DataFrame:
+                augment: bool = False, seed: int = 0, data_root: str = "", cnn_width: float = 1.0,
+                vit_dim: int = 512, vit_depth: int = 6) -> pd.DataFrame:
     """One training run named by plain values (a sweep point, see `lowrank.sweeps`): the model by
     its paper name (e.g. "MLP-BN-10-100", "ResNet-18"), the data set by name. Returns the tidy monitor table."""
     from .datasets import load
     from .nets import zoo
 
     data = load(dataset, root=data_root or None) if dataset in ("mnist", "cifar10") else load(dataset)
-    make, data = zoo.for_data(model, data, cnn_width=cnn_width)
+    make, data = zoo.for_data(model, data, cnn_width=cnn_width, vit_dim=vit_dim, vit_depth=vit_depth)
     augmenter = (lambda x, g: augment_images(x, g)) if augment else None
     return train(make, data, lr=lr, batch_size=batch_size,
                  epochs=epochs, weight_decay=weight_decay, momentum=momentum, seed=seed, milestones=list(milestones),

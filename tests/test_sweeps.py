@@ -130,3 +130,12 @@ def test_part_two_ci_sweep_under_both_executors_feeds_the_notebook(tmp_path):
     nb = (folder / "notebook.ipynb").read_text()
     assert "read from" in nb and "collected.csv" in nb
     assert (folder / "figures" / "rank_vs_batch_size_final.csv").stat().st_size > 0
+
+
+def test_repository_sweep_specs_are_valid():
+    """Every spec under sweeps/ (the Part II paper grids and their ci version) validates."""
+    specs = sorted((sweeps.notebooks.REPO_ROOT / "sweeps").glob("*.yaml"))
+    assert len(specs) >= 6
+    for path in specs:
+        spec = sweeps.load_spec(path)
+        assert spec.points, path
