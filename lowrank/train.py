@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import warnings
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -164,7 +166,8 @@ def _broadcast(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, *, batch_size: int, epochs: int,
                    loss: str = "ce", milestones=(), gamma: float = 0.1, eps: float = 1e-3, eval_batch: int = 2048,
                    augment: Callable | None = None, progress: bool = True, device=None,
-                   desc: str | None = None, run_offset: int = 0, extra: dict | None = None) -> pd.DataFrame:
+                   desc: str | None = None, run_offset: int = 0, extra: dict | None = None,
+                   checkpoint=None, checkpoint_every: int = 1) -> pd.DataFrame:
     """Train `len(runs)` models `model_fn()` at once; return the tidy monitor table.
 
     `runs`: list of dicts with `lr` and optionally `weight_decay`, `momentum`, `seed` (default: its
@@ -172,8 +175,14 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, *, ba
     after `torch.manual_seed(seed)`, so the seed fixes the initialisation; it also fixes the batch
     order. `augment(x, generator)` optionally transforms each training batch (paper-scale images).
     `extra` adds constant columns (e.g. the model's name).
+
+    `checkpoint`: a file path. Every `checkpoint_every` epochs the whole state (weights, BatchNorm
+    buffers, momentum, the batch-order generators, the monitors so far) is written there atomically;
+    if the file exists when training starts, training resumes after its epoch and ends exactly as an
+    uninterrupted run would (the same runs and batch size are required; `epochs` may be larger).
     """
     runs = _normalise_runs(runs)
+    _check_positive_int(checkpoint_every, "checkpoint_every")
     _check_positive_int(batch_size, "batch_size")
     _check_positive_int(epochs, "epochs")
     check_choice(loss, "loss", LOSSES)
@@ -286,14 +295,45 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, *, ba
                       f"batch_size={batch_size}) diverged in epoch {epoch}: {why}. It is stopped; the "
                       f"{epoch if epoch else 0} epoch(s) measured before are kept.", RuntimeWarning, stacklevel=3)
 
-    monitor(0, lr0.cpu().numpy())
+    identity = {"runs": runs, "batch_size": batch_size, "loss": loss, "milestones": list(milestones), "gamma": gamma}
+    state_tensors = {"params": params, "buffers": buffers, "mom_buf": mom_buf}
+    start_epoch = 0
+    if checkpoint is not None and Path(checkpoint).is_file():
+        saved = torch.load(checkpoint, map_location=dev, weights_only=False)
+        if saved["identity"] != identity:
+            raise ValueError(f"checkpoint {checkpoint} belongs to other runs or another batch size; "
+                             "remove it or pass another path")
+        for group, tensors in state_tensors.items():
+            for k, v in tensors.items():
+                v.copy_(saved[group][k])  # in place: the optimiser's lists point at these tensors
+        for g, st in zip(gens, saved["generators"]):
+            g.set_state(st)
+        torch.set_rng_state(saved["torch_rng"])  # dropout draws from the global generator
+        alive[:] = saved["alive"]
+        diverged.update(saved["diverged"])
+        prev.update(saved["prev"])
+        rows.extend(saved["rows"])
+        start_epoch = saved["epoch"]
+    else:
+        monitor(0, lr0.cpu().numpy())
+
+    def save_checkpoint(epoch):
+        path = Path(checkpoint)
+        tmp = path.with_name(f".{path.name}.tmp")
+        torch.save({"identity": identity, "epoch": epoch, **{g: {k: v.detach().cpu() for k, v in t.items()}
+                    for g, t in state_tensors.items()}, "generators": [g.get_state() for g in gens],
+                    "torch_rng": torch.get_rng_state(),
+                    "alive": alive.copy(), "diverged": dict(diverged), "prev": {k: v.cpu() for k, v in prev.items()},
+                    "rows": list(rows)}, tmp)
+        os.replace(tmp, path)
+
     steps = n_train // batch_size
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=epochs, desc=desc or f"B={batch_size}, {K} run(s)", leave=False)
-    for epoch in range(1, epochs + 1):
+        bar = tqdm(total=epochs, initial=start_epoch, desc=desc or f"B={batch_size}, {K} run(s)", leave=False)
+    for epoch in range(start_epoch + 1, epochs + 1):
         if not alive.any():
             break
         factor = gamma ** sum(1 for m in milestones if epoch > m)
@@ -323,6 +363,8 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, *, ba
                 torch._foreach_addcmul_(bufs, plist, wd_b)
                 torch._foreach_addcmul_(plist, bufs, [neg_lr[k] for k in names])
         monitor(epoch, (lr).cpu().numpy())
+        if checkpoint is not None and (epoch % checkpoint_every == 0 or epoch == epochs):
+            save_checkpoint(epoch)
         if bar is not None:
             bar.update(1)
     if bar is not None:
@@ -369,9 +411,10 @@ def sweep(model_fn: Callable[[], nn.Module], data: Dataset, grid, *, epochs: int
 def train_point(*, model: str, dataset: str, batch_size: int, lr: float, epochs: int, weight_decay: float = 0.0,
                 momentum: float = 0.0, milestones=(), gamma: float = 0.1, eps: float = 1e-3, loss: str = "ce",
                 augment: bool = False, seed: int = 0, data_root: str = "", cnn_width: float = 1.0,
-                vit_dim: int = 512, vit_depth: int = 6) -> pd.DataFrame:
+                vit_dim: int = 512, vit_depth: int = 6, checkpoint: str = "", checkpoint_every: int = 10) -> pd.DataFrame:
     """One training run named by plain values (a sweep point, see `lowrank.sweeps`): the model by
-    its paper name (e.g. "MLP-BN-10-100", "ResNet-18"), the data set by name. Returns the tidy monitor table."""
+    its paper name (e.g. "MLP-BN-10-100", "ResNet-18"), the data set by name. Returns the tidy monitor table.
+    With `checkpoint` (a file path) a killed long run resumes where its last checkpoint left it."""
     from .datasets import load
     from .nets import zoo
 
@@ -380,7 +423,8 @@ def train_point(*, model: str, dataset: str, batch_size: int, lr: float, epochs:
     augmenter = (lambda x, g: augment_images(x, g)) if augment else None
     return train(make, data, lr=lr, batch_size=batch_size,
                  epochs=epochs, weight_decay=weight_decay, momentum=momentum, seed=seed, milestones=list(milestones),
-                 gamma=gamma, eps=eps, loss=loss, augment=augmenter, progress=False, extra={"model": model})
+                 gamma=gamma, eps=eps, loss=loss, augment=augmenter, progress=False, extra={"model": model},
+                 checkpoint=checkpoint or None, checkpoint_every=checkpoint_every)
 
 
 def average_rank(table: pd.DataFrame, *, convention: str = "spectral", include_classifier: bool = True,

@@ -157,3 +157,23 @@ def test_augment_images():
     torch.testing.assert_close(a, b)
     with pytest.raises(ValueError, match="images"):
         train.augment_images(x[0], g)
+
+
+def test_checkpoint_resume_matches_an_uninterrupted_run(tmp_path):
+    """A run stopped after epoch 2 and resumed from its checkpoint ends exactly as one that never
+    stopped: weights, BatchNorm buffers, momentum, batch order and monitors all carry over."""
+    import pandas as pd
+
+    data = datasets.digits()
+    make = lambda: mlp.mlp("MLP-BN", 2, 16, 64, 10)  # noqa: E731
+    runs = [{"lr": 0.1, "weight_decay": 5e-3, "momentum": 0.9, "seed": s} for s in (0, 1)]
+    kwargs = dict(batch_size=64, milestones=[2], progress=False)
+    whole = train.train_ensemble(make, data, runs, epochs=4, **kwargs)
+    ckpt = tmp_path / "run.ckpt"
+    first = train.train_ensemble(make, data, runs, epochs=2, checkpoint=ckpt, **kwargs)
+    assert ckpt.is_file() and first["epoch"].max() == 2
+    resumed = train.train_ensemble(make, data, runs, epochs=4, checkpoint=ckpt, **kwargs)
+    pd.testing.assert_frame_equal(resumed, whole)
+    other = [{"lr": 0.2, "weight_decay": 5e-3, "momentum": 0.9, "seed": 0}]
+    with pytest.raises(ValueError, match="belongs to other runs"):
+        train.train_ensemble(make, data, other, epochs=4, checkpoint=ckpt, **kwargs)
