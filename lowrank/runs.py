@@ -26,7 +26,7 @@ import shutil
 import subprocess
 import time
 import tokenize
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -51,7 +51,6 @@ class ParameterSpec:
     items: list | None = None  # allowed elements of a list parameter
     min: float | None = None
     max: float | None = None
-    extra: dict = field(default_factory=dict)
 
     def describe(self) -> str:
         kind = type(self.default).__name__
