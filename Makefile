@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: book test env clean
+.PHONY: book test reproduce env clean
 
 # The environment: a venv with the pinned stack, rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -18,11 +18,15 @@ env: $(STAMP)
 book: $(STAMP)
 	$(VENV)/bin/python -m lowrank.build
 
-# Unit tests and golden verdicts on the build's executed notebooks, then nbval: a fresh kernel
-# re-runs each executed notebook and must print the same rounded verdict summary (cells tagged
-# nbval-check-output), which is the check that a rerun reproduces the book.
+# Unit tests, golden verdicts, figures, ledger and the browser check, all on the build's executed
+# notebooks: in `make test` every notebook is executed exactly once (by `make book`).
 test: book
 	$(VENV)/bin/python -m pytest
+
+# nbval: a fresh kernel re-runs each executed notebook and must print the same rounded verdict
+# summary (cells tagged nbval-check-output). It executes every notebook a second time, so it is a
+# reader's reproduction check, not part of `make test` (a unit test checks bit-identical reruns).
+reproduce: book
 	OMP_NUM_THREADS=1 LOWRANK_FIGURE_DIR=$(CURDIR)/_build/nbval-figures $(VENV)/bin/python -m pytest -p no:cacheprovider \
 		--nbval-lax --nbval-current-env -o testpaths= $$($(VENV)/bin/python -m lowrank.build --list-executed)
 

@@ -14,6 +14,8 @@ from ._checks import as_tensor, check_choice
 
 __all__ = [
     "singular_values",
+    "singular_values_by_shape",
+    "monitor_dtype",
     "numerical_rank",
     "stable_rank",
     "effective_rank",
@@ -40,6 +42,39 @@ def singular_values(M, *, dtype=torch.float64) -> torch.Tensor:
     `dtype=None` keeps the input's floating dtype (faster for float32 monitors).
     """
     return torch.linalg.svdvals(_matrix(M, dtype=dtype))
+
+
+# On a GPU, cuSOLVER's SVD synchronises with the host and has a fixed cost per call that dwarfs the
+# work for small matrices; batches whose matrices have at most this many entries are copied to the
+# CPU (LAPACK) instead. Not yet timed on a GPU (bench/gpu.py times both paths to set it).
+GPU_SVD_MIN_ENTRIES = 128 * 128
+
+
+def monitor_dtype(eps: float) -> torch.dtype:
+    """The dtype that resolves singular values down to `eps * ||M||`: float32 (unit round-off 6e-8,
+    so SVD errors stay well below 1e-4 of the top value) for `eps >= 1e-4`, float64 below."""
+    return torch.float32 if eps >= 1e-4 else torch.float64
+
+
+def singular_values_by_shape(mats, *, dtype=None) -> list[torch.Tensor]:
+    """Singular values of each matrix (or batch of matrices) in `mats`, in order, with one `svdvals`
+    call per group of equal shape (e.g. the nine 100x100 hidden layers of an MLP-10-100 ensemble).
+
+    `dtype=None` keeps each input's dtype. On CUDA, groups of small matrices go through the CPU
+    (`GPU_SVD_MIN_ENTRIES`); the results come back on each input's device.
+    """
+    mats = [as_tensor(M, f"mats[{i}]", dtype=dtype, min_ndim=2) for i, M in enumerate(mats)]
+    groups: dict = {}
+    for i, M in enumerate(mats):
+        groups.setdefault((M.shape, M.dtype, M.device), []).append(i)
+    out: list = [None] * len(mats)
+    for (shape, _, device), idx in groups.items():
+        batch = torch.stack([mats[i] for i in idx])
+        small = shape[-1] * shape[-2] <= GPU_SVD_MIN_ENTRIES
+        s = torch.linalg.svdvals(batch.cpu() if device.type == "cuda" and small else batch).to(device)
+        for j, i in enumerate(idx):
+            out[i] = s[j]
+    return out
 
 
 def _top_and_fro(s: torch.Tensor):

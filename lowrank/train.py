@@ -23,7 +23,8 @@ Monitors, at epoch 0 (initialisation) and after every epoch, for every weight ma
 stable rank, Frobenius and spectral norms, the distance to the previous epoch `dist = ||W_e - W_{e-1}||_F`
 (the paper) and `dist_rel = dist / ||W_{e-1}||_F` (the authors' code), and per run the train / test
 loss and accuracy (evaluation mode). The result is a tidy pandas table, one row per run, epoch and
-layer. A run whose loss or weights stop being finite is stopped with a warning; the epochs measured
+layer; `table.attrs["seconds"]` says how long the training steps, the evaluation and the rank
+tracking took. A run whose loss or weights stop being finite is stopped with a warning; the epochs measured
 before are kept and `table.attrs["diverged"]` says where it happened.
 """
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import time
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -44,10 +46,12 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from ._checks import check_choice
 from .datasets import Dataset
+from .spectral import monitor_dtype, singular_values_by_shape
 
 __all__ = [
     "LOSSES",
     "loss_value",
+    "member_losses",
     "lr_at",
     "spectrum_stats",
     "train_ensemble",
@@ -72,6 +76,15 @@ def loss_value(logits: torch.Tensor, y: torch.Tensor, loss: str) -> torch.Tensor
     check_choice(loss, "loss", LOSSES)
 
 
+def member_losses(logits: torch.Tensor, y: torch.Tensor, loss: str) -> torch.Tensor:
+    """`loss_value` of each of K members at once: logits (K, n, C), labels (K, n) -> (K,)."""
+    K, n, C = logits.shape
+    if loss == "ce":
+        return nn.functional.cross_entropy(logits.reshape(K * n, C), y.reshape(K * n), reduction="none").view(K, n).mean(1)
+    target = (y.unsqueeze(-1) == torch.arange(C, device=y.device)).to(logits.dtype)
+    return (logits - target).square().mean((1, 2))
+
+
 def lr_at(lr0: float, epoch: int, milestones=(), gamma: float = 0.1) -> float:
     """Learning rate during epoch `epoch` (1-based): `lr0 * gamma^(number of milestones < epoch)`.
 
@@ -81,21 +94,23 @@ def lr_at(lr0: float, epoch: int, milestones=(), gamma: float = 0.1) -> float:
     return lr0 * gamma ** sum(1 for m in milestones if epoch > m)
 
 
-def spectrum_stats(s: torch.Tensor, eps: float) -> dict:
+def spectrum_stats(s: torch.Tensor, eps: float, fro: torch.Tensor | None = None) -> dict:
     """Rank-like quantities from singular values `s` (..., r), descending.
 
     Equal to `lowrank.spectral.numerical_rank(M, eps, scale=...)` and `stable_rank(M)`; a zero
-    matrix (weights decayed to zero) has rank 0 and an undefined (NaN) stable rank.
+    matrix (weights decayed to zero) has rank 0 and an undefined (NaN) stable rank. `fro`: the
+    Frobenius norms computed from the matrices (in float64), more accurate than `||s||` when `s`
+    is float32; by default `||s||`.
     """
+    s = s.double()
     top = s[..., 0]
-    fro = torch.linalg.vector_norm(s, dim=-1)
+    fro = torch.linalg.vector_norm(s, dim=-1) if fro is None else fro.double()
     safe_top = torch.where(top > 0, top, torch.ones_like(top))
-    safe_fro = torch.where(fro > 0, fro, torch.ones_like(fro))
     rank = (s > eps * top.unsqueeze(-1)).sum(-1)
     rank_f = (s > eps * fro.unsqueeze(-1)).sum(-1)
     stable = torch.where(top > 0, fro**2 / safe_top**2, torch.full_like(top, math.nan))
     return {"rank": torch.where(top > 0, rank, 0), "rank_frobenius": torch.where(fro > 0, rank_f, 0),
-            "stable_rank": stable, "weight_norm": fro, "spectral_norm": top, "_safe_fro": safe_fro}
+            "stable_rank": stable, "weight_norm": fro, "spectral_norm": top}
 
 
 def augment_images(x: torch.Tensor, generator: torch.Generator, *, padding: int = 4, flip: bool = True,
@@ -103,23 +118,25 @@ def augment_images(x: torch.Tensor, generator: torch.Generator, *, padding: int 
     """The paper's training augmentation for a batch of images `(n, C, H, W)`: a random crop after
     zero-padding by `padding`, a random horizontal flip, and a rotation by `rotation_step * k` degrees,
     `k` uniform in {1, ..., 24} (as the paper writes it; `rotation_step=0`
-    turns rotations off). Randomness comes from `generator` only."""
+    turns rotations off). Randomness comes from `generator` only, drawn on its device (a generator on
+    the images' GPU avoids host-to-device copies per batch)."""
     if x.ndim != 4:
         raise ValueError(f"augment_images takes images (n, C, H, W), got shape {tuple(x.shape)}")
     n, _, h, w = x.shape
     dev = x.device
+    draw = {"generator": generator, "device": generator.device}
     if padding:
         xp = nn.functional.pad(x, (padding,) * 4)
-        dy = torch.randint(0, 2 * padding + 1, (n,), generator=generator).to(dev)
-        dx = torch.randint(0, 2 * padding + 1, (n,), generator=generator).to(dev)
+        dy = torch.randint(0, 2 * padding + 1, (n,), **draw).to(dev)
+        dx = torch.randint(0, 2 * padding + 1, (n,), **draw).to(dev)
         rows = (dy[:, None] + torch.arange(h, device=dev)[None]).reshape(n, 1, h, 1)
         cols = (dx[:, None] + torch.arange(w, device=dev)[None]).reshape(n, 1, 1, w)
         x = xp.gather(2, rows.expand(n, x.shape[1], h, xp.shape[3])).gather(3, cols.expand(n, x.shape[1], h, w))
     if flip:
-        mask = (torch.rand(n, generator=generator) < 0.5).to(dev)
+        mask = (torch.rand(n, **draw) < 0.5).to(dev)
         x = torch.where(mask[:, None, None, None], x.flip(-1), x)
     if rotation_step:
-        k = torch.randint(1, 25, (n,), generator=generator).to(dev)
+        k = torch.randint(1, 25, (n,), **draw).to(dev)
         theta = torch.deg2rad(rotation_step * k.to(x.dtype))
         cos, sin = torch.cos(theta), torch.sin(theta)
         zero = torch.zeros_like(cos)
@@ -167,7 +184,8 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, *, ba
                    loss: str = "ce", milestones=(), gamma: float = 0.1, eps: float = 1e-3, eval_batch: int = 2048,
                    augment: Callable | None = None, progress: bool = True, device=None,
                    desc: str | None = None, run_offset: int = 0, extra: dict | None = None,
-                   checkpoint=None, checkpoint_every: int = 1) -> pd.DataFrame:
+                   checkpoint=None, checkpoint_every: int = 1, eval_every: int = 1,
+                   mixed_precision: bool = False) -> pd.DataFrame:
     """Train `len(runs)` models `model_fn()` at once; return the tidy monitor table.
 
     `runs`: list of dicts with `lr` and optionally `weight_decay`, `momentum`, `seed` (default: its
@@ -180,9 +198,18 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, *, ba
     buffers, momentum, the batch-order generators, the monitors so far) is written there atomically;
     if the file exists when training starts, training resumes after its epoch and ends exactly as an
     uninterrupted run would (the same runs and batch size are required; `epochs` may be larger).
+
+    `eval_every`: the train/test loss and accuracy (a forward pass over both sets, the costly part of
+    the monitors) are measured at epoch 0, every `eval_every` epochs and after the last one; NaN in
+    between. Ranks, norms and distances are measured after every epoch.
+
+    `mixed_precision`: the training forward and backward passes run in bfloat16 autocast (for GPUs);
+    the weights, the optimiser, the loss and every monitor (evaluation, singular values, norms)
+    stay in float32, so the measured ranks are not rounded to bfloat16's 3 significant digits.
     """
     runs = _normalise_runs(runs)
     _check_positive_int(checkpoint_every, "checkpoint_every")
+    _check_positive_int(eval_every, "eval_every")
     _check_positive_int(batch_size, "batch_size")
     _check_positive_int(epochs, "epochs")
     check_choice(loss, "loss", LOSSES)
@@ -213,27 +240,34 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, *, ba
     wd = torch.tensor([float(r["weight_decay"]) for r in runs], device=dev)
     mom = torch.tensor([float(r["momentum"]) for r in runs], device=dev)
     gens = [torch.Generator().manual_seed(10_007 * int(r["seed"]) + 17) for r in runs]
+    # each member's augmentation draws from its own generator on the data's device
+    aug_gens = [torch.Generator(device=dev).manual_seed(10_007 * int(r["seed"]) + 29) for r in runs]
     x_tr, y_tr = data.x_train.to(dev), data.y_train.to(dev)
     x_te, y_te = data.x_test.to(dev), data.y_test.to(dev)
 
-    def member_loss(p, b, x, y):
-        return loss_value(functional_call(base, (p, b), (x,)), y, loss)
+    if hasattr(base, "forward_stacked"):  # batched products, far less dispatch than vmap (lowrank.nets.mlp)
+        def member_logits(p, b, x):
+            return base.forward_stacked(p, b, x)
 
-    loss_fn = vmap(member_loss, in_dims=(0, 0, 0, 0), randomness="different" if has_dropout else "error")
+        def eval_logits(p, b, x):
+            return base.forward_stacked(p, b, x, shared=True)
+    else:
+        def forward(p, b, x):
+            return functional_call(base, (p, b), (x,))
+
+        member_logits = vmap(forward, in_dims=(0, 0, 0), randomness="different" if has_dropout else "error")
+        eval_logits = vmap(forward, in_dims=(0, 0, None))
     names = list(params)
 
     def grad_fn(p, b, x, y):
         # members are independent, so the gradient of the sum of their losses is each member's own
-        # gradient; reverse-mode autograd through the vmapped forward is faster than vmap(grad(.)).
+        # gradient; reverse-mode autograd through the batched forward is faster than vmap(grad(.)).
         leaves = {k: v.detach().requires_grad_(True) for k, v in p.items()}
-        losses = loss_fn(leaves, b, x, y)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=mixed_precision):
+            logits = member_logits(leaves, b, x)
+        losses = member_losses(logits.float(), y, loss)
         grads = torch.autograd.grad(losses.sum(), [leaves[k] for k in names], allow_unused=True)
         return [torch.zeros_like(p[k]) if g is None else g for k, g in zip(names, grads)], losses.detach()
-
-    def forward_eval(p, b, x):
-        return functional_call(base, (p, b), (x,))
-
-    eval_fn = vmap(forward_eval, in_dims=(0, 0, None))
 
     def evaluate(x, y):
         base.eval()
@@ -242,9 +276,8 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, *, ba
         with torch.no_grad():
             for i in range(0, x.shape[0], eval_batch):
                 xb, yb = x[i:i + eval_batch], y[i:i + eval_batch]
-                out = eval_fn(params, buffers, xb)  # K x n x C
-                per = torch.stack([loss_value(o, yb, loss) for o in out]).double()
-                tot_loss += per * xb.shape[0]
+                out = eval_logits(params, buffers, xb)  # K x n x C
+                tot_loss += member_losses(out, yb.expand(K, -1), loss).double() * xb.shape[0]
                 correct += (out.argmax(-1) == yb).double().sum(-1)
         return (tot_loss / x.shape[0]).cpu().numpy(), (correct / x.shape[0]).cpu().numpy()
 
@@ -257,34 +290,55 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, *, ba
     prev: dict = {}
     rows: list = []
     run_cols = [{k: v for k, v in r.items() if k not in ("lr",)} | {"lr0": float(r["lr"])} for r in runs]
+    svd_dtype = monitor_dtype(eps)
+    seconds = {"train": 0.0, "evaluate": 0.0, "track_ranks": 0.0}  # where the time went (table.attrs)
+    nan_k = np.full(K, math.nan)
+
+    def track_ranks() -> list[dict]:
+        """Per weight matrix, numpy arrays over the K members: ranks, norms, distance to the last call."""
+        mats = [params[name].detach().reshape(K, params[name].shape[1], -1) for name, _ in specs]
+        mats = [torch.nan_to_num(M, nan=0.0, posinf=0.0, neginf=0.0).to(svd_dtype) for M in mats]
+        out = []
+        for (name, _), M, s in zip(specs, mats, singular_values_by_shape(mats)):
+            fro = torch.linalg.vector_norm(M.reshape(K, -1), dim=-1, dtype=torch.float64)
+            st = spectrum_stats(s, eps, fro=fro)
+            if name in prev:
+                dist = torch.linalg.vector_norm((M - prev[name][0]).reshape(K, -1), dim=-1, dtype=torch.float64)
+                pfro = prev[name][1]
+                dist_rel = torch.where(pfro > 0, dist / torch.where(pfro > 0, pfro, 1.0), math.nan)
+                dist, dist_rel = dist.cpu().numpy(), dist_rel.cpu().numpy()
+            else:
+                dist = dist_rel = nan_k
+            prev[name] = (M, fro)  # nan_to_num made M a copy
+            out.append({k: v.cpu().numpy() for k, v in st.items()} | {"dist": dist, "dist_rel": dist_rel,
+                                                                       "shape": f"{M.shape[1]}x{M.shape[2]}"})
+        return out
 
     def monitor(epoch: int, lr_now: np.ndarray):
-        tr_loss, tr_acc = evaluate(x_tr, y_tr)
-        te_loss, te_acc = evaluate(x_te, y_te)
-        for k in np.flatnonzero(alive):
-            if not (np.isfinite(tr_loss[k]) and all(torch.isfinite(params[n][k]).all() for n, _ in specs)):
-                _stop(k, epoch, f"train loss {tr_loss[k]:.3g} or non-finite weights after the epoch")
+        evaluated = epoch % eval_every == 0 or epoch == epochs
+        if evaluated:
+            t0 = time.perf_counter()
+            tr_loss, tr_acc = evaluate(x_tr, y_tr)
+            te_loss, te_acc = evaluate(x_te, y_te)
+            seconds["evaluate"] += time.perf_counter() - t0
+        else:
+            tr_loss = tr_acc = te_loss = te_acc = nan_k
+        finite_weights = torch.stack([torch.isfinite(params[n].reshape(K, -1)).all(1) for n, _ in specs]).all(0)
+        bad = ~finite_weights.cpu().numpy() | (evaluated & ~np.isfinite(tr_loss))
+        for k in np.flatnonzero(alive & bad):
+            _stop(k, epoch, f"train loss {tr_loss[k]:.3g} or non-finite weights after the epoch")
         base_row = {"batch_size": batch_size, "loss": loss, **(extra or {})}
-        for li, (name, classifier) in enumerate(specs):
-            W = params[name].detach()
-            M = W.reshape(K, W.shape[1], -1).double()
-            s = torch.linalg.svdvals(torch.nan_to_num(M, nan=0.0, posinf=0.0, neginf=0.0))
-            st = spectrum_stats(s, eps)
-            if name in prev:
-                dist = torch.linalg.vector_norm((M - prev[name]).reshape(K, -1), dim=-1)
-                pfro = torch.linalg.vector_norm(prev[name].reshape(K, -1), dim=-1)
-                dist_rel = torch.where(pfro > 0, dist / torch.where(pfro > 0, pfro, 1.0), torch.full_like(dist, math.nan))
-            else:
-                dist = dist_rel = torch.full((K,), math.nan, dtype=torch.float64)
-            prev[name] = M.clone()
+        t0 = time.perf_counter()
+        stats = track_ranks()
+        seconds["track_ranks"] += time.perf_counter() - t0
+        for li, ((name, classifier), st) in enumerate(zip(specs, stats)):
             for k in np.flatnonzero(alive):
                 rows.append({"run": run_offset + int(k), **run_cols[k], **base_row, "epoch": epoch, "lr": float(lr_now[k]),
-                             "layer": name, "layer_index": li, "classifier": classifier,
-                             "shape": f"{M.shape[1]}x{M.shape[2]}",
+                             "layer": name, "layer_index": li, "classifier": classifier, "shape": st["shape"],
                              "rank": int(st["rank"][k]), "rank_frobenius": int(st["rank_frobenius"][k]),
                              "stable_rank": float(st["stable_rank"][k]), "weight_norm": float(st["weight_norm"][k]),
-                             "spectral_norm": float(st["spectral_norm"][k]), "dist": float(dist[k]),
-                             "dist_rel": float(dist_rel[k]), "train_loss": float(tr_loss[k]),
+                             "spectral_norm": float(st["spectral_norm"][k]), "dist": float(st["dist"][k]),
+                             "dist_rel": float(st["dist_rel"][k]), "train_loss": float(tr_loss[k]),
                              "train_acc": float(tr_acc[k]), "test_loss": float(te_loss[k]),
                              "test_acc": float(te_acc[k])})
 
@@ -306,12 +360,12 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, *, ba
         for group, tensors in state_tensors.items():
             for k, v in tensors.items():
                 v.copy_(saved[group][k])  # in place: the optimiser's lists point at these tensors
-        for g, st in zip(gens, saved["generators"]):
+        for g, st in zip(gens + aug_gens, saved["generators"] + saved["augment_generators"]):
             g.set_state(st)
         torch.set_rng_state(saved["torch_rng"])  # dropout draws from the global generator
         alive[:] = saved["alive"]
         diverged.update(saved["diverged"])
-        prev.update(saved["prev"])
+        prev.update({k: tuple(t.to(dev) for t in v) for k, v in saved["prev"].items()})
         rows.extend(saved["rows"])
         start_epoch = saved["epoch"]
     else:
@@ -322,8 +376,9 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, *, ba
         tmp = path.with_name(f".{path.name}.tmp")
         torch.save({"identity": identity, "epoch": epoch, **{g: {k: v.detach().cpu() for k, v in t.items()}
                     for g, t in state_tensors.items()}, "generators": [g.get_state() for g in gens],
+                    "augment_generators": [g.get_state() for g in aug_gens],
                     "torch_rng": torch.get_rng_state(),
-                    "alive": alive.copy(), "diverged": dict(diverged), "prev": {k: v.cpu() for k, v in prev.items()},
+                    "alive": alive.copy(), "diverged": dict(diverged), "prev": {k: tuple(t.cpu() for t in v) for k, v in prev.items()},
                     "rows": list(rows)}, tmp)
         os.replace(tmp, path)
 
@@ -340,28 +395,28 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, *, ba
         lr = lr0 * factor
         perms = torch.stack([torch.randperm(n_train, generator=g) for g in gens]).to(dev)
         alive_t = torch.as_tensor(alive, device=dev)
+        neg_lr = [_broadcast(-(lr * alive_t), v) for v in plist]  # stopped runs take no steps
+        finite = torch.ones(K, dtype=torch.bool, device=dev)
         base.train()
+        t0 = time.perf_counter()
         for s in range(steps):
             idx = perms[:, s * batch_size:(s + 1) * batch_size]
             xb, yb = x_tr[idx], y_tr[idx]
             if augment is not None:
-                xb = augment(xb.flatten(0, 1), gens[0]).reshape(xb.shape)
+                xb = torch.stack([augment(xb[k], aug_gens[k]) for k in range(K)])
             g, losses = grad_fn(params, buffers, xb, yb)
-            ok = torch.isfinite(losses) & alive_t
-            if not bool(ok.all()):
-                for k in np.flatnonzero(alive & ~ok.cpu().numpy()):
-                    _stop(k, epoch, f"non-finite loss at step {s + 1} of the epoch")
-                alive_t = torch.as_tensor(alive, device=dev)
-                if not alive.any():
-                    break
-                g = [torch.where(_broadcast(alive_t, v), torch.nan_to_num(v), torch.zeros_like(v)) for v in g]
+            # checked once per epoch, not per step (a per-step check would wait for the GPU); members
+            # never mix, so a diverging one harms no other
+            finite &= torch.isfinite(losses)
             with torch.no_grad():
                 # PyTorch's SGD, all parameters at once: buf = m buf + (g + wd p); p -= lr buf
-                neg_lr = {k: _broadcast(-lr * alive_t, v) for k, v in params.items()}
                 torch._foreach_mul_(bufs, mom_b)
                 torch._foreach_add_(bufs, g)
                 torch._foreach_addcmul_(bufs, plist, wd_b)
-                torch._foreach_addcmul_(plist, bufs, [neg_lr[k] for k in names])
+                torch._foreach_addcmul_(plist, bufs, neg_lr)
+        for k in np.flatnonzero(alive & ~finite.cpu().numpy()):
+            _stop(k, epoch, "non-finite training loss during the epoch")
+        seconds["train"] += time.perf_counter() - t0
         monitor(epoch, (lr).cpu().numpy())
         if checkpoint is not None and (epoch % checkpoint_every == 0 or epoch == epochs):
             save_checkpoint(epoch)
@@ -372,6 +427,7 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, *, ba
     table = pd.DataFrame(rows)
     table.attrs["diverged"] = diverged
     table.attrs["eps"] = eps
+    table.attrs["seconds"] = seconds
     return table
 
 
@@ -411,7 +467,8 @@ def sweep(model_fn: Callable[[], nn.Module], data: Dataset, grid, *, epochs: int
 def train_point(*, model: str, dataset: str, batch_size: int, lr: float, epochs: int, weight_decay: float = 0.0,
                 momentum: float = 0.0, milestones=(), gamma: float = 0.1, eps: float = 1e-3, loss: str = "ce",
                 augment: bool = False, seed: int = 0, data_root: str = "", cnn_width: float = 1.0,
-                vit_dim: int = 512, vit_depth: int = 6, checkpoint: str = "", checkpoint_every: int = 10) -> pd.DataFrame:
+                vit_dim: int = 512, vit_depth: int = 6, checkpoint: str = "", checkpoint_every: int = 10,
+                eval_every: int = 1, mixed_precision: bool = False) -> pd.DataFrame:
     """One training run named by plain values (a sweep point, see `lowrank.sweeps`): the model by
     its paper name (e.g. "MLP-BN-10-100", "ResNet-18"), the data set by name. Returns the tidy monitor table.
     With `checkpoint` (a file path) a killed long run resumes where its last checkpoint left it."""
@@ -424,7 +481,8 @@ def train_point(*, model: str, dataset: str, batch_size: int, lr: float, epochs:
     return train(make, data, lr=lr, batch_size=batch_size,
                  epochs=epochs, weight_decay=weight_decay, momentum=momentum, seed=seed, milestones=list(milestones),
                  gamma=gamma, eps=eps, loss=loss, augment=augmenter, progress=False, extra={"model": model},
-                 checkpoint=checkpoint or None, checkpoint_every=checkpoint_every)
+                 checkpoint=checkpoint or None, checkpoint_every=checkpoint_every, eval_every=eval_every,
+                 mixed_precision=mixed_precision)
 
 
 def average_rank(table: pd.DataFrame, *, convention: str = "spectral", include_classifier: bool = True,

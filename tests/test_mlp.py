@@ -75,3 +75,31 @@ def test_bad_sizes():
         mlp.MLP(4, 2, 2, 0)
     with pytest.raises(ValueError, match="kind"):
         mlp.mlp("LSTM", 2, 4, 4, 2)
+
+
+@pytest.mark.parametrize("kind", ["MLP", "MLP-BN", "RES", "RES-BN"])
+def test_forward_stacked_equals_each_members_forward(kind):
+    """The batched ensemble forward against each network's own nn.Module forward, in train mode
+    (BatchNorm batch statistics, running statistics updated) and in eval mode with shared inputs."""
+    from torch.func import stack_module_state
+
+    nets = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        nets.append(mlp.mlp(kind, 2, 8, 6, 3))
+    params, buffers = stack_module_state(nets)
+    buffers = {k: v.clone() for k, v in buffers.items()}
+    base = mlp.mlp(kind, 2, 8, 6, 3).to("meta")
+    x = torch.randn(3, 5, 6, generator=torch.Generator().manual_seed(0))
+    out = base.train().forward_stacked(params, buffers, x)
+    expected = torch.stack([net.train()(x[k]) for k, net in enumerate(nets)])
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    for name in buffers:
+        own = torch.stack([dict(net.named_buffers())[name] for net in nets])
+        torch.testing.assert_close(buffers[name], own, rtol=1e-5, atol=1e-6)
+    shared = torch.randn(7, 2, 3, generator=torch.Generator().manual_seed(1))  # flattened to 6 features
+    out = base.eval().forward_stacked(params, buffers, shared, shared=True)
+    expected = torch.stack([net.eval()(shared) for net in nets])
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="2 member batches for 3"):
+        base.forward_stacked(params, buffers, x[:2])

@@ -135,3 +135,33 @@ def test_leading_left_vectors():
 def test_bad_input_is_rejected_clearly(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_singular_values_by_shape_match_scipy_in_order():
+    g = np.random.default_rng(0)
+    mats = [g.standard_normal(shape) for shape in [(5, 4), (3, 7), (5, 4), (2, 5, 4), (3, 7)]]
+    out = spectral.singular_values_by_shape(mats)
+    assert len(out) == len(mats)
+    for M, s in zip(mats, out):
+        expected = np.stack([scipy.linalg.svdvals(m) for m in M]) if M.ndim == 3 else scipy.linalg.svdvals(M)
+        np.testing.assert_allclose(s.numpy(), expected, rtol=1e-12)
+    f32 = spectral.singular_values_by_shape([torch.tensor(mats[0], dtype=torch.float32)])
+    assert f32[0].dtype == torch.float32
+    with pytest.raises(ValueError, match=r"mats\[1\] contains NaN"):
+        spectral.singular_values_by_shape([mats[0], np.full((2, 2), np.nan)])
+
+
+def test_monitor_dtype_resolves_eps():
+    """float32 singular values count the same rank as float64 at eps >= 1e-4, even with values
+    1 % from the threshold; below 1e-4 the monitors use float64."""
+    g = torch.Generator().manual_seed(0)
+    U, _ = torch.linalg.qr(torch.randn(60, 60, generator=g, dtype=torch.float64))
+    V, _ = torch.linalg.qr(torch.randn(40, 40, generator=g, dtype=torch.float64))
+    eps = 1e-4
+    s = torch.cat([torch.tensor([1.0, 1.01 * eps, 0.99 * eps], dtype=torch.float64),
+                   torch.logspace(-1, -3, 10, dtype=torch.float64), torch.logspace(-5, -8, 27, dtype=torch.float64)])
+    s = s.sort(descending=True).values
+    M = U[:, :40] @ torch.diag(s) @ V.T
+    dtype = spectral.monitor_dtype(eps)
+    assert dtype == torch.float32 and spectral.monitor_dtype(1e-6) == torch.float64
+    assert spectral.numerical_rank(M.to(dtype), eps, dtype=None) == spectral.numerical_rank(M, eps) == 12

@@ -60,6 +60,78 @@ def test_ensemble_equals_independent_torch_sgd(kind, loss):
         assert last["lr"].iloc[0] == pytest.approx(run["lr"] * 0.25)
 
 
+def test_conv_ensemble_through_vmap_equals_independent_torch_sgd():
+    """Networks without `forward_stacked` (conv, ViT) train through vmap(functional_call)."""
+    from lowrank.nets import conv
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(48, 1, 8, 8, generator=g)
+    y = (x[:, 0, :4].mean((1, 2)) > 0).long() + (x[:, 0, 4:].mean((1, 2)) > 0.2).long()
+    data = datasets.Dataset(x[:32], y[:32], x[32:], y[32:], 3, "tiny images")
+    model_fn = lambda: conv.VGG((4, "M", 8), in_channels=1, num_classes=3, image_size=8)  # noqa: E731
+    assert not hasattr(model_fn(), "forward_stacked")
+    runs = [{"lr": 0.05, "weight_decay": 1e-2, "momentum": 0.9, "seed": 1}, {"lr": 0.1, "seed": 2}]
+    kw = dict(batch_size=8, epochs=2, loss="ce", milestones=(1,), gamma=0.5)
+    table = train.train_ensemble(model_fn, data, runs, progress=False, device="cpu", **kw)
+    for k, run in enumerate(runs):
+        ref = _reference(model_fn, data, {"momentum": 0.0, "weight_decay": 0.0, **run}, **kw).eval()
+        last = table[(table["run"] == k) & (table["epoch"] == 2)].sort_values("layer_index")
+        for (name, _), row in zip(ref.weight_specs(), last.itertuples()):
+            M = spectral.conv_weight_as_matrix(dict(ref.named_parameters())[name])
+            assert row.weight_norm == pytest.approx(float(M.norm()), rel=1e-5)
+        with torch.no_grad():
+            loss = float(train.loss_value(ref(data.x_test), data.y_test, "ce"))
+        assert last["test_loss"].iloc[0] == pytest.approx(loss, rel=1e-5)
+
+
+def test_eval_every_and_timings():
+    data = _tiny()
+    table = train.train(lambda: mlp.MLP(6, 3, 2, 8), data, lr=0.1, batch_size=8, epochs=5, eval_every=2,
+                        progress=False)
+    per_epoch = table.groupby("epoch")["test_acc"].first()
+    assert per_epoch[[1, 3]].isna().all() and per_epoch[[0, 2, 4, 5]].notna().all()
+    assert table.groupby("epoch")["rank"].first().notna().all()  # ranks after every epoch
+    seconds = table.attrs["seconds"]
+    assert set(seconds) == {"train", "evaluate", "track_ranks"} and all(v > 0 for v in seconds.values())
+    with pytest.raises(ValueError, match="eval_every must be a positive integer"):
+        train.train(lambda: mlp.MLP(6, 3, 2, 8), data, lr=0.1, batch_size=8, epochs=1, eval_every=0)
+
+
+def test_augmented_member_trains_as_it_would_alone():
+    """Each member's augmentation has its own generator: a run gives the same weights in an ensemble
+    as alone."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 1, 6, 6, generator=g)
+    y = (x.mean((1, 2, 3)) > 0).long()
+    data = datasets.Dataset(x[:32], y[:32], x[32:], y[32:], 2, "tiny images")
+    model_fn = lambda: mlp.MLP(36, 2, 2, 8)  # noqa: E731
+    aug = lambda xb, gen: train.augment_images(xb, gen, padding=1, rotation_step=0)  # noqa: E731
+    kw = dict(batch_size=8, epochs=2, augment=aug, progress=False)
+    both = train.train_ensemble(model_fn, data, [{"lr": 0.1, "seed": 4}, {"lr": 0.1, "seed": 9}], **kw)
+    alone = train.train_ensemble(model_fn, data, [{"lr": 0.1, "seed": 9}], **kw)
+    last = both[(both.run == 1) & (both.epoch == 2)]["weight_norm"].to_numpy()
+    np.testing.assert_allclose(last, alone[alone.epoch == 2]["weight_norm"].to_numpy(), rtol=1e-6)
+
+
+def test_mixed_precision_keeps_float32_weights_and_close_losses():
+    data = _tiny()
+    kw = dict(lr=0.1, batch_size=8, epochs=3, progress=False)
+    full = train.train(lambda: mlp.mlp("MLP-BN", 2, 16, 6, 3), data, **kw)
+    mixed = train.train(lambda: mlp.mlp("MLP-BN", 2, 16, 6, 3), data, mixed_precision=True, **kw)
+    last = lambda t: t[t.epoch == 3].sort_values("layer_index")  # noqa: E731
+    assert not np.array_equal(last(full)["weight_norm"], last(mixed)["weight_norm"])  # bfloat16 was used
+    np.testing.assert_allclose(last(mixed)["weight_norm"], last(full)["weight_norm"], rtol=0.02)
+    assert last(mixed)["test_loss"].iloc[0] == pytest.approx(last(full)["test_loss"].iloc[0], rel=0.05)
+
+
+def test_member_losses_equal_loss_value():
+    g = torch.Generator().manual_seed(0)
+    logits, y = torch.randn(3, 5, 4, generator=g), torch.randint(0, 4, (3, 5), generator=g)
+    for loss in ("ce", "mse"):
+        expected = torch.stack([train.loss_value(logits[k], y[k], loss) for k in range(3)])
+        torch.testing.assert_close(train.member_losses(logits, y, loss), expected)
+
+
 def test_table_is_tidy_and_distances_are_right():
     data = _tiny()
     table = train.train(lambda: mlp.MLP(6, 3, 2, 8), data, lr=0.1, batch_size=8, epochs=2, progress=False)

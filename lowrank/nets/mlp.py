@@ -9,6 +9,12 @@ Every network of `lowrank.nets` exposes `weight_matrices()`: its trainable weigh
 paper counts them (conv kernels reshaped to `C_out x (C_in k k)`), each with a flag telling whether it
 is the final classifier (which the authors' code leaves out of the average rank). The helpers here
 (`WeightMatrix`, `WeightMatrixMixin`) are shared by `conv` and `vit`.
+
+Ensembles: `forward_stacked(params, buffers, x)` evaluates K networks of the same shape at once from
+parameters and buffers stacked along a leading axis (`torch.func.stack_module_state`), with batched
+matrix products and one BatchNorm call over all members' channels. `lowrank.train` uses it in place
+of `vmap(functional_call)`, which on two CPU cores spends most of a small MLP's step in per-layer
+dispatch; it computes the same function (tested against each member's own `forward`).
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ __all__ = [
     "ResMLP",
     "mlp",
     "from_name",
+    "stacked_linear",
+    "stacked_batchnorm",
     "MLP_NAMES",
 ]
 
@@ -72,13 +80,71 @@ class WeightMatrixMixin:
         return out
 
 
+def stacked_linear(params: dict, prefix: str, x: torch.Tensor) -> torch.Tensor:
+    """K `nn.Linear` layers at once: `x` (K, n, fan_in) -> (K, n, out), weights `params[prefix + "weight"]`
+    of shape (K, out, fan_in) and optional bias (K, out)."""
+    W, b = params[prefix + "weight"], params.get(prefix + "bias")
+    if b is None:
+        return torch.bmm(x, W.mT)
+    return torch.baddbmm(b.unsqueeze(1), x, W.mT)
+
+
+def stacked_batchnorm(module: nn.BatchNorm1d, params: dict, buffers: dict, prefix: str,
+                      x: torch.Tensor) -> torch.Tensor:
+    """K `nn.BatchNorm1d` layers at once on `x` (K, n, C), in `module`'s mode (train: batch statistics,
+    running statistics updated in place in `buffers`; eval: running statistics). The K*C channels go
+    through one `batch_norm` call, which normalises each channel over the n samples of its member."""
+    K, n, C = x.shape
+    if module.training:
+        buffers[prefix + "num_batches_tracked"].add_(1)
+    flat = x.transpose(0, 1).reshape(n, K * C)
+    out = nn.functional.batch_norm(flat, buffers[prefix + "running_mean"].view(-1),
+                                   buffers[prefix + "running_var"].view(-1), params[prefix + "weight"].reshape(-1),
+                                   params[prefix + "bias"].reshape(-1), module.training, module.momentum, module.eps)
+    return out.reshape(n, K, C).transpose(0, 1)
+
+
+def _stacked_sequential(seq: nn.Sequential, prefix: str, params, buffers, z):
+    for i, layer in enumerate(seq):
+        if isinstance(layer, nn.Linear):
+            z = stacked_linear(params, f"{prefix}{i}.", z)
+        elif isinstance(layer, nn.BatchNorm1d):
+            z = stacked_batchnorm(layer, params, buffers, f"{prefix}{i}.", z)
+        elif isinstance(layer, nn.ReLU):
+            z = torch.relu(z)
+        else:
+            raise TypeError(f"no stacked form for {type(layer).__name__}")
+    return z
+
+
+def _member_inputs(x: torch.Tensor, K: int, shared: bool) -> torch.Tensor:
+    """(K, n, ...) per-member batches, or (n, ...) one batch for all members when `shared`,
+    flattened to (K, n, features)."""
+    if shared:
+        return x.reshape(1, x.shape[0], -1).expand(K, -1, -1)
+    if x.shape[0] != K:
+        raise ValueError(f"x has {x.shape[0]} member batches for {K} stacked networks")
+    return x.reshape(K, x.shape[1], -1)
+
+
+class StackedMixin:
+    """`forward_stacked` for the MLPs; `_stacked_body(params, buffers, z)` maps (K, n, in) to (K, n, C)."""
+
+    def forward_stacked(self, params: dict, buffers: dict, x: torch.Tensor, *, shared: bool = False) -> torch.Tensor:
+        """The K networks whose parameters are stacked in `params` (and buffers in `buffers`) on their
+        inputs: `x` (K, n, ...) one batch per member, or (n, ...) with `shared=True`. Returns the
+        logits (K, n, num_classes). BatchNorm follows `self.training`."""
+        K = next(iter(params.values())).shape[0]
+        return self._stacked_body(params, buffers, _member_inputs(x, K, shared))
+
+
 def _check_sizes(**sizes):
     for name, value in sizes.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-class MLP(WeightMatrixMixin, nn.Module):
+class MLP(StackedMixin, WeightMatrixMixin, nn.Module):
     """MLP-L-H (`batchnorm=False`) or MLP-BN-L-H: `depth` hidden layers of width `width`.
 
     Inputs of any shape `(N, ...)` are flattened to `(N, in_features)`.
@@ -104,6 +170,9 @@ class MLP(WeightMatrixMixin, nn.Module):
     def forward(self, x):
         return self.classifier(self.features(x.flatten(1)))
 
+    def _stacked_body(self, params, buffers, z):
+        return stacked_linear(params, "classifier.", _stacked_sequential(self.features, "features.", params, buffers, z))
+
 
 class _ResBlock(nn.Module):
     """`z + relu(n2(W2 relu(n1(W1 z))))` with `n1, n2` BatchNorm or identity."""
@@ -118,8 +187,15 @@ class _ResBlock(nn.Module):
     def forward(self, z):
         return z + torch.relu(self.n2(self.fc2(torch.relu(self.n1(self.fc1(z))))))
 
+    def forward_stacked(self, params, buffers, prefix: str, z):
+        def norm(module, name, h):
+            return stacked_batchnorm(module, params, buffers, prefix + name, h) if isinstance(module, nn.BatchNorm1d) else h
 
-class ResMLP(WeightMatrixMixin, nn.Module):
+        h = torch.relu(norm(self.n1, "n1.", stacked_linear(params, prefix + "fc1.", z)))
+        return z + torch.relu(norm(self.n2, "n2.", stacked_linear(params, prefix + "fc2.", h)))
+
+
+class ResMLP(StackedMixin, WeightMatrixMixin, nn.Module):
     """RES-L-H (`batchnorm=False`) or RES-BN-L-H: a linear layer `in -> width`, `depth` residual
     blocks, a linear classifier. Weight matrices: the input layer, two per block, the classifier."""
 
@@ -138,6 +214,12 @@ class ResMLP(WeightMatrixMixin, nn.Module):
 
     def forward(self, x):
         return self.classifier(self.blocks(self.stem(x.flatten(1))))
+
+    def _stacked_body(self, params, buffers, z):
+        z = stacked_linear(params, "stem.", z)
+        for i, block in enumerate(self.blocks):
+            z = block.forward_stacked(params, buffers, f"blocks.{i}.", z)
+        return stacked_linear(params, "classifier.", z)
 
 
 MLP_NAMES = ("MLP", "MLP-BN", "RES", "RES-BN")
