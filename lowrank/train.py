@@ -181,7 +181,7 @@ def _broadcast(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, *, batch_size: int, epochs: int,
-                   loss: str = "ce", milestones=(), gamma: float = 0.1, eps: float = 1e-3, eval_batch: int = 2048,
+                   loss: str = "ce", milestones=(), gamma: float = 0.1, eps: float = 1e-3, eval_batch: int | None = None,
                    augment: Callable | None = None, progress: bool = True, device=None,
                    desc: str | None = None, run_offset: int = 0, extra: dict | None = None,
                    checkpoint=None, checkpoint_every: int = 1, eval_every: int = 1,
@@ -199,6 +199,7 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, *, ba
     if the file exists when training starts, training resumes after its epoch and ends exactly as an
     uninterrupted run would (the same runs and batch size are required; `epochs` may be larger).
 
+    `eval_batch`: samples per member per evaluation chunk (default: about 8192 / K).
     `eval_every`: the train/test loss and accuracy (a forward pass over both sets, the costly part of
     the monitors) are measured at epoch 0, every `eval_every` epochs and after the last one; NaN in
     between. Ranks, norms and distances are measured after every epoch.
@@ -210,6 +211,8 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, *, ba
     runs = _normalise_runs(runs)
     _check_positive_int(checkpoint_every, "checkpoint_every")
     _check_positive_int(eval_every, "eval_every")
+    if eval_batch is not None:
+        _check_positive_int(eval_batch, "eval_batch")
     _check_positive_int(batch_size, "batch_size")
     _check_positive_int(epochs, "epochs")
     check_choice(loss, "loss", LOSSES)
@@ -269,13 +272,17 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, *, ba
         grads = torch.autograd.grad(losses.sum(), [leaves[k] for k in names], allow_unused=True)
         return [torch.zeros_like(p[k]) if g is None else g for k, g in zip(names, grads)], losses.detach()
 
+    # evaluation chunks of about 8192 member-samples: large enough for efficient products, small
+    # enough that the activations stay in cache (K=16 on 1437 samples at once was 1.8x slower)
+    chunk = eval_batch or max(256, 8192 // K)
+
     def evaluate(x, y):
         base.eval()
         tot_loss = torch.zeros(K, device=dev, dtype=torch.float64)
         correct = torch.zeros(K, device=dev, dtype=torch.float64)
         with torch.no_grad():
-            for i in range(0, x.shape[0], eval_batch):
-                xb, yb = x[i:i + eval_batch], y[i:i + eval_batch]
+            for i in range(0, x.shape[0], chunk):
+                xb, yb = x[i:i + chunk], y[i:i + chunk]
                 out = eval_logits(params, buffers, xb)  # K x n x C
                 tot_loss += member_losses(out, yb.expand(K, -1), loss).double() * xb.shape[0]
                 correct += (out.argmax(-1) == yb).double().sum(-1)

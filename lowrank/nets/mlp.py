@@ -80,28 +80,34 @@ class WeightMatrixMixin:
         return out
 
 
-def stacked_linear(params: dict, prefix: str, x: torch.Tensor) -> torch.Tensor:
-    """K `nn.Linear` layers at once: `x` (K, n, fan_in) -> (K, n, out), weights `params[prefix + "weight"]`
-    of shape (K, out, fan_in) and optional bias (K, out)."""
+def stacked_linear(params: dict, prefix: str, z: torch.Tensor) -> torch.Tensor:
+    """K `nn.Linear` layers at once, on feature-major activations: `z` (K, fan_in, n), or (fan_in, n)
+    shared by all members, -> (K, out, n); weights `params[prefix + "weight"]` (K, out, fan_in), optional
+    bias (K, out). Feature-major, the weights' gradients come out in their own layout and BatchNorm
+    needs no transposed copy."""
     W, b = params[prefix + "weight"], params.get(prefix + "bias")
+    K, out, fan_in = W.shape
+    if z.ndim == 2:  # one product for all members
+        y = (W.reshape(K * out, fan_in) @ z).view(K, out, z.shape[1])
+        return y if b is None else y + b.unsqueeze(-1)
     if b is None:
-        return torch.bmm(x, W.mT)
-    return torch.baddbmm(b.unsqueeze(1), x, W.mT)
+        return torch.bmm(W, z)
+    return torch.baddbmm(b.unsqueeze(-1), W, z)
 
 
 def stacked_batchnorm(module: nn.BatchNorm1d, params: dict, buffers: dict, prefix: str,
-                      x: torch.Tensor) -> torch.Tensor:
-    """K `nn.BatchNorm1d` layers at once on `x` (K, n, C), in `module`'s mode (train: batch statistics,
-    running statistics updated in place in `buffers`; eval: running statistics). The K*C channels go
-    through one `batch_norm` call, which normalises each channel over the n samples of its member."""
-    K, n, C = x.shape
+                      z: torch.Tensor) -> torch.Tensor:
+    """K `nn.BatchNorm1d` layers at once on feature-major `z` (K, C, n), in `module`'s mode (train:
+    batch statistics, running statistics updated in place in `buffers`; eval: running statistics).
+    Seen as (1, K*C, n), the K*C channels go through one `batch_norm` call, which normalises each
+    channel over the n samples of its member."""
+    K, C, n = z.shape
     if module.training:
         buffers[prefix + "num_batches_tracked"].add_(1)
-    flat = x.transpose(0, 1).reshape(n, K * C)
-    out = nn.functional.batch_norm(flat, buffers[prefix + "running_mean"].view(-1),
+    out = nn.functional.batch_norm(z.reshape(1, K * C, n), buffers[prefix + "running_mean"].view(-1),
                                    buffers[prefix + "running_var"].view(-1), params[prefix + "weight"].reshape(-1),
                                    params[prefix + "bias"].reshape(-1), module.training, module.momentum, module.eps)
-    return out.reshape(n, K, C).transpose(0, 1)
+    return out.view(K, C, n)
 
 
 def _stacked_sequential(seq: nn.Sequential, prefix: str, params, buffers, z):
@@ -117,25 +123,22 @@ def _stacked_sequential(seq: nn.Sequential, prefix: str, params, buffers, z):
     return z
 
 
-def _member_inputs(x: torch.Tensor, K: int, shared: bool) -> torch.Tensor:
-    """(K, n, ...) per-member batches, or (n, ...) one batch for all members when `shared`,
-    flattened to (K, n, features)."""
-    if shared:
-        return x.reshape(1, x.shape[0], -1).expand(K, -1, -1)
-    if x.shape[0] != K:
-        raise ValueError(f"x has {x.shape[0]} member batches for {K} stacked networks")
-    return x.reshape(K, x.shape[1], -1)
-
-
 class StackedMixin:
-    """`forward_stacked` for the MLPs; `_stacked_body(params, buffers, z)` maps (K, n, in) to (K, n, C)."""
+    """`forward_stacked` for the MLPs; `_stacked_body(params, buffers, z)` maps feature-major inputs
+    (K, in, n) or shared (in, n) to logits (K, C, n)."""
 
     def forward_stacked(self, params: dict, buffers: dict, x: torch.Tensor, *, shared: bool = False) -> torch.Tensor:
         """The K networks whose parameters are stacked in `params` (and buffers in `buffers`) on their
         inputs: `x` (K, n, ...) one batch per member, or (n, ...) with `shared=True`. Returns the
         logits (K, n, num_classes). BatchNorm follows `self.training`."""
         K = next(iter(params.values())).shape[0]
-        return self._stacked_body(params, buffers, _member_inputs(x, K, shared))
+        if shared:
+            z = x.reshape(x.shape[0], -1).T
+        elif x.shape[0] != K:
+            raise ValueError(f"x has {x.shape[0]} member batches for {K} stacked networks")
+        else:
+            z = x.reshape(K, x.shape[1], -1).mT
+        return self._stacked_body(params, buffers, z).mT
 
 
 def _check_sizes(**sizes):
