@@ -36,4 +36,10 @@ def deterministic() -> None:
     (different summation order), which is why golden values are for the CPU.
     """
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    # torch.use_deterministic_algorithms also imports torch._inductor to set its flag, 0.9 s of every
+    # kernel's and sweep process's start; the book never compiles, so set the kernels' flag alone.
+    set_flag = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if set_flag is None:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    else:
+        set_flag(True, warn_only=True)
