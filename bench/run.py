@@ -138,6 +138,17 @@ def bench_ensemble(repeats, ks=(4, 16, 64), epochs=3):
             f"{r_plain:.2f}x ({t_ens:.3f} s vs {k} x {t_plain:.3f} s per epoch)", target, meets(r_plain))
         row(f"ensemble of {k} vs {k} sequential `train` runs, whole {epochs}-epoch runs with monitors: ratio",
             f"{r_wall:.2f}x ({wall_ens:.2f} s vs {k} x {wall_one:.2f} s)")
+        if k == 16:
+            # one thread each: a single small-model run keeps only one core busy (its time barely changes),
+            # so on two cores two sequential runs could go side by side
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            plain_1 = median_value(lambda: _plain_torch_seconds_per_epoch(model_fn, data, epochs), repeats)
+            ens_1 = statistics.median(_train_seconds_per_epoch(model_fn, data, k, epochs)[0]
+                                      for _ in range(max(1, repeats // 2)))
+            torch.set_num_threads(threads)
+            row(f"  per core: ensemble of {k} vs {k} plain torch loops, both on one thread",
+                f"{k * plain_1 / ens_1:.2f}x ({ens_1:.3f} s vs {k} x {plain_1:.3f} s per epoch)")
         floor = _matmul_floor_seconds_per_epoch(k, data, repeats)
         row(f"  ceiling for {k}: the epoch's batched matrix products alone take {floor:.3f} s, so no ensemble "
             f"here beats {k} plain loops by more than", f"{k * t_plain / floor:.1f}x")
