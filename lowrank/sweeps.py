@@ -10,7 +10,10 @@ A sweep spec is a YAML file:
       seed: [0, 1]
     points:                               # ... or/and an explicit list of points
       - {batch_size: 128, seed: 0}
-    resources: {num_cpus: 1, num_gpus: 0} # per run, for Ray
+    resources: {num_cpus: 1, num_gpus: 0} # per run (per ensemble), for Ray
+    ensemble: true                        # function lowrank.train:train_point only: points that
+                                          # differ only in lr, weight_decay, momentum, seed train
+                                          # together as one ensemble (one task, one folder per point)
 
 Every point is validated before anything runs. Each run writes its own folder
 `<output>/<hash>/` atomically (the layout of `lowrank run`); a restarted sweep skips finished
@@ -35,9 +38,11 @@ import yaml
 
 from . import notebooks, runs
 
-__all__ = ["SweepSpec", "SweepError", "load_spec", "run_sweep", "collect", "EXECUTORS"]
+__all__ = ["SweepSpec", "SweepError", "load_spec", "run_sweep", "collect", "EXECUTORS", "ENSEMBLE_FUNCTIONS"]
 
 EXECUTORS = ("local", "ray")
+# point function -> (the function training several points at once, the keys its points may differ in)
+ENSEMBLE_FUNCTIONS = {"lowrank.train:train_point": ("lowrank.train:train_points", ("lr", "weight_decay", "momentum", "seed"))}
 
 
 class SweepError(ValueError):
@@ -53,6 +58,7 @@ class SweepSpec:
     points: list[dict]  # fully resolved parameters of every run
     resources: dict = field(default_factory=dict)
     output: Path | None = None
+    ensemble: bool = False
 
     @property
     def target(self) -> str:
@@ -86,7 +92,7 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
         raise SweepError(f"sweep spec {path} is not valid YAML: {err}") from err
     if not isinstance(raw, dict):
         raise SweepError(f"sweep spec {path} must be a mapping")
-    unknown = set(raw) - {"notebook", "function", "scale", "base", "grid", "points", "resources"}
+    unknown = set(raw) - {"notebook", "function", "scale", "base", "grid", "points", "resources", "ensemble"}
     if unknown:
         raise SweepError(f"sweep spec {path}: unknown keys {sorted(unknown)}")
     if ("notebook" in raw) == ("function" in raw):
@@ -134,6 +140,12 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
                                  f"it takes {sorted(accepted)}")
             resolved.append(full)
         spec = SweepSpec(path, None, raw["function"], scale, resolved, resources)
+    spec.ensemble = raw.get("ensemble", False)
+    if spec.ensemble not in (True, False):
+        raise SweepError(f"sweep spec {path}: ensemble must be true or false, got {spec.ensemble!r}")
+    if spec.ensemble and spec.function not in ENSEMBLE_FUNCTIONS:
+        raise SweepError(f"sweep spec {path}: ensemble: true works with function {sorted(ENSEMBLE_FUNCTIONS)}, "
+                         f"not {spec.target!r}")
     hashes = [runs.run_hash(spec.target, p) for p in spec.points]
     if len(set(hashes)) != len(hashes):
         raise SweepError(f"sweep spec {path}: two points have the same parameters")
@@ -141,28 +153,40 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
     return spec
 
 
-def execute_point(target_kind: str, target: str, params: dict, folder: str, threads: int = 1) -> str:
-    """Run one point into `folder` (atomically); returns the folder. Runs inside a worker.
+def execute_point(target_kind: str, target: str, params, folder, threads: int = 1):
+    """Run one point into `folder` (atomically); returns the folder. Runs inside a worker. With
+    `target_kind` "ensemble", `params` and `folder` are lists: the points train as one ensemble and
+    each lands in its own folder.
 
     Every run uses `threads` CPU threads whatever the executor (Ray would otherwise give 1, a local
     process all cores), so that both executors give bit-identical results."""
     import torch
 
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by a notebook's kernel
+    if target_kind == "ensemble":
+        start = time.time()
+        results = _load_function(ENSEMBLE_FUNCTIONS[target][0])(params)
+        wall = time.time() - start
+        return [_write_result(Path(f), target, p, r, wall) for p, f, r in zip(params, folder, results)]
     folder = Path(folder)
     if folder.is_dir():
         return str(folder)
-    torch.set_num_threads(threads)
-    os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by a notebook's kernel
     if target_kind == "notebook":
         made, _ = runs.run(target, params, runs_root=folder.parent / ".nb")
         os.rename(made, folder)  # same file system: atomic
         return str(folder)
+    start = time.time()
+    result = _load_function(target)(**params)
+    return _write_result(folder, target, params, result, time.time() - start)
+
+
+def _write_result(folder: Path, target: str, params: dict, result, wall_s: float) -> str:
+    """A function's result, parameters and provenance into `folder`, atomically."""
     tmp = folder.parent / f".{folder.name}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        start = time.time()
-        result = _load_function(target)(**params)
         if hasattr(result, "to_csv"):
             result.to_csv(tmp / "results.csv", index=False)
         else:
@@ -170,7 +194,7 @@ def execute_point(target_kind: str, target: str, params: dict, folder: str, thre
         (tmp / "parameters.json").write_text(json.dumps(params, indent=2, sort_keys=True))
         (tmp / "provenance.json").write_text(json.dumps({
             "function": target, "parameters": params, "hash": folder.name, "git": runs._git_state(),
-            "versions": runs._versions(), "wall_s": round(time.time() - start, 2),
+            "versions": runs._versions(), "wall_s": round(wall_s, 2),
             "end": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         }, indent=2, sort_keys=True))
         os.rename(tmp, folder)
@@ -178,6 +202,16 @@ def execute_point(target_kind: str, target: str, params: dict, folder: str, thre
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return str(folder)
+
+
+def _ensemble_groups(spec: SweepSpec, points: list[dict]) -> list[list[dict]]:
+    """Points that differ only in the ensemble keys, grouped in first-seen order."""
+    keys = ENSEMBLE_FUNCTIONS[spec.function][1]
+    groups: dict = {}
+    for p in points:
+        shared = json.dumps({k: v for k, v in p.items() if k not in keys}, sort_keys=True)
+        groups.setdefault(shared, []).append(p)
+    return list(groups.values())
 
 
 def _point_process(task, error_file):
@@ -199,7 +233,8 @@ def _run_local(tasks, jobs, on_start, on_done):
     while queue or running:
         while queue and len(running) < jobs:
             t = queue.pop(0)
-            err_file = Path(t[3]).parent / f".{Path(t[3]).name}.error"
+            first = Path(t[3][0] if isinstance(t[3], list) else t[3])
+            err_file = first.parent / f".{first.name}.error"
             err_file.unlink(missing_ok=True)
             proc = ctx.Process(target=_point_process, args=(t, str(err_file)), daemon=False)
             proc.start()
@@ -259,7 +294,12 @@ def run_sweep(spec: SweepSpec, executor: str = "local", *, address: str | None =
     folders = [spec.run_folder(p) for p in spec.points]
     skipped = [str(f) for f in folders if f.is_dir()]
     threads = int(spec.resources.get("num_cpus", 1))
-    tasks = [(kind, spec.target, p, str(f), threads) for p, f in zip(spec.points, folders) if not f.is_dir()]
+    missing = [p for p, f in zip(spec.points, folders) if not f.is_dir()]
+    if spec.ensemble:  # restarted, only the members still missing train
+        tasks = [("ensemble", spec.target, group, [str(spec.run_folder(p)) for p in group], threads)
+                 for group in _ensemble_groups(spec, missing)]
+    else:
+        tasks = [(kind, spec.target, p, str(spec.run_folder(p)), threads) for p in missing]
     state = {"running": 0, "done": [], "failed": {}}
     bar = tqdm(total=len(folders), initial=len(skipped), desc=f"sweep {spec.path.stem}", unit="run",
                disable=not progress)
@@ -273,11 +313,13 @@ def run_sweep(spec: SweepSpec, executor: str = "local", *, address: str | None =
 
     def on_done(t, error):
         state["running"] -= 1
-        if error is None:
-            state["done"].append(t[3])
-        else:
-            state["failed"][t[3]] = error
-        bar.update(1)
+        task_folders = t[3] if isinstance(t[3], list) else [t[3]]
+        for f in task_folders:
+            if error is None:
+                state["done"].append(f)
+            else:
+                state["failed"][f] = error
+        bar.update(len(task_folders))
         show()
 
     if tasks:

@@ -11,11 +11,13 @@ in `milestones`. The loss is cross-entropy ("ce") or the mean squared error to o
 `floor(N / batch_size)` batches of a fresh permutation (the last incomplete batch is dropped, so
 every step sees exactly `batch_size` samples).
 
-Ensembles: `train_ensemble` stacks K models (`torch.func.stack_module_state`) and trains them with
-`vmap(grad(functional_call))`; each member has its own seed (initialisation and batch order),
-learning rate, weight decay and momentum; BatchNorm running statistics are stacked buffers, vmapped
-with the parameters (`in_dims=0`), so each member keeps its own. `sweep` groups a grid of runs by
-batch size and trains each group as one ensemble.
+Ensembles: `train_ensemble` stacks K models (`torch.func.stack_module_state`) and trains them at
+once: networks with a `forward_stacked` (the MLPs) through batched matrix products, the others
+(conv nets, ViT) through `vmap(functional_call)`; one reverse pass through the sum of the members'
+losses gives each member its own gradient. Each member has its own seed (initialisation, batch
+order, augmentation), learning rate, weight decay and momentum; BatchNorm running statistics are
+stacked buffers, so each member keeps its own. `sweep` groups a grid of runs by batch size and
+trains each group as one ensemble.
 
 Monitors, at epoch 0 (initialisation) and after every epoch, for every weight matrix the model lists
 (`model.weight_matrices()`): numerical rank under both conventions (`rank`: singular values of
@@ -24,13 +26,16 @@ stable rank, Frobenius and spectral norms, the distance to the previous epoch `d
 (the paper) and `dist_rel = dist / ||W_{e-1}||_F` (the authors' code), and per run the train / test
 loss and accuracy (evaluation mode). The result is a tidy pandas table, one row per run, epoch and
 layer; `table.attrs["seconds"]` says how long the training steps, the evaluation and the rank
-tracking took. A run whose loss or weights stop being finite is stopped with a warning; the epochs measured
-before are kept and `table.attrs["diverged"]` says where it happened.
+tracking took. Singular values are computed in float32 when `eps >= 1e-4` (float64 below), one call
+per group of equal-shape matrices (`lowrank.spectral.singular_values_by_shape`). A run whose loss
+or weights stop being finite (checked once per epoch) is stopped with a warning; the epochs
+measured before are kept and `table.attrs["diverged"]` says where it happened.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import math
 import os
 import time
@@ -56,6 +61,9 @@ __all__ = [
     "spectrum_stats",
     "train_ensemble",
     "train",
+    "train_point",
+    "train_points",
+    "ENSEMBLE_KEYS",
     "sweep",
     "average_rank",
     "final_values",
@@ -479,17 +487,62 @@ def train_point(*, model: str, dataset: str, batch_size: int, lr: float, epochs:
     """One training run named by plain values (a sweep point, see `lowrank.sweeps`): the model by
     its paper name (e.g. "MLP-BN-10-100", "ResNet-18"), the data set by name. Returns the tidy monitor table.
     With `checkpoint` (a file path) a killed long run resumes where its last checkpoint left it."""
+    point = {k: v for k, v in locals().items()}
+    return train_points([point])[0]
+
+
+# the run settings an ensemble's members may differ in (everything else is shared)
+ENSEMBLE_KEYS = ("lr", "weight_decay", "momentum", "seed")
+
+
+def train_points(points: list[dict]) -> list[pd.DataFrame]:
+    """Several `train_point` runs that differ only in `ENSEMBLE_KEYS`, trained at once as one ensemble
+    (a sweep with `ensemble: true`). Returns one table per point, in order, each as `train_point`
+    would return it (`run` 0). A checkpoint file is per ensemble: its name gets the members' hash."""
+    import hashlib
+    import inspect
+
     from .datasets import load
     from .nets import zoo
 
-    data = load(dataset, root=data_root or None) if dataset in ("mnist", "cifar10") else load(dataset)
-    make, data = zoo.for_data(model, data, cnn_width=cnn_width, vit_dim=vit_dim, vit_depth=vit_depth)
-    augmenter = (lambda x, g: augment_images(x, g)) if augment else None
-    return train(make, data, lr=lr, batch_size=batch_size,
-                 epochs=epochs, weight_decay=weight_decay, momentum=momentum, seed=seed, milestones=list(milestones),
-                 gamma=gamma, eps=eps, loss=loss, augment=augmenter, progress=False, extra={"model": model},
-                 checkpoint=checkpoint or None, checkpoint_every=checkpoint_every, eval_every=eval_every,
-                 mixed_precision=mixed_precision)
+    if not points:
+        raise ValueError("points is empty")
+    signature = inspect.signature(train_point)
+    full = []
+    for i, p in enumerate(points):
+        try:
+            bound = signature.bind(**p)
+        except TypeError as err:
+            raise ValueError(f"points[{i}]: {err}") from None
+        bound.apply_defaults()
+        full.append(dict(bound.arguments))
+    shared = {k: v for k, v in full[0].items() if k not in ENSEMBLE_KEYS}
+    for i, p in enumerate(full[1:], 1):
+        differ = sorted(k for k, v in p.items() if k not in ENSEMBLE_KEYS and v != shared[k])
+        if differ:
+            raise ValueError(f"points[{i}] differs from points[0] in {differ}; an ensemble's members may differ "
+                             f"only in {list(ENSEMBLE_KEYS)}")
+    members = [{k: p[k] for k in ENSEMBLE_KEYS} for p in full]
+    checkpoint = shared["checkpoint"] or None
+    if checkpoint and len(full) > 1:
+        tag = hashlib.sha256(json.dumps(members, sort_keys=True).encode()).hexdigest()[:12]
+        checkpoint = str(Path(checkpoint).with_name(f"{Path(checkpoint).stem}.{tag}{Path(checkpoint).suffix}"))
+    name = shared["dataset"]
+    data = load(name, root=shared["data_root"] or None) if name in ("mnist", "cifar10") else load(name)
+    make, data = zoo.for_data(shared["model"], data, cnn_width=shared["cnn_width"], vit_dim=shared["vit_dim"],
+                              vit_depth=shared["vit_depth"])
+    augmenter = (lambda x, g: augment_images(x, g)) if shared["augment"] else None
+    table = train_ensemble(make, data, members, batch_size=shared["batch_size"], epochs=shared["epochs"],
+                           milestones=list(shared["milestones"]), gamma=shared["gamma"], eps=shared["eps"],
+                           loss=shared["loss"], augment=augmenter, progress=False, extra={"model": shared["model"]},
+                           checkpoint=checkpoint, checkpoint_every=shared["checkpoint_every"],
+                           eval_every=shared["eval_every"], mixed_precision=shared["mixed_precision"])
+    out = []
+    for k in range(len(full)):
+        one = table[table["run"] == k].reset_index(drop=True).assign(run=0)
+        one.attrs = {**table.attrs, "diverged": {0: v for r, v in table.attrs["diverged"].items() if r == k}}
+        out.append(one)
+    return out
 
 
 def average_rank(table: pd.DataFrame, *, convention: str = "spectral", include_classifier: bool = True,

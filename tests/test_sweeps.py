@@ -108,28 +108,85 @@ def test_cli_sweep_and_collect(tmp_path, capsys, reference):
     assert len(table) == 4 and {"run", "seed", "size", "rank", "stable_rank"} <= set(table.columns)
 
 
-def test_part_two_ci_sweep_under_both_executors_feeds_the_notebook(tmp_path):
+CI_SPEC = sweeps.notebooks.REPO_ROOT / "sweeps" / "sgd_batch_size_ci.yaml"
+
+
+def _collected(spec):
+    return sweeps.collect(spec).sort_values(["batch_size", "lr", "epoch", "layer_index"]).reset_index(drop=True)
+
+
+@pytest.fixture(scope="module")
+def ci_local(tmp_path_factory):
+    """sweeps/sgd_batch_size_ci.yaml run point by point on the local pool."""
+    out = tmp_path_factory.mktemp("ci_local")
+    spec = sweeps.load_spec(CI_SPEC, output=out)
+    result = sweeps.run_sweep(spec, "local", jobs=2, progress=False)
+    assert len(result["done"]) == len(spec.points) and not result["failed"], result["failed"]
+    return out, _collected(spec)
+
+
+def test_part_two_ci_sweep_under_both_executors_feeds_the_notebook(tmp_path, ci_local):
     """sweeps/sgd_batch_size_ci.yaml (the ci version of the paper's batch-size grid) gives the same
     collected table on the local pool and on Ray, and the Part II page plots it without training."""
     pytest.importorskip("ray")
-    spec_path = sweeps.notebooks.REPO_ROOT / "sweeps" / "sgd_batch_size_ci.yaml"
-    tables = {}
-    for executor in ("local", "ray"):
-        spec = sweeps.load_spec(spec_path, output=tmp_path / executor)
-        result = sweeps.run_sweep(spec, executor, jobs=2, progress=False)
-        assert len(result["done"]) == len(spec.points) and not result["failed"], result["failed"]
-        tables[executor] = sweeps.collect(spec).sort_values(["run", "epoch", "layer_index"]).reset_index(drop=True)
-    pd.testing.assert_frame_equal(tables["local"], tables["ray"])
-    assert tables["local"]["run"].nunique() == 4 and {"rank", "rank_frobenius", "dist"} <= set(tables["local"].columns)
+    local_out, local = ci_local
+    spec = sweeps.load_spec(CI_SPEC, output=tmp_path / "ray")
+    result = sweeps.run_sweep(spec, "ray", progress=False)
+    assert len(result["done"]) == len(spec.points) and not result["failed"], result["failed"]
+    pd.testing.assert_frame_equal(local.drop(columns="run"), _collected(spec).drop(columns="run"))
+    assert local["run"].nunique() == 4 and {"rank", "rank_frobenius", "dist"} <= set(local.columns)
 
     from lowrank import runs
 
     params = runs.resolve_parameters("sgd/rank_vs_batch_size",
-                                     overrides={"sweep_table": str(tmp_path / "local" / "collected.csv")})
+                                     overrides={"sweep_table": str(local_out / "collected.csv")})
     folder, _ = runs.run("sgd/rank_vs_batch_size", params, runs_root=tmp_path / "runs")
     nb = (folder / "notebook.ipynb").read_text()
     assert "read from" in nb and "collected.csv" in nb
     assert (folder / "figures" / "rank_vs_batch_size_final.csv").stat().st_size > 0
+
+
+def _close(a: pd.DataFrame, b: pd.DataFrame):
+    """Equal up to float32 round-off: an ensemble's batched products round differently from one run's."""
+    pd.testing.assert_frame_equal(a.drop(columns="run"), b.drop(columns="run"), check_exact=False, rtol=1e-4, atol=1e-6)
+
+
+def test_ensemble_sweep_trains_a_batch_size_group_at_once(tmp_path, ci_local):
+    """`ensemble: true`: the points of one batch size (two learning rates) train as one ensemble, one
+    task each; every point gets its own folder, the results match the point-by-point sweep, and a
+    restart trains only the missing member."""
+    body = yaml.safe_load(CI_SPEC.read_text()) | {"ensemble": True}
+    spec = sweeps.load_spec(write_spec(tmp_path, body), output=tmp_path / "out")
+    assert [len(g) for g in sweeps._ensemble_groups(spec, spec.points)] == [2, 2]
+    result = sweeps.run_sweep(spec, "local", jobs=2, progress=False)
+    assert len(result["done"]) == 4 and not result["failed"], result["failed"]
+    together = _collected(spec)
+    _close(together, ci_local[1])
+    gone = spec.run_folder(spec.points[1])
+    import shutil
+
+    shutil.rmtree(gone)
+    again = sweeps.run_sweep(spec, "local", jobs=2, progress=False)
+    assert again["done"] == [str(gone)] and len(again["skipped"]) == 3
+    _close(_collected(spec), together)
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"notebook": "gradients/decomposition", "grid": {"seed": [0]}, "ensemble": True}, "works with function"),
+    ({"function": "lowrank.train:train_point", "points": [{"model": "MLP-2-8", "dataset": "digits", "batch_size": 8,
+      "lr": 0.1, "epochs": 1}], "ensemble": "yes"}, "true or false"),
+])
+def test_bad_ensemble_specs(tmp_path, body, message):
+    with pytest.raises(sweeps.SweepError, match=message):
+        sweeps.load_spec(write_spec(tmp_path, body))
+
+
+def test_train_points_refuses_members_that_differ_in_shared_settings():
+    from lowrank import train
+
+    base = {"model": "MLP-2-8", "dataset": "digits", "batch_size": 8, "lr": 0.1, "epochs": 1}
+    with pytest.raises(ValueError, match=r"differs from points\[0\] in \['batch_size'\]"):
+        train.train_points([base, base | {"batch_size": 16, "seed": 1}])
 
 
 def test_repository_sweep_specs_are_valid():
