@@ -118,37 +118,45 @@ def _matmul_floor_seconds_per_epoch(k, data, repeats, depth=10, width=100, batch
 
 
 def bench_ensemble(repeats, ks=(4, 16, 64), epochs=3):
+    """Rounds of: one `train` run, one plain torch loop, each ensemble; every ratio is taken within a
+    round (this machine's speed drifts by tens of percent between minutes) and reported as the
+    median over rounds with its range."""
     data = datasets.digits()
     model_fn = _mlp_bn(data)
     _train_seconds_per_epoch(model_fn, data, 1, 1)  # warm-up
-    one = [_train_seconds_per_epoch(model_fn, data, 1, epochs) for _ in range(repeats)]
-    t_one, wall_one = statistics.median(o[0] for o in one), statistics.median(o[1] for o in one)
-    t_plain = median_value(lambda: _plain_torch_seconds_per_epoch(model_fn, data, epochs), repeats)
+    rounds = []
+    for _ in range(repeats):
+        one, wall_one, _ = _train_seconds_per_epoch(model_fn, data, 1, epochs)
+        plain = _plain_torch_seconds_per_epoch(model_fn, data, epochs)
+        ens = {k: _train_seconds_per_epoch(model_fn, data, k, epochs)[:2] for k in ks}
+        rounds.append((one, wall_one, plain, ens))
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    spread = lambda xs: f"{med(xs):.2f}x (range {min(xs):.2f}-{max(xs):.2f})"  # noqa: E731
+    t_one, t_plain = med(r[0] for r in rounds), med(r[2] for r in rounds)
     row("one MLP-BN-10-100 (digits, B=32, momentum 0.9): training seconds per epoch, `train` / plain torch loop",
         f"{t_one:.3f} / {t_plain:.3f}")
     for k in ks:
-        ens = [_train_seconds_per_epoch(model_fn, data, k, epochs) for _ in range(max(1, repeats // 2))]
-        t_ens, wall_ens = statistics.median(e[0] for e in ens), statistics.median(e[1] for e in ens)
+        t_ens = med(r[3][k][0] for r in rounds)
+        r_own = [k * r[0] / r[3][k][0] for r in rounds]
+        r_plain = [k * r[2] / r[3][k][0] for r in rounds]
+        r_wall = [k * r[1] / r[3][k][1] for r in rounds]
         target = ">= 5x at K=16" if k == 16 else ""
-        meets = lambda r: ("yes" if r >= 5 else "no") if k == 16 else ""  # noqa: E731
-        r_own, r_plain, r_wall = k * t_one / t_ens, k * t_plain / t_ens, k * wall_one / wall_ens
-        row(f"ensemble of {k} vs {k} sequential `train` runs, training steps: throughput ratio",
-            f"{r_own:.2f}x ({t_ens:.3f} s vs {k} x {t_one:.3f} s per epoch)", target, meets(r_own))
+        meets = lambda rs: ("yes" if med(rs) >= 5 else "no") if k == 16 else ""  # noqa: E731
+        row(f"ensemble of {k} vs {k} sequential `train` runs, training steps: throughput ratio "
+            f"({t_ens:.3f} s per ensemble epoch)", spread(r_own), target, meets(r_own))
         row(f"ensemble of {k} vs {k} sequential plain torch loops, training steps: throughput ratio",
-            f"{r_plain:.2f}x ({t_ens:.3f} s vs {k} x {t_plain:.3f} s per epoch)", target, meets(r_plain))
+            spread(r_plain), target, meets(r_plain))
         row(f"ensemble of {k} vs {k} sequential `train` runs, whole {epochs}-epoch runs with monitors: ratio",
-            f"{r_wall:.2f}x ({wall_ens:.2f} s vs {k} x {wall_one:.2f} s)")
+            spread(r_wall))
         if k == 16:
             # one thread each: a single small-model run keeps only one core busy (its time barely changes),
             # so on two cores two sequential runs could go side by side
             threads = torch.get_num_threads()
             torch.set_num_threads(1)
-            plain_1 = median_value(lambda: _plain_torch_seconds_per_epoch(model_fn, data, epochs), repeats)
-            ens_1 = statistics.median(_train_seconds_per_epoch(model_fn, data, k, epochs)[0]
-                                      for _ in range(max(1, repeats // 2)))
+            per_core = [k * _plain_torch_seconds_per_epoch(model_fn, data, epochs)
+                        / _train_seconds_per_epoch(model_fn, data, k, epochs)[0] for _ in range(repeats)]
             torch.set_num_threads(threads)
-            row(f"  per core: ensemble of {k} vs {k} plain torch loops, both on one thread",
-                f"{k * plain_1 / ens_1:.2f}x ({ens_1:.3f} s vs {k} x {plain_1:.3f} s per epoch)")
+            row(f"  per core: ensemble of {k} vs {k} plain torch loops, both on one thread", spread(per_core))
         floor = _matmul_floor_seconds_per_epoch(k, data, repeats)
         row(f"  ceiling for {k}: the epoch's batched matrix products alone take {floor:.3f} s, so no ensemble "
             f"here beats {k} plain loops by more than", f"{k * t_plain / floor:.1f}x")

@@ -72,6 +72,7 @@ __all__ = [
 
 LOSSES = frozenset({"ce", "mse"})
 RUN_KEYS = ("lr", "weight_decay", "momentum", "seed")
+CHECKPOINT_FORMAT = 2  # 2: per-member augmentation generators, float32 distance snapshots
 
 
 def loss_value(logits: torch.Tensor, y: torch.Tensor, loss: str) -> torch.Tensor:
@@ -369,6 +370,9 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, *, ba
     start_epoch = 0
     if checkpoint is not None and Path(checkpoint).is_file():
         saved = torch.load(checkpoint, map_location=dev, weights_only=False)
+        if saved.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"checkpoint {checkpoint} was written by another version of lowrank.train "
+                             f"(format {saved.get('format')}, this one reads {CHECKPOINT_FORMAT}); remove it")
         if saved["identity"] != identity:
             raise ValueError(f"checkpoint {checkpoint} belongs to other runs or another batch size; "
                              "remove it or pass another path")
@@ -389,7 +393,7 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, *, ba
     def save_checkpoint(epoch):
         path = Path(checkpoint)
         tmp = path.with_name(f".{path.name}.tmp")
-        torch.save({"identity": identity, "epoch": epoch, **{g: {k: v.detach().cpu() for k, v in t.items()}
+        torch.save({"format": CHECKPOINT_FORMAT, "identity": identity, "epoch": epoch, **{g: {k: v.detach().cpu() for k, v in t.items()}
                     for g, t in state_tensors.items()}, "generators": [g.get_state() for g in gens],
                     "augment_generators": [g.get_state() for g in aug_gens],
                     "torch_rng": torch.get_rng_state(),

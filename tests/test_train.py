@@ -249,3 +249,8 @@ def test_checkpoint_resume_matches_an_uninterrupted_run(tmp_path):
     other = [{"lr": 0.2, "weight_decay": 5e-3, "momentum": 0.9, "seed": 0}]
     with pytest.raises(ValueError, match="belongs to other runs"):
         train.train_ensemble(make, data, other, epochs=4, checkpoint=ckpt, **kwargs)
+    old = torch.load(ckpt, weights_only=False)
+    del old["format"]  # as written before the format was recorded
+    torch.save(old, ckpt)
+    with pytest.raises(ValueError, match="another version of lowrank.train"):
+        train.train_ensemble(make, data, runs, epochs=4, checkpoint=ckpt, **kwargs)
