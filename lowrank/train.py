@@ -491,8 +491,7 @@ def train_point(*, model: str, dataset: str, batch_size: int, lr: float, epochs:
     """One training run named by plain values (a sweep point, see `lowrank.sweeps`): the model by
     its paper name (e.g. "MLP-BN-10-100", "ResNet-18"), the data set by name. Returns the tidy monitor table.
     With `checkpoint` (a file path) a killed long run resumes where its last checkpoint left it."""
-    point = {k: v for k, v in locals().items()}
-    return train_points([point])[0]
+    return train_points([dict(locals())])[0]
 
 
 # the run settings an ensemble's members may differ in (everything else is shared)
