@@ -41,8 +41,9 @@ from . import notebooks, runs
 __all__ = ["SweepSpec", "SweepError", "load_spec", "run_sweep", "collect", "EXECUTORS", "ENSEMBLE_FUNCTIONS"]
 
 EXECUTORS = ("local", "ray")
-# point function -> (the function training several points at once, the keys its points may differ in)
-ENSEMBLE_FUNCTIONS = {"lowrank.train:train_point": ("lowrank.train:train_points", ("lr", "weight_decay", "momentum", "seed"))}
+# point function -> the function training several points at once; the keys its points may differ in
+# are its module's ENSEMBLE_KEYS
+ENSEMBLE_FUNCTIONS = {"lowrank.train:train_point": "lowrank.train:train_points"}
 
 
 class SweepError(ValueError):
@@ -166,7 +167,7 @@ def execute_point(target_kind: str, target: str, params, folder, threads: int = 
     os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by a notebook's kernel
     if target_kind == "ensemble":
         start = time.time()
-        results = _load_function(ENSEMBLE_FUNCTIONS[target][0])(params)
+        results = _load_function(ENSEMBLE_FUNCTIONS[target])(params)
         wall = time.time() - start
         return [_write_result(Path(f), target, p, r, wall) for p, f, r in zip(params, folder, results)]
     folder = Path(folder)
@@ -206,7 +207,7 @@ def _write_result(folder: Path, target: str, params: dict, result, wall_s: float
 
 def _ensemble_groups(spec: SweepSpec, points: list[dict]) -> list[list[dict]]:
     """Points that differ only in the ensemble keys, grouped in first-seen order."""
-    keys = ENSEMBLE_FUNCTIONS[spec.function][1]
+    keys = importlib.import_module(ENSEMBLE_FUNCTIONS[spec.function].partition(":")[0]).ENSEMBLE_KEYS
     groups: dict = {}
     for p in points:
         shared = json.dumps({k: v for k, v in p.items() if k not in keys}, sort_keys=True)
