@@ -21,8 +21,9 @@ def test_environment_yml_matches_pyproject():
 
 def test_import_is_deterministic_without_loading_the_compiler():
     """`import lowrank` turns on deterministic kernels without importing torch._inductor (0.9 s of
-    every notebook kernel's start)."""
+    every notebook kernel's start), and without deterministic mode's NaN fill of every new tensor."""
     code = ("import sys, torch, lowrank.train, lowrank.gradients, lowrank.plotting; "
-            "print(torch.are_deterministic_algorithms_enabled(), 'torch._inductor' in sys.modules)")
+            "print(torch.are_deterministic_algorithms_enabled(), 'torch._inductor' in sys.modules, "
+            "torch.utils.deterministic.fill_uninitialized_memory)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["True", "False"]
+    assert out == ["True", "False", "False"]
