@@ -123,8 +123,8 @@ def _timer_cost_per_call(n=2000) -> float:
 def _kernel_seconds_per_epoch(model_fn, data, k):
     """Kernel seconds per epoch of `train_ensemble`'s training steps for K models: runs of 1 and 3
     epochs, evaluated only at their start and end, differ by two epochs of steps and two rank
-    trackings. The timer's own cost per operation and the rank trackings' whole time are taken off,
-    so this errs low (and the ceiling it gives errs high)."""
+    trackings. The timer's own cost per operation (timed on a view) and the rank trackings' whole
+    time are taken off."""
     measured = []
     for epochs in (1, 3):
         with _KernelTimer() as timer:
