@@ -1,5 +1,6 @@
 """The benchmark scripts run (the GPU script at tiny sizes on this device)."""
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -21,3 +22,18 @@ def test_gpu_script_refuses_to_time_a_cpu_as_a_gpu():
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py")], capture_output=True, text=True,
                           env={"LOWRANK_DEVICE": "cpu", "PATH": "/usr/bin:/bin"})
     assert done.returncode == 2 and "no GPU here" in done.stderr
+
+
+def test_kernel_ceiling_times_a_part_of_the_training_steps():
+    """The ensemble ceiling's kernel time is positive and below the steps' own wall time (it leaves
+    out the Python and autograd bookkeeping)."""
+    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "bench" / "run.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    from lowrank import datasets
+
+    data = datasets.digits()
+    model_fn = bench._mlp_bn(data)
+    kernels = bench._kernel_seconds_per_epoch(model_fn, data, 2)
+    steps = min(bench._train_seconds_per_epoch(model_fn, data, 2, 2)[0] for _ in range(2))
+    assert 0 < kernels < steps
