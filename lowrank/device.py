@@ -43,6 +43,6 @@ def deterministic() -> None:
         torch.use_deterministic_algorithms(True, warn_only=True)
     else:
         set_flag(True, warn_only=True)
-    # deterministic mode also fills every new tensor with NaN before its kernel writes it (about 3 %
+    # deterministic mode also fills every new tensor with NaN before its kernel writes it (2-3 %
     # of a CPU training step); no code here reads memory it has not written, so skip the fill.
     torch.utils.deterministic.fill_uninitialized_memory = False
