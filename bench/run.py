@@ -41,10 +41,6 @@ def median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def median_value(fn, repeats: int) -> float:
-    return statistics.median(fn() for _ in range(repeats))
-
-
 def row(what, measured, target="", meets=""):
     ROWS.append((what, measured, target, meets))
     print(f"{what}: {measured} {target} {meets}", flush=True)
