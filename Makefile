@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # The environment: a venv with the pinned stack, rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e .
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[book,sweep,test]'
 	$(VENV)/bin/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3" >/dev/null
 	touch $(STAMP)
 
@@ -16,7 +16,7 @@ env: $(STAMP)
 
 # Execute every notebook at ci scale (cached), then build the HTML with warnings as errors.
 book: $(STAMP)
-	$(VENV)/bin/python -m lowrank.build
+	$(VENV)/bin/python -m lowrank.book.build
 
 # Unit tests, golden verdicts, figures, ledger and the browser check, all on the build's executed
 # notebooks: in `make test` every notebook is executed exactly once (by `make book`).
@@ -28,7 +28,7 @@ test: book
 # reader's reproduction check, not part of `make test` (a unit test checks bit-identical reruns).
 reproduce: book
 	OMP_NUM_THREADS=1 LOWRANK_FIGURE_DIR=$(CURDIR)/_build/nbval-figures $(VENV)/bin/python -m pytest -p no:cacheprovider \
-		--nbval-lax --nbval-current-env -o testpaths= $$($(VENV)/bin/python -m lowrank.build --list-executed)
+		--nbval-lax --nbval-current-env -o testpaths= $$($(VENV)/bin/python -m lowrank.book.build --list-executed)
 
 clean:
 	rm -rf _build

@@ -12,8 +12,8 @@ real data sets need not be on the machine; timings do not depend on the pixel va
   precision, and how far apart the two runs' measured ranks and weight norms are after that epoch;
 - an ensemble of 16 MLP-BN-10-100 against one run (B=128), training steps only;
 - the singular values of the monitors' stacked weight matrices on the GPU against a copy to the
-  CPU, per shape (what sets `lowrank.spectral.GPU_SVD_MIN_ENTRIES`);
-- one notebook at the paper's scale (`gradients/decomposition`), wall time through `lowrank.runs`.
+  CPU, per shape (what sets `lowrank.core.spectral.GPU_SVD_MIN_ENTRIES`);
+- one notebook at the paper's scale (`gradients/decomposition`), wall time through `lowrank.book.runs`.
 """
 
 from __future__ import annotations
@@ -30,9 +30,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lowrank import datasets, runs, spectral, train  # noqa: E402
-from lowrank.device import describe_device, get_device  # noqa: E402
-from lowrank.nets import zoo  # noqa: E402
+from lowrank.core import datasets, device, spectral, train
+from lowrank.book import runs  # noqa: E402
+from lowrank.core.device import describe_device, get_device  # noqa: E402
+from lowrank.core.nets import zoo  # noqa: E402
+
+device.reproducible()
 
 PAPER = dict(n_train=50_000, n_test=10_000, side=32, batch=128, cnn_width=1.0, vit_dim=512, vit_depth=6,
              ensemble_batch=128, models=("MLP-BN-10-100", "VGG-16", "ResNet-18", "ViT"),

@@ -26,8 +26,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lowrank import build, datasets, gradients, train  # noqa: E402
-from lowrank.nets import mlp  # noqa: E402
+from lowrank.book import build
+from lowrank.core import datasets, device, train
+from lowrank.gradients import decomposition  # noqa: E402
+from lowrank.core.nets import mlp  # noqa: E402
+
+device.reproducible()
 
 ROWS: list[tuple[str, str, str, str]] = []  # (what, measured, target, meets)
 
@@ -47,9 +51,9 @@ def row(what, measured, target="", meets=""):
 
 
 def bench_decomposition(repeats):
-    problem = gradients.spiked_problem(750, 1000, 1250, alpha=0.0, nu=0.375, activation="tanh", seed=0)
-    t_dec = median_time(lambda: gradients.decompose_problem(problem), repeats)
-    t_data = median_time(lambda: gradients.spiked_problem(750, 1000, 1250, alpha=0.0, nu=0.375,
+    problem = decomposition.spiked_problem(750, 1000, 1250, alpha=0.0, nu=0.375, activation="tanh", seed=0)
+    t_dec = median_time(lambda: decomposition.decompose_problem(problem), repeats)
+    t_data = median_time(lambda: decomposition.spiked_problem(750, 1000, 1250, alpha=0.0, nu=0.375,
                                                           activation="tanh", seed=0), repeats)
     row("gradient decomposition at paper size (n=750, d=1000, m=1250), seconds", f"{t_dec:.3f}", "< 0.5",
         "yes" if t_dec < 0.5 else "no")
@@ -210,10 +214,10 @@ def bench_book():
     env = {**os.environ}
     shutil.rmtree(build.BUILD, ignore_errors=True)
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "lowrank.build"], cwd=ROOT, env=env, check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "lowrank.book.build"], cwd=ROOT, env=env, check=True, capture_output=True)
     cold = time.perf_counter() - t
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "lowrank.build"], cwd=ROOT, env=env, check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "lowrank.book.build"], cwd=ROOT, env=env, check=True, capture_output=True)
     warm = time.perf_counter() - t
     row("book build, cold (every notebook executed), seconds", f"{cold:.0f}", "< 600", "yes" if cold < 600 else "no")
     row("book build, warm (nothing changed), seconds", f"{warm:.1f}", "< 30", "yes" if warm < 30 else "no")

@@ -1,6 +1,9 @@
 import pytest
 
-from lowrank import build
+from lowrank.book import build
+from lowrank.core import device
+
+device.reproducible()  # the unit tests' seeded runs repeat bit for bit, as in the notebooks
 
 
 @pytest.fixture(scope="session")

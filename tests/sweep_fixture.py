@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from lowrank import spectral
+from lowrank.core import spectral
 
 
 def ranked_matrix(size: int, seed: int, crash_file: str = ""):

@@ -30,7 +30,7 @@ def test_kernel_ceiling_times_a_part_of_the_training_steps():
     spec = importlib.util.spec_from_file_location("bench_run", ROOT / "bench" / "run.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    from lowrank import datasets
+    from lowrank.core import datasets
 
     data = datasets.digits()
     model_fn = bench._mlp_bn(data)

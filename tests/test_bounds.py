@@ -1,4 +1,4 @@
-"""lowrank.bounds: the constants of Eqs. 12, 16, 19, 22 and 25 and the Toeplitz norm of conv layers."""
+"""lowrank.square.bounds: the constants of Eqs. 12, 16, 19, 22 and 25 and the Toeplitz norm of conv layers."""
 
 import math
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lowrank import bounds
-from lowrank.nets import normalized
+from lowrank.square import bounds
+from lowrank.core.nets import normalized
 
 
 def test_golowich_rademacher_and_confidence_constants():

@@ -2,7 +2,7 @@
 
 import shutil
 
-from lowrank import build
+from lowrank.book import build
 
 NB = "gradients/decomposition"
 
@@ -65,12 +65,12 @@ def test_changed_function_shows_up_in_rebuilt_book(tmp_path):
                                    "  - file: notebooks/probe/uses_spectral\n  - file: notebooks/probe/plain\n")
     (root / "notebooks" / "probe").mkdir(parents=True)
     (root / "notebooks" / "probe" / "uses_spectral.md").write_text(PROBE.format(
-        name="A", code="from lowrank import spectral\nprint('stable rank', spectral.stable_rank([[3.0, 0], [0, 4.0]]))"))
+        name="A", code="from lowrank.core import spectral\nprint('stable rank', spectral.stable_rank([[3.0, 0], [0, 4.0]]))"))
     (root / "notebooks" / "probe" / "plain.md").write_text(PROBE.format(name="B", code="print('no lowrank here')"))
     env = {**os.environ, "PYTHONPATH": str(root)}
 
     def build_book():
-        subprocess.run([sys.executable, "-m", "lowrank.build", "--jobs", "1"], cwd=root, env=env, check=True,
+        subprocess.run([sys.executable, "-m", "lowrank.book.build", "--jobs", "1"], cwd=root, env=env, check=True,
                        capture_output=True, text=True)
         page = (root / "_build" / "html" / "notebooks" / "probe" / "uses_spectral.html").read_text()
         stamp = json.loads((root / "_build" / "executed" / "probe" / "plain.ipynb").read_text())

@@ -1,4 +1,4 @@
-"""lowrank.collapse: neural-collapse metrics on constructed features, the streaming version, margins."""
+"""lowrank.square.collapse: neural-collapse metrics on constructed features, the streaming version, margins."""
 
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from lowrank import collapse
+from lowrank.square import collapse
 
 
 def simplex_etf(C: int, p: int, seed: int = 0, scale: float = 3.0) -> torch.Tensor:

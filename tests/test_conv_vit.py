@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from lowrank import spectral
-from lowrank.nets import conv, vit
+from lowrank.core import spectral
+from lowrank.core.nets import conv, vit
 
 
 def test_resnet18_has_the_known_parameter_count():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from lowrank import datasets
+from lowrank.core import datasets
 
 
 def test_digits_split_and_standardisation():

@@ -1,4 +1,4 @@
-"""lowrank.gradient_dynamics against independent computations: closed forms, autograd, scipy,
+"""lowrank.gradients.dynamics against independent computations: closed forms, autograd, scipy,
 planted structures, and bad inputs."""
 
 import math
@@ -8,14 +8,14 @@ import pytest
 import scipy.linalg
 import torch
 
-from lowrank import gradient_dynamics as gd
-from lowrank import gradients
-from lowrank.data import spiked_gaussian
-from lowrank.nets import gamma_m, normalize_rows, sphere_rows, two_layer_forward
+from lowrank.gradients import dynamics as gd
+from lowrank.gradients import decomposition
+from lowrank.core.data import spiked_gaussian
+from lowrank.core.nets import gamma_m, normalize_rows, sphere_rows, two_layer_forward
 
 
 def small_problem(seed=0, n=40, d=30, m=50, nu=0.25, activation="tanh"):
-    return gradients.spiked_problem(n, d, m, alpha=0.0, nu=nu, activation=activation, seed=seed)
+    return decomposition.spiked_problem(n, d, m, alpha=0.0, nu=nu, activation=activation, seed=seed)
 
 
 # --------------------------------------------------------------------------- slopes, beta
@@ -88,7 +88,7 @@ def test_top_singular_value_matches_svdvals_small_and_large():
 
 def test_term_norms_match_full_svd():
     p = small_problem()
-    dec = gradients.decompose_problem(p)
+    dec = decomposition.decompose_problem(p)
     row = gd.term_norms(dec, data=p.data)
     for key, M in [("norm_S1", dec.S1), ("norm_S12", dec.S12), ("norm_S2", dec.S2), ("norm_E", dec.E),
                    ("norm_G", dec.G)]:
@@ -193,7 +193,7 @@ def test_training_trace_records_alignments_and_a_falling_loss():
     assert tr["align_initial"].iloc[0] == pytest.approx(1.0)
     assert tr["loss"].iloc[-1] < tr["loss"].iloc[0]
     # step 0 agrees with the decomposition's gradient
-    dec = gradients.decompose_problem(p)
+    dec = decomposition.decompose_problem(p)
     U = torch.linalg.svd(dec.G, full_matrices=False)[0]
     assert tr["s1"].iloc[0] == pytest.approx(float(torch.linalg.svdvals(dec.G)[0]))
     assert tr["align_q"].iloc[0] == pytest.approx(abs(float(U[:, 0] @ D.q)), abs=1e-10)

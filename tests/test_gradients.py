@@ -1,4 +1,4 @@
-"""lowrank.data, lowrank.nets (two-layer) and lowrank.gradients.decompose against independent
+"""lowrank.core.data, lowrank.core.nets (two-layer) and lowrank.gradients.decomposition.decompose against independent
 computations: autograd, closed forms, explicit rank, scipy quadrature."""
 
 import math
@@ -8,7 +8,8 @@ import pytest
 import scipy.integrate
 import torch
 
-from lowrank import data, gradients, nets, spectral
+from lowrank.core import data, nets, spectral
+from lowrank.gradients import decomposition
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +75,7 @@ def test_decomposition_identity_and_ranks(problem, activation, loss, mu):
     D, y, W, a = problem
     if loss == "logistic":
         y = torch.where(y >= 0, 1.0, -1.0).double()
-    dec = gradients.decompose(D.X_B, D.z, D.q, D.zeta, W, a, y, activation=activation, gamma=50**-0.5,
+    dec = decomposition.decompose(D.X_B, D.z, D.q, D.zeta, W, a, y, activation=activation, gamma=50**-0.5,
                               loss=loss, mu=mu, Sigma_hat=D.Sigma_hat)
     assert dec.G.shape == dec.S1.shape == dec.E.shape == (40, 50)
     assert dec.identity_residual() < 1e-13
@@ -95,8 +96,8 @@ def test_decomposition_identity_and_ranks(problem, activation, loss, mu):
 def test_residue_matches_autograd_of_loss():
     f = torch.linspace(-2, 2, 9, dtype=torch.float64).requires_grad_(True)
     y = torch.tensor([1.0, -1.0] * 4 + [1.0], dtype=torch.float64)
-    for name in sorted(gradients.LOSSES):
-        L = gradients.loss_function(name)
+    for name in sorted(decomposition.LOSSES):
+        L = decomposition.loss_function(name)
         (g,) = torch.autograd.grad(L.value(f, y).sum(), f)
         torch.testing.assert_close(L.residue(f.detach(), y), g)
 
@@ -107,25 +108,25 @@ def test_mu_quadrature_against_scipy_and_closed_form():
     A = rng.standard_normal((d, d))
     Sigma = torch.as_tensor(A @ A.T / d + np.eye(d))
     W = nets.sphere_rows(4, d, seed=1)
-    mu = gradients.mu_quadrature(W, Sigma, "tanh").numpy()
+    mu = decomposition.mu_quadrature(W, Sigma, "tanh").numpy()
     for j in range(4):
         s = math.sqrt(float(W[j] @ Sigma @ W[j]))
         ref, _ = scipy.integrate.quad(lambda t: (1 - np.tanh(s * t) ** 2) * np.exp(-t * t / 2) / np.sqrt(2 * np.pi),
                                       -np.inf, np.inf)
         assert mu[j] == pytest.approx(ref, abs=1e-6)  # 80 nodes: ~1e-7 for tanh
-    np.testing.assert_allclose(gradients.mu_quadrature(W, Sigma, "relu").numpy(), 0.5, atol=1e-12)
+    np.testing.assert_allclose(decomposition.mu_quadrature(W, Sigma, "relu").numpy(), 0.5, atol=1e-12)
     # the sample mean converges to it
     D = data.spiked_gaussian(20000, d, 0.0, 0.2, seed=2)
     Sig = D.Sigma_hat + D.zeta**2 * torch.outer(D.q, D.q)
-    np.testing.assert_allclose(gradients.mu_sample(D.X, W, "sigmoid").numpy(),
-                               gradients.mu_quadrature(W, Sig, "sigmoid").numpy(), atol=0.01)
+    np.testing.assert_allclose(decomposition.mu_sample(D.X, W, "sigmoid").numpy(),
+                               decomposition.mu_quadrature(W, Sig, "sigmoid").numpy(), atol=0.01)
 
 
 def test_spike_summary_on_a_small_problem():
-    p = gradients.spiked_problem(80, 60, 70, alpha=0.0, nu=0.0, activation="tanh", seed=0)
-    row = gradients.spike_summary(gradients.decompose_problem(p), p.data)
+    p = decomposition.spiked_problem(80, 60, 70, alpha=0.0, nu=0.0, activation="tanh", seed=0)
+    row = decomposition.spike_summary(decomposition.decompose_problem(p), p.data)
     assert row["identity_residual"] < 1e-13
-    assert row["s1"] == pytest.approx(spectral.singular_values(gradients.decompose_problem(p).G)[0].item())
+    assert row["s1"] == pytest.approx(spectral.singular_values(decomposition.decompose_problem(p).G)[0].item())
     assert 0 <= row["align_u1_q"] <= 1 and 0 <= row["q_in_top2"] <= 1
 
 
@@ -142,19 +143,19 @@ def test_decompose_rejects_bad_options(problem, kwargs, message):
     D, y, W, a = problem
     opts = dict(activation="tanh", gamma=0.1) | kwargs
     with pytest.raises(ValueError, match=message):
-        gradients.decompose(D.X_B, D.z, D.q, D.zeta, W, a, y, **opts)
+        decomposition.decompose(D.X_B, D.z, D.q, D.zeta, W, a, y, **opts)
 
 
 def test_decompose_rejects_bad_shapes_and_values(problem):
     D, y, W, a = problem
     with pytest.raises(ValueError, match="W must have shape"):
-        gradients.decompose(D.X_B, D.z, D.q, D.zeta, W[:, :-1], a, y, activation="tanh", gamma=0.1)
+        decomposition.decompose(D.X_B, D.z, D.q, D.zeta, W[:, :-1], a, y, activation="tanh", gamma=0.1)
     bad = y.clone()
     bad[0] = float("nan")
     with pytest.raises(ValueError, match="y contains NaN"):
-        gradients.decompose(D.X_B, D.z, D.q, D.zeta, W, a, bad, activation="tanh", gamma=0.1)
+        decomposition.decompose(D.X_B, D.z, D.q, D.zeta, W, a, bad, activation="tanh", gamma=0.1)
     with pytest.raises(ValueError, match="labels y in"):
-        gradients.decompose(D.X_B, D.z, D.q, D.zeta, W, a, y, activation="tanh", gamma=0.1, loss="logistic")
+        decomposition.decompose(D.X_B, D.z, D.q, D.zeta, W, a, y, activation="tanh", gamma=0.1, loss="logistic")
     with pytest.raises(ValueError, match="nu must be non-negative"):
         data.spiked_gaussian(10, 5, 0.0, -0.1, seed=0)
     with pytest.raises(ValueError, match="seed"):
@@ -164,7 +165,7 @@ def test_decompose_rejects_bad_shapes_and_values(problem):
 
 
 def test_device_is_cpu_here_and_overridable(monkeypatch):
-    from lowrank import device
+    from lowrank.core import device
 
     monkeypatch.delenv("LOWRANK_DEVICE", raising=False)
     expected = "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,5 +1,5 @@
 """Remark 1 (a 1-D convolution as a weight-tied two-layer network), the spike classifier and the
-rule of thumb of lowrank.gradients, against autograd of the conv net and hand-made cases."""
+rule of thumb of lowrank.gradients.decomposition, against autograd of the conv net and hand-made cases."""
 
 import math
 
@@ -7,13 +7,14 @@ import pytest
 import torch
 from torch.func import grad
 
-from lowrank import data, gradients, nets
+from lowrank.core import data, nets
+from lowrank.gradients import decomposition
 
 
 def test_conv_weight_matrix_is_the_convolution():
     g = torch.Generator().manual_seed(0)
     w = torch.randn(5, generator=g, dtype=torch.float64)
-    W = gradients.conv1d_weight_matrix(w, 12)
+    W = decomposition.conv1d_weight_matrix(w, 12)
     assert W.shape == (8, 12)
     X = torch.randn(7, 12, generator=g, dtype=torch.float64)
     conv = torch.nn.functional.conv1d(X[:, None, :], w[None, None, :])[:, 0, :]
@@ -21,7 +22,7 @@ def test_conv_weight_matrix_is_the_convolution():
     torch.testing.assert_close(W.norm(dim=1), torch.full((8,), float(w.norm()), dtype=torch.float64))
     assert int((W != 0).sum()) == 8 * 5
     with pytest.raises(ValueError, match="d must be an integer"):
-        gradients.conv1d_weight_matrix(w, 4)
+        decomposition.conv1d_weight_matrix(w, 4)
 
 
 @pytest.mark.parametrize("activation", ["tanh", "softplus", "relu"])
@@ -34,26 +35,26 @@ def test_filter_gradient_from_untied_matches_conv_autograd(activation):
     w = w / w.norm()
     a = nets.outer_weights(m, seed=4)
     gamma = m**-0.5
-    W = gradients.conv1d_weight_matrix(w, d)
-    dec = gradients.decompose(D.X_B, D.z, D.q, D.zeta, W, a, y, activation=activation, gamma=gamma)
-    g_fold = gradients.conv1d_filter_gradient(dec.G, k)
+    W = decomposition.conv1d_weight_matrix(w, d)
+    dec = decomposition.decompose(D.X_B, D.z, D.q, D.zeta, W, a, y, activation=activation, gamma=gamma)
+    g_fold = decomposition.conv1d_filter_gradient(dec.G, k)
     # autograd of the conv net (torch conv1d), never building W
-    g_conv = grad(lambda v: (0.5 * (gradients.conv1d_forward(D.X, v, a, activation=activation, gamma=gamma)
+    g_conv = grad(lambda v: (0.5 * (decomposition.conv1d_forward(D.X, v, a, activation=activation, gamma=gamma)
                                     - y) ** 2).mean())(w)
     torch.testing.assert_close(g_fold, g_conv, rtol=1e-11, atol=1e-14)
-    torch.testing.assert_close(gradients.conv1d_forward(D.X, w, a, activation=activation, gamma=gamma),
+    torch.testing.assert_close(decomposition.conv1d_forward(D.X, w, a, activation=activation, gamma=gamma),
                                nets.two_layer_forward(D.X, W, a, activation=activation, gamma=gamma))
 
 
 def test_filter_gradient_is_the_sum_of_superdiagonals():
     d, k = 9, 3
     G = torch.arange(d * (d - k + 1), dtype=torch.float64).reshape(d, d - k + 1)  # d x m
-    g = gradients.conv1d_filter_gradient(G, k)
+    g = decomposition.conv1d_filter_gradient(G, k)
     Gmd = G.T
     ref = torch.tensor([sum(Gmd[j, j + i] for j in range(d - k + 1)) for i in range(k)], dtype=torch.float64)
     torch.testing.assert_close(g, ref)
     with pytest.raises(ValueError, match="k = d - m \\+ 1"):
-        gradients.conv1d_filter_gradient(G, 4)
+        decomposition.conv1d_filter_gradient(G, 4)
 
 
 def test_filter_low_rank_exact_for_low_rank_G():
@@ -63,21 +64,21 @@ def test_filter_low_rank_exact_for_low_rank_G():
     U = torch.randn(d, 2, generator=g, dtype=torch.float64)
     V = torch.randn(m, 2, generator=g, dtype=torch.float64)
     G = U @ V.T  # exactly rank two
-    res = gradients.conv1d_filter_low_rank(G, k, rank=2)
+    res = decomposition.conv1d_filter_low_rank(G, k, rank=2)
     assert res.error < 1e-12 and res.subspace_error < 1e-12
-    torch.testing.assert_close(res.g, gradients.conv1d_filter_gradient(G, k))
+    torch.testing.assert_close(res.g, decomposition.conv1d_filter_gradient(G, k))
     # the components are correlations of the singular vectors: c[i] = sum_j u[j + i] v[j]
     Us, s, Vh = torch.linalg.svd(G, full_matrices=False)
     c0 = torch.tensor([float(Us[i:i + m, 0] @ Vh[0]) for i in range(k)], dtype=torch.float64)
     torch.testing.assert_close(res.components[:, 0], c0)
     # sum over all singular pairs reconstructs g
-    full = gradients.conv1d_filter_low_rank(G + 1e-3 * torch.randn(d, m, generator=g, dtype=torch.float64), k,
+    full = decomposition.conv1d_filter_low_rank(G + 1e-3 * torch.randn(d, m, generator=g, dtype=torch.float64), k,
                                             rank=min(d, m))
     assert full.error < 1e-12
     # an extra direction equal to g closes the subspace error
     noisy = G + torch.randn(d, m, generator=g, dtype=torch.float64)
-    r2 = gradients.conv1d_filter_low_rank(noisy, k, rank=2)
-    r2x = gradients.conv1d_filter_low_rank(noisy, k, rank=2, extra=r2.g)
+    r2 = decomposition.conv1d_filter_low_rank(noisy, k, rank=2)
+    r2x = decomposition.conv1d_filter_low_rank(noisy, k, rank=2, extra=r2.g)
     assert r2.subspace_error <= r2.error + 1e-12 and r2x.subspace_error < 1e-12
 
 
@@ -94,26 +95,26 @@ def test_dominant_spike_hand_made_cases():
     q = _unit(q - (q @ x) * x)
     v1 = _unit(torch.randn(m, generator=g, dtype=torch.float64))
     v2 = _unit(torch.randn(m, generator=g, dtype=torch.float64))
-    assert gradients.dominant_spike(bulk, x, q).label == "none"
-    call = gradients.dominant_spike(bulk + 3 * torch.outer(x, v1), 7 * x, q)
+    assert decomposition.dominant_spike(bulk, x, q).label == "none"
+    call = decomposition.dominant_spike(bulk + 3 * torch.outer(x, v1), 7 * x, q)
     assert call.label == "residue" and call.outliers == 1 and call.align_residue > 0.99
-    assert gradients.dominant_spike(bulk + 3 * torch.outer(q, v1), x, q).label == "data"
-    both = gradients.dominant_spike(bulk + 3 * torch.outer(x, v1) + 1.5 * torch.outer(q, v2), x, q)
+    assert decomposition.dominant_spike(bulk + 3 * torch.outer(q, v1), x, q).label == "data"
+    both = decomposition.dominant_spike(bulk + 3 * torch.outer(x, v1) + 1.5 * torch.outer(q, v2), x, q)
     assert both.label == "both" and both.outliers == 2 and both.q_in_top2 > 0.99
     # two outliers, but the second is neither direction: u1 decides
     other = _unit(torch.randn(d, generator=g, dtype=torch.float64))
-    call = gradients.dominant_spike(bulk + 3 * torch.outer(q, v1) + 1.5 * torch.outer(other, v2), x, q)
+    call = decomposition.dominant_spike(bulk + 3 * torch.outer(q, v1) + 1.5 * torch.outer(other, v2), x, q)
     assert call.label == "data" and call.outliers == 2
     with pytest.raises(ValueError, match="G's 60 rows"):
-        gradients.dominant_spike(bulk, x[:-1], q)
+        decomposition.dominant_spike(bulk, x[:-1], q)
 
 
 def test_dominant_spike_on_the_papers_regimes():
     # nu = 0: residue spike; nu = 3/4: the data spike q (as in Figs. 1 and 3)
     for nu, expected in ((0.0, "residue"), (0.75, "data")):
-        p = gradients.spiked_problem(150, 200, 250, alpha=0.0, nu=nu, activation="softplus", seed=0)
-        dec = gradients.decompose_problem(p)
-        assert gradients.call_problem(dec, p.data).label == expected
+        p = decomposition.spiked_problem(150, 200, 250, alpha=0.0, nu=nu, activation="softplus", seed=0)
+        dec = decomposition.decompose_problem(p)
+        assert decomposition.call_problem(dec, p.data).label == expected
 
 
 @pytest.mark.parametrize(
@@ -130,22 +131,22 @@ def test_dominant_spike_on_the_papers_regimes():
     ],
 )
 def test_rule_of_thumb(nu, alpha, beta, expected):
-    assert gradients.rule_of_thumb(nu, alpha, beta) == expected
+    assert decomposition.rule_of_thumb(nu, alpha, beta) == expected
 
 
 def test_rule_of_thumb_flags_and_boundaries():
-    assert gradients.rule_of_thumb(0.75, 0.0, 0.0, large_input_noise=True) == "residue"
-    assert gradients.rule_of_thumb(0.0, 0.0, 1.0, large_jacobian_penalty=True) == "data"
+    assert decomposition.rule_of_thumb(0.75, 0.0, 0.0, large_input_noise=True) == "residue"
+    assert decomposition.rule_of_thumb(0.0, 0.0, 1.0, large_jacobian_penalty=True) == "data"
     with pytest.raises(ValueError, match="together"):
-        gradients.rule_of_thumb(0.1, 0.0, 1.0, large_input_noise=True, large_jacobian_penalty=True)
+        decomposition.rule_of_thumb(0.1, 0.0, 1.0, large_input_noise=True, large_jacobian_penalty=True)
     with pytest.raises(ValueError, match="beta must be a number"):
-        gradients.rule_of_thumb(0.1, 0.0, math.nan)
-    lines = gradients.rule_of_thumb_boundaries(1.0)
+        decomposition.rule_of_thumb(0.1, 0.0, math.nan)
+    lines = decomposition.rule_of_thumb_boundaries(1.0)
     assert lines["nu = (1 - alpha)/2"](0.5) == pytest.approx(0.25)
     assert lines["nu = beta/2"](0.3) == pytest.approx(0.5)
     # just below every residue line the rule says residue, just above the lowest it does not
     for al in (0.0, 0.3, 0.6):
         low = min(f(al) for name, f in lines.items() if name in ("nu = 1/4", "nu = (beta - alpha)/2",
                                                                     "nu = (1 - alpha)/2"))
-        assert gradients.rule_of_thumb(low - 1e-3, al, 1.0) == "residue"
-        assert gradients.rule_of_thumb(low + 1e-3, al, 1.0) != "residue"
+        assert decomposition.rule_of_thumb(low - 1e-3, al, 1.0) == "residue"
+        assert decomposition.rule_of_thumb(low + 1e-3, al, 1.0) != "residue"

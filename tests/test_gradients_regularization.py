@@ -1,5 +1,5 @@
 """The regularised gradients of Section 4 (weight decay, input noise, Jacobian penalty), the
-residue-alignment exponent and the spectrum estimators of lowrank.gradients, each against an
+residue-alignment exponent and the spectrum estimators of lowrank.gradients.decomposition, each against an
 independent computation: autograd (torch.func), closed forms, or data with known parameters."""
 
 import math
@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch.func import grad, jacrev
 
-from lowrank import data, gradients, nets
+from lowrank.core import data, nets
+from lowrank.gradients import decomposition
 
 
 @pytest.fixture(scope="module")
@@ -29,29 +30,29 @@ def _mse_loss(X, W, a, y, activation, gamma):
 def test_weight_decay_gradient_matches_autograd(small):
     D, y, W, a = small
     lam, gamma = 0.37, 25**-0.5
-    dec = gradients.decompose(D.X_B, D.z, D.q, D.zeta, W, a, y, activation="tanh", gamma=gamma)
-    G_wd = gradients.weight_decay_gradient(dec.G, W, lam)
+    dec = decomposition.decompose(D.X_B, D.z, D.q, D.zeta, W, a, y, activation="tanh", gamma=gamma)
+    G_wd = decomposition.weight_decay_gradient(dec.G, W, lam)
     g = grad(lambda V: _mse_loss(D.X, V, a, y, "tanh", gamma) + lam / 2 * (V**2).sum())(W)
     torch.testing.assert_close(G_wd, g.T, rtol=1e-12, atol=1e-14)
     with pytest.raises(ValueError, match="d x m"):
-        gradients.weight_decay_gradient(dec.G.T, W, lam)
+        decomposition.weight_decay_gradient(dec.G.T, W, lam)
     with pytest.raises(ValueError, match="lam must be non-negative"):
-        gradients.weight_decay_gradient(dec.G, W, -1.0)
+        decomposition.weight_decay_gradient(dec.G, W, -1.0)
 
 
 def test_weight_decay_scales():
     W = nets.sphere_rows(64, 32, seed=0)
-    s = gradients.weight_decay_scales(W, gamma=1 / 8, n=100, nu=0.5)
+    s = decomposition.weight_decay_scales(W, gamma=1 / 8, n=100, nu=0.5)
     assert s.W_norm == pytest.approx(float(torch.linalg.matrix_norm(W, ord=2)))
     assert s.keeps_spikes_below == pytest.approx(8 * (1 / 8) / s.W_norm)
     assert s.suppresses_spikes_above == pytest.approx(s.keeps_spikes_below * 10.0)
 
 
 def test_input_noise_joins_the_bulk_and_keeps_labels():
-    p = gradients.spiked_problem(40, 30, 35, alpha=0.5, nu=0.125, activation="relu", seed=2)
-    tau2 = gradients.tau2_from_rho(40, -0.25)
+    p = decomposition.spiked_problem(40, 30, 35, alpha=0.5, nu=0.125, activation="relu", seed=2)
+    tau2 = decomposition.tau2_from_rho(40, -0.25)
     assert tau2 == pytest.approx(40**-0.25)
-    noisy = gradients.noisy_problem(p, tau2, seed=9)
+    noisy = decomposition.noisy_problem(p, tau2, seed=9)
     assert torch.equal(noisy.y, p.y) and torch.equal(noisy.W, p.W) and torch.equal(noisy.a, p.a)
     N = noisy.data
     assert torch.equal(N.z, p.data.z) and torch.equal(N.q, p.data.q) and N.zeta == p.data.zeta
@@ -60,7 +61,7 @@ def test_input_noise_joins_the_bulk_and_keeps_labels():
     torch.testing.assert_close(N.X, N.X_B + N.zeta * torch.outer(N.z, N.q))
     torch.testing.assert_close(N.Sigma_hat, p.data.Sigma_hat + tau2 * torch.eye(30, dtype=torch.float64))
     # the noisy-input gradient is the gradient of the loss on x + xi with the clean labels
-    dec = gradients.decompose_problem(noisy)
+    dec = decomposition.decompose_problem(noisy)
     g = grad(lambda V: _mse_loss(p.data.X + xi, V, p.a, p.y, "relu", p.gamma))(p.W)
     torch.testing.assert_close(dec.G, g.T, rtol=1e-12, atol=1e-14)
     assert dec.identity_residual() < 1e-13
@@ -70,10 +71,10 @@ def test_input_noise_joins_the_bulk_and_keeps_labels():
 
 def test_input_noise_variance():
     D = data.spiked_gaussian(4000, 5, alpha=0.0, nu=0.0, seed=0)
-    N = gradients.add_input_noise(D, 4.0, seed=1)
+    N = decomposition.add_input_noise(D, 4.0, seed=1)
     var = (N.X_B - D.X_B).var().item()
     assert var == pytest.approx(4.0, rel=0.03)
-    assert torch.equal(gradients.add_input_noise(D, 0.0, seed=1).X, D.X)
+    assert torch.equal(decomposition.add_input_noise(D, 0.0, seed=1).X, D.X)
 
 
 @pytest.mark.parametrize("activation", ["sigmoid", "tanh", "softplus", "silu"])
@@ -88,13 +89,13 @@ def test_jacobian_penalty_gradient_matches_autograd(small, activation, scale_a):
         J = jacrev(lambda U: nets.two_layer_forward(D.X, U, a, activation=activation, gamma=gamma))(V)
         return lam / (2 * n) * (J**2).sum()
 
-    jp = gradients.jacobian_penalty_gradient(D.X_B, D.z, D.q, D.zeta, W, a, activation=activation,
+    jp = decomposition.jacobian_penalty_gradient(D.X_B, D.z, D.q, D.zeta, W, a, activation=activation,
                                              gamma=gamma, lam=lam)
     g = grad(L_reg)(W)
     torch.testing.assert_close(jp.G_reg, g.T, rtol=1e-11, atol=1e-14)
     # the closed-form penalty value and its autograd gradient agree too
     torch.testing.assert_close(
-        gradients.jacobian_penalty(D.X, W, a, activation=activation, gamma=gamma, lam=lam), L_reg(W))
+        decomposition.jacobian_penalty(D.X, W, a, activation=activation, gamma=gamma, lam=lam), L_reg(W))
     assert jp.identity_residual() < 1e-13
     assert torch.linalg.matrix_rank(jp.S3).item() == 1
     # S3's left singular vector is q
@@ -104,20 +105,20 @@ def test_jacobian_penalty_gradient_matches_autograd(small, activation, scale_a):
 
 def test_jacobian_penalty_vanishes_for_relu_and_lambda_zero(small):
     D, _, W, a = small
-    jp = gradients.jacobian_penalty_gradient(D.X_B, D.z, D.q, D.zeta, W, a, activation="relu", gamma=0.2, lam=3.0)
+    jp = decomposition.jacobian_penalty_gradient(D.X_B, D.z, D.q, D.zeta, W, a, activation="relu", gamma=0.2, lam=3.0)
     assert float(jp.G_reg.abs().max()) == 0.0
-    jp0 = gradients.jacobian_penalty_gradient(D.X_B, D.z, D.q, D.zeta, W, a, activation="tanh", gamma=0.2, lam=0.0)
+    jp0 = decomposition.jacobian_penalty_gradient(D.X_B, D.z, D.q, D.zeta, W, a, activation="tanh", gamma=0.2, lam=0.0)
     assert float(jp0.G_reg.abs().max()) == 0.0
     with pytest.raises(ValueError, match="W must have shape"):
-        gradients.jacobian_penalty_gradient(D.X_B, D.z, D.q, D.zeta, W[:, :-1], a, activation="tanh",
+        decomposition.jacobian_penalty_gradient(D.X_B, D.z, D.q, D.zeta, W[:, :-1], a, activation="tanh",
                                             gamma=0.2, lam=1.0)
 
 
 def test_jacobian_penalty_problem_wrapper():
-    p = gradients.spiked_problem(20, 15, 18, alpha=0.0, nu=0.375, activation="sigmoid", seed=1)
-    jp = gradients.jacobian_penalty_problem(p, 10.0)
+    p = decomposition.spiked_problem(20, 15, 18, alpha=0.0, nu=0.375, activation="sigmoid", seed=1)
+    jp = decomposition.jacobian_penalty_problem(p, 10.0)
     D = p.data
-    ref = gradients.jacobian_penalty_gradient(D.X_B, D.z, D.q, D.zeta, p.W, p.a, activation="sigmoid",
+    ref = decomposition.jacobian_penalty_gradient(D.X_B, D.z, D.q, D.zeta, p.W, p.a, activation="sigmoid",
                                               gamma=p.gamma, lam=10.0)
     torch.testing.assert_close(jp.G_reg, ref.G_reg)
 
@@ -127,13 +128,13 @@ def test_residue_alignment_beta_closed_form():
     z = torch.ones(n, dtype=torch.float64)
     r = torch.zeros(n, dtype=torch.float64)
     r[0] = 2.0  # |z^T r| / (sqrt(n) ||r||) = 1/10 = d^(-beta/2) with d^(beta/2) = 10
-    assert gradients.residue_alignment_beta(z, r, d) == pytest.approx(2 * math.log(10) / math.log(400))
-    assert gradients.residue_alignment_beta(z, z, d) == pytest.approx(0.0, abs=1e-12)  # fully aligned
+    assert decomposition.residue_alignment_beta(z, r, d) == pytest.approx(2 * math.log(10) / math.log(400))
+    assert decomposition.residue_alignment_beta(z, z, d) == pytest.approx(0.0, abs=1e-12)  # fully aligned
     r2 = torch.zeros(n, dtype=torch.float64)
     r2[0], r2[1] = 1.0, -1.0
-    assert gradients.residue_alignment_beta(z, r2, d) == math.inf
+    assert decomposition.residue_alignment_beta(z, r2, d) == math.inf
     with pytest.raises(ValueError, match="residue is zero"):
-        gradients.residue_alignment_beta(z, torch.zeros(n, dtype=torch.float64), d)
+        decomposition.residue_alignment_beta(z, torch.zeros(n, dtype=torch.float64), d)
 
 
 def test_residue_alignment_beta_for_independent_residue():
@@ -141,7 +142,7 @@ def test_residue_alignment_beta_for_independent_residue():
     # -2 log(0.6745 / sqrt n) / log d (sd of the median over 2000 draws: ~0.006)
     g = torch.Generator().manual_seed(0)
     n, d = 200, 400
-    vals = [gradients.residue_alignment_beta(torch.randn(n, generator=g, dtype=torch.float64),
+    vals = [decomposition.residue_alignment_beta(torch.randn(n, generator=g, dtype=torch.float64),
                                              torch.randn(n, generator=g, dtype=torch.float64), d)
             for _ in range(200)]
     median_abs_normal = 0.6745
@@ -152,7 +153,7 @@ def test_residue_alignment_beta_for_independent_residue():
 @pytest.mark.parametrize("nu, alpha", [(0.3, 0.0), (0.4, 0.5), (0.6, 0.8), (0.0, 0.8)])
 def test_estimate_nu_alpha_recovers_synthetic_parameters(nu, alpha):
     D = data.spiked_gaussian(20000, 100, alpha=alpha, nu=nu, seed=5)
-    fit = gradients.estimate_nu_alpha(D.X)
+    fit = decomposition.estimate_nu_alpha(D.X)
     # Marchenko-Pastur spreading biases alpha up by about sqrt(d/n) ~ 0.05 at alpha = 0
     assert fit.alpha == pytest.approx(alpha, abs=0.06)
     # top eigenvalue ~ zeta^2 + q^T Sigma_hat q: nu within ~log(2) / (2 log n) ~ 0.035
@@ -167,7 +168,7 @@ def test_estimate_nu_alpha_recovers_synthetic_parameters(nu, alpha):
 
 def test_estimate_nu_alpha_options_and_errors():
     D = data.spiked_gaussian(3000, 80, alpha=0.0, nu=0.0, seed=1)
-    fit = gradients.estimate_nu_alpha(D.X, fit_range=(1, 30))
+    fit = decomposition.estimate_nu_alpha(D.X, fit_range=(1, 30))
     assert fit.nu == 0.0 and fit.fit_range == (1, 30)
     assert abs(fit.alpha) < 0.15
     # the fit is log ell_{j+1} = log b - alpha log j: check it on the returned eigenvalues
@@ -176,17 +177,17 @@ def test_estimate_nu_alpha_options_and_errors():
     assert fit.alpha == pytest.approx(-slope) and fit.bulk_scale == pytest.approx(np.exp(icpt))
     assert fit.zeta2 == pytest.approx(max(float(fit.eigenvalues[0]) / fit.bulk_scale - 1, 0.0))
     with pytest.raises(ValueError, match="fit_range"):
-        gradients.estimate_nu_alpha(D.X, fit_range=(2, 3))
+        decomposition.estimate_nu_alpha(D.X, fit_range=(2, 3))
     with pytest.raises(ValueError, match="fit_range"):
-        gradients.estimate_nu_alpha(D.X, fit_range=(1, 80))
-    centred = gradients.estimate_nu_alpha(D.X + 5.0, center=True)
+        decomposition.estimate_nu_alpha(D.X, fit_range=(1, 80))
+    centred = decomposition.estimate_nu_alpha(D.X + 5.0, center=True)
     assert centred.nu == pytest.approx(0.0, abs=0.05)
-    assert gradients.estimate_nu_alpha(D.X + 5.0).nu > 0.3  # the mean is a spike when not centred
+    assert decomposition.estimate_nu_alpha(D.X + 5.0).nu > 0.3  # the mean is a spike when not centred
 
 
 def test_spike_split_is_exact():
     D = data.spiked_gaussian(200, 30, alpha=0.3, nu=0.6, seed=2)
-    S = gradients.spike_split(D.X)
+    S = decomposition.spike_split(D.X)
     torch.testing.assert_close(S.X, S.X_B + S.zeta * torch.outer(S.z, S.q))
     assert float(S.z @ S.z) == pytest.approx(200.0)
     assert float((S.X_B @ S.q).abs().max()) < 1e-10
@@ -194,24 +195,24 @@ def test_spike_split_is_exact():
     # the gradient decomposition holds for the split
     W, a = nets.sphere_rows(25, 30, seed=3), nets.outer_weights(25, seed=4)
     y = torch.sign(D.X[:, 0])
-    dec = gradients.decompose(S.X_B, S.z, S.q, S.zeta, W, a, y, activation="tanh", gamma=0.2)
+    dec = decomposition.decompose(S.X_B, S.z, S.q, S.zeta, W, a, y, activation="tanh", gamma=0.2)
     assert dec.identity_residual() < 1e-13
     with pytest.raises(ValueError, match="q must have shape"):
-        gradients.spike_split(D.X, q=torch.ones(3))
+        decomposition.spike_split(D.X, q=torch.ones(3))
 
 
 def test_real_problem_on_digits():
-    from lowrank import datasets
+    from lowrank.core import datasets
 
     ds = datasets.digits(standardize=False)
     X = ds.x_train[:300].double()
     y = torch.where(ds.y_train[:300] >= 5, 1.0, -1.0).double()
-    p = gradients.real_problem(X, y, width=80, activation="softplus", seed=2)
+    p = decomposition.real_problem(X, y, width=80, activation="softplus", seed=2)
     assert p.W.shape == (80, 64) and p.gamma == pytest.approx(80**-0.5)
     torch.testing.assert_close(p.data.X, X)
-    dec = gradients.decompose_problem(p)
+    dec = decomposition.decompose_problem(p)
     assert dec.identity_residual() < 1e-13
     with pytest.raises(ValueError, match="y of length n"):
-        gradients.real_problem(X, y[:-1], width=10, activation="tanh")
+        decomposition.real_problem(X, y[:-1], width=10, activation="tanh")
     with pytest.raises(ValueError, match="labels y in"):
-        gradients.real_problem(X, y * 2, width=10, activation="tanh", loss="logistic")
+        decomposition.real_problem(X, y * 2, width=10, activation="tanh", loss="logistic")

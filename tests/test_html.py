@@ -15,7 +15,7 @@ from urllib.parse import unquote, urljoin, urlparse
 
 import pytest
 
-from lowrank import build, notebooks
+from lowrank.book import build, notebooks
 
 HTML = build.BUILD / "html"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from lowrank.nets import mlp
+from lowrank.core.nets import mlp
 
 
 @pytest.mark.parametrize("name, n_matrices, n_bn", [("MLP-3-16", 4, 0), ("MLP-BN-3-16", 4, 3), ("RES-2-16", 6, 0),

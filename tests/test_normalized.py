@@ -1,11 +1,11 @@
-"""lowrank.nets.normalized: the parametrisation f = rho * f_V and its three architectures."""
+"""lowrank.core.nets.normalized: the parametrisation f = rho * f_V and its three architectures."""
 
 import math
 
 import pytest
 import torch
 
-from lowrank.nets import normalized
+from lowrank.core.nets import normalized
 
 
 def test_every_direction_has_unit_frobenius_norm_and_f_is_rho_f_V():

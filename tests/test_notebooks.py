@@ -9,7 +9,7 @@ import nbformat
 import pytest
 import yaml
 
-from lowrank import build, notebooks
+from lowrank.book import build, notebooks
 
 GOLDEN = yaml.safe_load((Path(__file__).with_name("golden_verdicts.yaml")).read_text())
 NAMES = build.book_notebooks()

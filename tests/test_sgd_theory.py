@@ -4,8 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from lowrank import sgd_theory, spectral, train
-from lowrank.nets import conv, mlp, vit
+from lowrank.sgd import theory
+from lowrank.core import spectral, train
+from lowrank.core.nets import conv, mlp, vit
 
 
 def _data(n=12, shape=(10,), c=4, seed=0):
@@ -18,7 +19,7 @@ def test_per_sample_gradients_match_autograd_loop():
     net = mlp.from_name("RES-BN-1-8", 10, 4)
     net.train()(torch.randn(32, 10))  # non-trivial running statistics
     x, y = _data()
-    grads = sgd_theory.per_sample_gradients(net, x, y, loss="mse")
+    grads = theory.per_sample_gradients(net, x, y, loss="mse")
     ref = net.double().eval()
     for i in range(3):
         ref.zero_grad()
@@ -31,7 +32,7 @@ def test_per_sample_gradients_match_autograd_loop():
 def test_fully_connected_gradients_have_rank_one(name):
     torch.manual_seed(1)
     x, y = _data()
-    table = sgd_theory.gradient_ranks(mlp.from_name(name, 10, 4), x, y)
+    table = theory.gradient_ranks(mlp.from_name(name, 10, 4), x, y)
     assert (table["patches"] == 1).all()
     assert table["rank"].max() == 1
 
@@ -43,7 +44,7 @@ def test_fully_connected_gradients_have_rank_one(name):
 def test_gradient_rank_at_most_patch_count(make, shape):
     torch.manual_seed(2)
     x, y = _data(n=6, shape=shape)
-    table = sgd_theory.gradient_ranks(make(), x, y)
+    table = theory.gradient_ranks(make(), x, y)
     assert (table["rank"] <= table["bound"]).all()
     assert (table["patches"] > 1).any()  # the bound is not the trivial fully-connected one
 
@@ -59,14 +60,14 @@ def test_patch_counts_of_a_strided_conv():
         def forward(self, x):
             return self.fc(self.c(x).flatten(1))
 
-    counts = sgd_theory.patch_counts(Net(), torch.randn(1, 2, 7, 7))
+    counts = theory.patch_counts(Net(), torch.randn(1, 2, 7, 7))
     assert counts == {"c.weight": conv.num_patches(7, 3, 2, 1), "fc.weight": 1}
 
 
 def test_batch_gradient_rank_at_most_batch_size_with_batchnorm():
     torch.manual_seed(3)
     x, y = _data(n=3)
-    table = sgd_theory.batch_gradient_ranks(mlp.from_name("MLP-BN-2-16", 10, 4), x, y)
+    table = theory.batch_gradient_ranks(mlp.from_name("MLP-BN-2-16", 10, 4), x, y)
     assert (table["rank"] <= 3).all() and (table["bound"] == 3).all()
 
 
@@ -76,7 +77,7 @@ def test_plain_sgd_is_the_papers_update():
     ref = mlp.MLP(10, 4, 1, 6).double()
     ref.load_state_dict(net.state_dict())
     x, y = _data(n=8)
-    norms, snaps, losses = sgd_theory.plain_sgd(net, x, y, lr=0.1, lam=0.05, batch_size=8, steps=2, keep=[2])
+    norms, snaps, losses = theory.plain_sgd(net, x, y, lr=0.1, lam=0.05, batch_size=8, steps=2, keep=[2])
     for _ in range(2):  # full batch: every step sees all 8 samples (order does not matter for the mean)
         ref.zero_grad()
         train.loss_value(ref(x.double()), y, "ce").backward()
@@ -92,14 +93,14 @@ def test_theorem_holds_and_the_unrolled_difference_has_low_rank(norm):
     torch.manual_seed(5)
     x, y = _data(n=40, shape=(20,), c=3)
     kw = dict(lr=0.2, lam=0.05, batch_size=2, steps=30)
-    table = sgd_theory.rank_bound_check(mlp.MLP(20, 3, 2, 24), x, y, check_at=[10, 30], ks=[1, 3, 6, 9, 29],
+    table = theory.rank_bound_check(mlp.MLP(20, 3, 2, 24), x, y, check_at=[10, 30], ks=[1, 3, 6, 9, 29],
                                         norm=norm, **kw)
     assert table["holds"].all()
     full = table[table["rank_budget"] >= table["min_dim"]]
     assert len(full) and (full["lhs"] == 0).all()
     # the proof's decomposition: W_t - (1 - 2 mu lambda)^k W_{t-k} has rank <= B k (fully connected: N = 1)
     torch.manual_seed(5)
-    _, snaps, _ = sgd_theory.plain_sgd(mlp.MLP(20, 3, 2, 24), x, y, keep=[7, 10], **kw)
+    _, snaps, _ = theory.plain_sgd(mlp.MLP(20, 3, 2, 24), x, y, keep=[7, 10], **kw)
     U = snaps[("features.2.weight", 10)] - (1 - 2 * 0.2 * 0.05) ** 3 * snaps[("features.2.weight", 7)]
     assert spectral.numerical_rank(U, 1e-9) <= 2 * 3
 
@@ -108,12 +109,12 @@ def test_bad_inputs():
     x, y = _data()
     net = mlp.MLP(10, 4, 1, 6)
     with pytest.raises(ValueError, match="numbers of samples"):
-        sgd_theory.per_sample_gradients(net, x, y[:3])
+        theory.per_sample_gradients(net, x, y[:3])
     with pytest.raises(ValueError, match="tol"):
-        sgd_theory.gradient_ranks(net, x, y, tol=0)
+        theory.gradient_ranks(net, x, y, tol=0)
     with pytest.raises(ValueError, match="below 1"):
-        sgd_theory.plain_sgd(net, x, y, lr=1.0, lam=1.0, batch_size=2, steps=1)
+        theory.plain_sgd(net, x, y, lr=1.0, lam=1.0, batch_size=2, steps=1)
     with pytest.raises(ValueError, match="check_at"):
-        sgd_theory.rank_bound_check(net, x, y, lr=0.1, lam=0.1, batch_size=2, steps=5, check_at=[9], ks=[1])
+        theory.rank_bound_check(net, x, y, lr=0.1, lam=0.1, batch_size=2, steps=5, check_at=[9], ks=[1])
     with pytest.raises(ValueError, match="weight_specs"):
-        sgd_theory.patch_counts(nn.Linear(3, 2), torch.randn(1, 3))
+        theory.patch_counts(nn.Linear(3, 2), torch.randn(1, 3))

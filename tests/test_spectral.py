@@ -1,11 +1,11 @@
-"""lowrank.spectral against NumPy/SciPy and planted low-rank matrices."""
+"""lowrank.core.spectral against NumPy/SciPy and planted low-rank matrices."""
 
 import numpy as np
 import pytest
 import scipy.linalg
 import torch
 
-from lowrank import spectral
+from lowrank.core import spectral
 
 
 def planted(m, n, spectrum, seed=0):

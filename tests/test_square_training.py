@@ -1,4 +1,4 @@
-"""lowrank.square_training: the rho * f_V training loop, its logs and its failure modes."""
+"""lowrank.square.training: the rho * f_V training loop, its logs and its failure modes."""
 
 import math
 
@@ -6,27 +6,28 @@ import pandas as pd
 import pytest
 import torch
 
-from lowrank import datasets, square_training
-from lowrank.nets import normalized
+from lowrank.core import datasets
+from lowrank.square import training
+from lowrank.core.nets import normalized
 
 
 @pytest.fixture(scope="module")
 def binary():
-    return square_training.load_task("digits", [1, 2], max_train=60, max_test=30)
+    return training.load_task("digits", [1, 2], max_train=60, max_test=30)
 
 
 def test_load_task_and_prepare(binary):
     assert binary.x_train.shape == (60, 64) and set(binary.y_train.tolist()) == {-1, 1}
     assert float(binary.x_train.norm(dim=1).max()) == pytest.approx(1.0)
-    images = square_training.load_task("digits", [0, 1, 2], shape=(1, 8, 8))
+    images = training.load_task("digits", [0, 1, 2], shape=(1, 8, 8))
     assert images.x_train.shape[1:] == (1, 8, 8) and set(images.y_train.tolist()) == {0, 1, 2}
     with pytest.raises(ValueError, match="distinct"):
-        square_training.load_task("digits", [1, 1, 2])
+        training.load_task("digits", [1, 1, 2])
 
 
 def test_full_batch_gd_log_lemma4_and_equilibrium(binary):
     net = normalized.mlp(64, [16], rho_init=2.0, seed=0)
-    run = square_training.train_square(net, binary, epochs=60, lr=0.1, rho_lr=1.0, weight_decay=1e-2, log_every=10,
+    run = training.train_square(net, binary, epochs=60, lr=0.1, rho_lr=1.0, weight_decay=1e-2, log_every=10,
                                        dtype=torch.float64, progress=False)
     h = run.history
     assert isinstance(h, pd.DataFrame) and list(h.epoch) == [0, 10, 20, 30, 40, 50, 60]
@@ -43,9 +44,9 @@ def test_full_batch_gd_log_lemma4_and_equilibrium(binary):
 
 
 def test_multiclass_targets_margins_layers(binary):
-    data = square_training.load_task("digits", [0, 1, 2], max_train=90, max_test=30)
+    data = training.load_task("digits", [0, 1, 2], max_train=90, max_test=30)
     net = normalized.mlp(64, [12, 12], num_outputs=3, rho_init=5.0, seed=1)
-    run = square_training.train_square(net, data, epochs=6, lr=0.05, weight_decay=1e-3, batch_size=16, log_every=3,
+    run = training.train_square(net, data, epochs=6, lr=0.05, weight_decay=1e-3, batch_size=16, log_every=3,
                                        margin_epochs=[0, 6], track_layers=True, dtype=torch.float64, progress=False)
     assert set(run.margins.epoch) == {0, 6} and len(run.margins) == 2 * 90
     assert set(run.layers.layer) == {1, 2, 3} and run.layers.classifier.sum() == 3
@@ -57,20 +58,20 @@ def test_multiclass_targets_margins_layers(binary):
 
 
 def test_cnn_on_digit_images():
-    data = square_training.load_task("digits", [3, 8], max_train=40, max_test=20, shape=(1, 8, 8))
+    data = training.load_task("digits", [3, 8], max_train=40, max_test=20, shape=(1, 8, 8))
     net = normalized.paper_cnn((1, 8, 8), channels=(4, 4, 4, 4), padding=1, hidden=16, rho_init=5.0)
-    run = square_training.train_square(net, data, epochs=3, lr=0.05, weight_decay=1e-3, progress=False)
+    run = training.train_square(net, data, epochs=3, lr=0.05, weight_decay=1e-3, progress=False)
     assert len(run.history) == 4 and math.isfinite(run.final.loss)
 
 
 def test_nan_stops_with_a_clear_message(binary):
     net = normalized.mlp(64, [8], rho_init=1e3, seed=0)
-    with pytest.raises(square_training.TrainingDiverged, match="Lower the learning rate") as err:
-        square_training.train_square(net, binary, epochs=20, lr=1e6, weight_decay=1e-3, progress=False,
+    with pytest.raises(training.TrainingDiverged, match="Lower the learning rate") as err:
+        training.train_square(net, binary, epochs=20, lr=1e6, weight_decay=1e-3, progress=False,
                                      dtype=torch.float64)
     assert isinstance(err.value.history, pd.DataFrame) and len(err.value.history) >= 1
     net = normalized.mlp(64, [8], rho_init=1e3, seed=0)
-    run = square_training.train_square(net, binary, epochs=20, lr=1e6, weight_decay=1e-3, progress=False,
+    run = training.train_square(net, binary, epochs=20, lr=1e6, weight_decay=1e-3, progress=False,
                                        on_nan="stop", dtype=torch.float64)
     assert run.stopped and "diverged" in run.stopped
 
@@ -78,22 +79,22 @@ def test_nan_stops_with_a_clear_message(binary):
 def test_input_validation(binary):
     net = normalized.mlp(64, [8])
     with pytest.raises(ValueError, match="expects"):
-        square_training.train_square(normalized.mlp(10, [4]), binary, epochs=1, lr=0.1, weight_decay=0.0, progress=False)
+        training.train_square(normalized.mlp(10, [4]), binary, epochs=1, lr=0.1, weight_decay=0.0, progress=False)
     with pytest.raises(ValueError, match="batch_size"):
-        square_training.train_square(net, binary, epochs=1, lr=0.1, weight_decay=0.0, batch_size=0, progress=False)
+        training.train_square(net, binary, epochs=1, lr=0.1, weight_decay=0.0, batch_size=0, progress=False)
     with pytest.raises(ValueError, match="lambda"):
-        square_training.train_square(net, binary, epochs=1, lr=0.1, weight_decay=-1.0, progress=False)
+        training.train_square(net, binary, epochs=1, lr=0.1, weight_decay=-1.0, progress=False)
     with pytest.raises(ValueError, match="-1, \\+1"):
-        square_training.train_targets(torch.tensor([0, 1, 2]), 1)
+        training.train_targets(torch.tensor([0, 1, 2]), 1)
     wrong = datasets.Dataset(binary.x_train, (binary.y_train + 1) // 2 * 3, binary.x_test, binary.y_test, 2, "x")
     with pytest.raises(ValueError, match="labels"):
-        square_training.train_square(net, wrong, epochs=1, lr=0.1, weight_decay=0.0, progress=False)
+        training.train_square(net, wrong, epochs=1, lr=0.1, weight_decay=0.0, progress=False)
 
 
 def test_rho_stays_a_norm_when_a_step_crosses_zero():
-    data = square_training.load_task("digits", [1, 2], max_train=70)
+    data = training.load_task("digits", [1, 2], max_train=70)
     net = normalized.mlp(64, [128], rho_init=100.0, seed=0)
-    run = square_training.train_square(net, data, epochs=150, lr=0.1, rho_lr=10.0, weight_decay=1e-4, log_every=50,
+    run = training.train_square(net, data, epochs=150, lr=0.1, rho_lr=10.0, weight_decay=1e-4, log_every=50,
                                        dtype=torch.float64, progress=False, nc=False)
     assert run.config["rho_sign_flips"] >= 1  # this configuration overshoots through rho = 0 once
     assert (run.history.rho >= 0).all() and run.final.train_error == 0.0

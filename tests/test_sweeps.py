@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from lowrank import cli, sweeps
+from lowrank.book import cli, sweeps
 
 HERE = Path(__file__).parent
 
@@ -136,7 +136,7 @@ def test_part_two_ci_sweep_under_both_executors_feeds_the_notebook(tmp_path, ci_
     pd.testing.assert_frame_equal(local.drop(columns="run"), _collected(spec).drop(columns="run"))
     assert local["run"].nunique() == 4 and {"rank", "rank_frobenius", "dist"} <= set(local.columns)
 
-    from lowrank import runs
+    from lowrank.book import runs
 
     params = runs.resolve_parameters("sgd/rank_vs_batch_size",
                                      overrides={"sweep_table": str(local_out / "collected.csv")})
@@ -173,7 +173,7 @@ def test_ensemble_sweep_trains_a_batch_size_group_at_once(tmp_path, ci_local):
 
 @pytest.mark.parametrize("body, message", [
     ({"notebook": "gradients/decomposition", "grid": {"seed": [0]}, "ensemble": True}, "works with function"),
-    ({"function": "lowrank.train:train_point", "points": [{"model": "MLP-2-8", "dataset": "digits", "batch_size": 8,
+    ({"function": "lowrank.core.train:train_point", "points": [{"model": "MLP-2-8", "dataset": "digits", "batch_size": 8,
       "lr": 0.1, "epochs": 1}], "ensemble": "yes"}, "true or false"),
 ])
 def test_bad_ensemble_specs(tmp_path, body, message):
@@ -182,7 +182,7 @@ def test_bad_ensemble_specs(tmp_path, body, message):
 
 
 def test_train_points_refuses_members_that_differ_in_shared_settings():
-    from lowrank import train
+    from lowrank.core import train
 
     base = {"model": "MLP-2-8", "dataset": "digits", "batch_size": 8, "lr": 0.1, "epochs": 1}
     with pytest.raises(ValueError, match=r"differs from points\[0\] in \['batch_size'\]"):

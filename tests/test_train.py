@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from lowrank import datasets, spectral, train
-from lowrank.nets import mlp
+from lowrank.core import datasets, spectral, train
+from lowrank.core.nets import mlp
 
 
 def _tiny(n=96, d=6, c=3, seed=0):
@@ -62,7 +62,7 @@ def test_ensemble_equals_independent_torch_sgd(kind, loss):
 
 def test_conv_ensemble_through_vmap_equals_independent_torch_sgd():
     """Networks without `forward_stacked` (conv, ViT) train through vmap(functional_call)."""
-    from lowrank.nets import conv
+    from lowrank.core.nets import conv
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(48, 1, 8, 8, generator=g)
@@ -252,5 +252,5 @@ def test_checkpoint_resume_matches_an_uninterrupted_run(tmp_path):
     old = torch.load(ckpt, weights_only=False)
     del old["format"]  # as written before the format was recorded
     torch.save(old, ckpt)
-    with pytest.raises(ValueError, match="another version of lowrank.train"):
+    with pytest.raises(ValueError, match="another version of lowrank.core.train"):
         train.train_ensemble(make, data, runs, epochs=4, checkpoint=ckpt, **kwargs)

@@ -7,7 +7,7 @@
   global average pooling, one linear layer) (`resnet18`).
 
 `width` scales every channel count (1.0 is the paper's network). `weight_matrices()` lists every
-conv kernel, reshaped to `C_out x (C_in k k)` (`lowrank.spectral.conv_weight_as_matrix`), shortcut
+conv kernel, reshaped to `C_out x (C_in k k)` (`lowrank.core.spectral.conv_weight_as_matrix`), shortcut
 1x1 convs included, and the final linear layer flagged as the classifier.
 """
 

@@ -5,14 +5,14 @@
 - RES-L-H: a linear layer of width H, L residual blocks `z + relu(n2(W2 relu(n1(W1 z))))`, a linear
   classifier; RES-BN-L-H has BatchNorm as `n1, n2` (identity otherwise).
 
-Every network of `lowrank.nets` exposes `weight_matrices()`: its trainable weight matrices as the
+Every network of `lowrank.core.nets` exposes `weight_matrices()`: its trainable weight matrices as the
 paper counts them (conv kernels reshaped to `C_out x (C_in k k)`), each with a flag telling whether it
 is the final classifier (which the authors' code leaves out of the average rank). The helpers here
 (`WeightMatrix`, `WeightMatrixMixin`) are shared by `conv` and `vit`.
 
 Ensembles: `forward_stacked(params, buffers, x)` evaluates K networks of the same shape at once from
 parameters and buffers stacked along a leading axis (`torch.func.stack_module_state`), with batched
-matrix products and one BatchNorm call over all members' channels. `lowrank.train` uses it in place
+matrix products and one BatchNorm call over all members' channels. `lowrank.core.train` uses it in place
 of `vmap(functional_call)`, which on two CPU cores spends most of a small MLP's step in per-layer
 dispatch; it computes the same function (tested against each member's own `forward`).
 """
@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..spectral import conv_weight_as_matrix
+from lowrank.core.spectral import conv_weight_as_matrix
 
 __all__ = [
     "WeightMatrix",

@@ -1,6 +1,6 @@
 """How the two-layer gradient's spikes scale, and how its direction moves during training.
 
-The helpers of Part I's pages beyond the decomposition itself (`lowrank.gradients`):
+The helpers of Part I's pages beyond the decomposition itself (`lowrank.gradients.decomposition`):
 
 - scaling (Prop. 4.1): `term_norms` (spectral norms of `S1, S12, S2, E, G`), `loglog_slope`
   (least-squares exponent of a power law), `residue_alignment` and `beta_hat` (Assumption 6);
@@ -11,7 +11,7 @@ The helpers of Part I's pages beyond the decomposition itself (`lowrank.gradient
   (MF and NTK from one initialisation, with the principal angles between their weights) and
   `initial_alignments` (Fig. 4's alignments of the initial gradient).
 
-Every function works in float64 on the CPU tensors `lowrank.data` produces.
+Every function works in float64 on the CPU tensors `lowrank.core.data` produces.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from typing import Mapping, NamedTuple
 import numpy as np
 import torch
 
-from ._checks import as_tensor, check_choice, check_positive
-from .data import generator, single_index_target, spiked_gaussian
-from .gradients import Decomposition, loss_function
-from .nets import activation as get_activation
-from .nets import gamma_m, normalize_rows, outer_weights, sphere_rows, two_layer_forward
-from .spectral import alignment, principal_angles
+from lowrank.core.validation import as_tensor, check_choice, check_positive
+from lowrank.core.data import generator, single_index_target, spiked_gaussian
+from lowrank.gradients.decomposition import Decomposition, loss_function
+from lowrank.core.nets import activation as get_activation
+from lowrank.core.nets import gamma_m, normalize_rows, outer_weights, sphere_rows, two_layer_forward
+from lowrank.core.spectral import alignment, principal_angles
 
 __all__ = [
     "SlopeFit",

@@ -35,11 +35,11 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
-from ._checks import as_tensor, check_choice, check_positive
-from .data import SpikedData, generator, spiked_gaussian, triple_index_target
-from .nets import activation as get_activation
-from .nets import gamma_m, outer_weights, sphere_rows, two_layer_forward, weight_structure
-from .spectral import alignment, count_outliers, leading_left_vectors, singular_values
+from lowrank.core.validation import as_tensor, check_choice, check_positive
+from lowrank.core.data import SpikedData, generator, spiked_gaussian, triple_index_target
+from lowrank.core.nets import activation as get_activation
+from lowrank.core.nets import gamma_m, outer_weights, sphere_rows, two_layer_forward, weight_structure
+from lowrank.core.spectral import alignment, count_outliers, leading_left_vectors, singular_values
 
 __all__ = [
     "Loss",

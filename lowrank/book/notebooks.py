@@ -85,7 +85,7 @@ def execute(name: str, output: Path, parameters: dict | None = None, figure_dir:
     import papermill
 
     # papermill's own reading of the parameter cell trips over our rule comments ({min: 0}) and
-    # warns "Passed unknown parameter"; parameters are validated by lowrank.runs instead.
+    # warns "Passed unknown parameter"; parameters are validated by lowrank.book.runs instead.
     logging.getLogger("papermill.translators").setLevel(logging.ERROR)
     if parameters:
         logging.getLogger("papermill").setLevel(logging.ERROR)
@@ -151,7 +151,7 @@ def _parse_text(text: str):
 
 
 def verdicts(nb) -> dict:
-    """`{verdict name: record dict}` glued by `lowrank.verdicts.record`."""
-    from .verdicts import GLUE_PREFIX
+    """`{verdict name: record dict}` glued by `lowrank.book.verdicts.record`."""
+    from lowrank.book.verdicts import GLUE_PREFIX
 
     return {k[len(GLUE_PREFIX):]: v for k, v in glued_values(nb).items() if k.startswith(GLUE_PREFIX)}

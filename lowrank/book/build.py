@@ -1,6 +1,6 @@
 """Build the book: execute every notebook at ci scale (once, cached), then Jupyter Book.
 
-    python -m lowrank.build [--jobs N] [--no-html] [--force]
+    python -m lowrank.book.build [--jobs N] [--no-html] [--force]
 
 Each notebook is executed by papermill into `_build/executed/<part>/<name>.ipynb`, keyed by a
 hash of its source *and of every module of `lowrank/` it imports, directly or not*: jupyter-cache
@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from .notebooks import REPO_ROOT, execute, source_path
+from lowrank.book.notebooks import REPO_ROOT, execute, source_path
 
 BUILD = REPO_ROOT / "_build"
 EXECUTED = BUILD / "executed"
@@ -196,8 +196,8 @@ def book_notebooks() -> list[str]:
 
 
 def write_ledger(names) -> Path:
-    from .ledger import write_ledger as write
-    from .runs import RUNS
+    from lowrank.book.ledger import write_ledger as write
+    from lowrank.book.runs import RUNS
 
     return write(REPO_ROOT / "book" / "ledger.md", {n: executed_path(n) for n in names}, RUNS, toc_files())
 

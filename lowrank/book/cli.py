@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from . import notebooks, runs
+from lowrank.book import notebooks, runs
 
 __all__ = ["main"]
 
@@ -55,7 +55,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .report import render
+    from lowrank.book.report import render
 
     out = Path(args.output)
     render([runs.load_run(f) for f in args.folders], out)
@@ -64,7 +64,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from . import sweeps
+    from lowrank.book import sweeps
 
     spec = sweeps.load_spec(args.spec, output=args.output)
     if args.collect:
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     p_sw.add_argument("--output", help="sweep folder (default runs/sweeps/<spec name>)")
     p_sw.add_argument("--collect", action="store_true", help="gather finished runs into collected.csv")
     args = ap.parse_args(argv)
-    from .sweeps import SweepError
+    from lowrank.book.sweeps import SweepError
 
     try:
         return {"list": cmd_list, "run": cmd_run, "report": cmd_report, "sweep": cmd_sweep}[args.command](args)

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ._checks import check_choice
+from lowrank.core.validation import check_choice
 
 __all__ = [
     "Dataset",

@@ -27,7 +27,7 @@ stable rank, Frobenius and spectral norms, the distance to the previous epoch `d
 loss and accuracy (evaluation mode). The result is a tidy pandas table, one row per run, epoch and
 layer; `table.attrs["seconds"]` says how long the training steps, the evaluation and the rank
 tracking took. Singular values are computed in float32 when `eps >= 1e-4` (float64 below), one call
-per group of equal-shape matrices (`lowrank.spectral.singular_values_by_shape`). A run whose loss
+per group of equal-shape matrices (`lowrank.core.spectral.singular_values_by_shape`). A run whose loss
 or weights stop being finite (checked once per epoch) is stopped with a warning; the epochs
 measured before are kept and `table.attrs["diverged"]` says where it happened.
 """
@@ -49,9 +49,9 @@ import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from ._checks import check_choice
-from .datasets import Dataset
-from .spectral import monitor_dtype, singular_values_by_shape
+from lowrank.core.validation import check_choice
+from lowrank.core.datasets import Dataset
+from lowrank.core.spectral import monitor_dtype, singular_values_by_shape
 
 __all__ = [
     "LOSSES",
@@ -106,7 +106,7 @@ def lr_at(lr0: float, epoch: int, milestones=(), gamma: float = 0.1) -> float:
 def spectrum_stats(s: torch.Tensor, eps: float, fro: torch.Tensor | None = None) -> dict:
     """Rank-like quantities from singular values `s` (..., r), descending.
 
-    Equal to `lowrank.spectral.numerical_rank(M, eps, scale=...)` and `stable_rank(M)`; a zero
+    Equal to `lowrank.core.spectral.numerical_rank(M, eps, scale=...)` and `stable_rank(M)`; a zero
     matrix (weights decayed to zero) has rank 0 and an undefined (NaN) stable rank. `fro`: the
     Frobenius norms computed from the matrices (in float64), more accurate than `||s||` when `s`
     is float32; by default `||s||`.
@@ -180,7 +180,7 @@ def _normalise_runs(runs) -> list[dict]:
 
 def _check_data(data: Dataset):
     if not isinstance(data, Dataset):
-        raise ValueError(f"data must be a lowrank.datasets.Dataset, got {type(data).__name__}")
+        raise ValueError(f"data must be a lowrank.core.datasets.Dataset, got {type(data).__name__}")
     if data.y_train.min() < 0:
         raise ValueError("labels must be class indices 0..C-1 (got negative labels; binary ±1 data needs remapping)")
 
@@ -231,7 +231,7 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, *, ba
     n_train = data.x_train.shape[0]
     if batch_size > n_train:
         raise ValueError(f"batch_size={batch_size} is larger than the training set ({n_train} samples)")
-    from .device import get_device
+    from lowrank.core.device import get_device
 
     dev = torch.device(device) if device is not None else get_device()
     K = len(runs)
@@ -241,7 +241,7 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, *, ba
         models.append(model_fn().to(dev))
     base = copy.deepcopy(models[0]).to("meta")
     if not hasattr(models[0], "weight_matrices"):
-        raise ValueError("model_fn() must return a network with weight_matrices() (see lowrank.nets)")
+        raise ValueError("model_fn() must return a network with weight_matrices() (see lowrank.core.nets)")
     specs = models[0].weight_specs()
     has_dropout = any(isinstance(m, nn.Dropout) and m.p > 0 for m in models[0].modules())
     params, buffers = stack_module_state(models)
@@ -257,7 +257,7 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, *, ba
     x_tr, y_tr = data.x_train.to(dev), data.y_train.to(dev)
     x_te, y_te = data.x_test.to(dev), data.y_test.to(dev)
 
-    if hasattr(base, "forward_stacked"):  # batched products, far less dispatch than vmap (lowrank.nets.mlp)
+    if hasattr(base, "forward_stacked"):  # batched products, far less dispatch than vmap (lowrank.core.nets.mlp)
         def member_logits(p, b, x):
             return base.forward_stacked(p, b, x)
 
@@ -371,7 +371,7 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, *, ba
     if checkpoint is not None and Path(checkpoint).is_file():
         saved = torch.load(checkpoint, map_location=dev, weights_only=False)
         if saved.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"checkpoint {checkpoint} was written by another version of lowrank.train "
+            raise ValueError(f"checkpoint {checkpoint} was written by another version of lowrank.core.train "
                              f"(format {saved.get('format')}, this one reads {CHECKPOINT_FORMAT}); remove it")
         if saved["identity"] != identity:
             raise ValueError(f"checkpoint {checkpoint} belongs to other runs or another batch size; "
@@ -488,7 +488,7 @@ def train_point(*, model: str, dataset: str, batch_size: int, lr: float, epochs:
                 augment: bool = False, seed: int = 0, data_root: str = "", cnn_width: float = 1.0,
                 vit_dim: int = 512, vit_depth: int = 6, checkpoint: str = "", checkpoint_every: int = 10,
                 eval_every: int = 1, mixed_precision: bool = False) -> pd.DataFrame:
-    """One training run named by plain values (a sweep point, see `lowrank.sweeps`): the model by
+    """One training run named by plain values (a sweep point, see `lowrank.book.sweeps`): the model by
     its paper name (e.g. "MLP-BN-10-100", "ResNet-18"), the data set by name. Returns the tidy monitor table.
     With `checkpoint` (a file path) a killed long run resumes where its last checkpoint left it."""
     return train_points([dict(locals())])[0]
@@ -505,8 +505,8 @@ def train_points(points: list[dict]) -> list[pd.DataFrame]:
     import hashlib
     import inspect
 
-    from .datasets import load
-    from .nets import zoo
+    from lowrank.core.datasets import load
+    from lowrank.core.nets import zoo
 
     if not points:
         raise ValueError("points is empty")

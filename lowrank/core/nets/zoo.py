@@ -6,7 +6,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..datasets import Dataset
+from lowrank.core.datasets import Dataset
 from . import conv, mlp, vit
 
 __all__ = ["for_data"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 import yaml
 
-from .notebooks import REPO_ROOT, list_notebooks, verdicts
+from lowrank.book.notebooks import REPO_ROOT, list_notebooks, verdicts
 
 __all__ = ["CLAIMS", "ledger_rows", "ledger_markdown", "write_ledger"]
 

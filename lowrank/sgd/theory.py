@@ -11,7 +11,7 @@
   `W_{t+1} = (1 - 2 mu lambda) W_t - mu grad L_batch(W_t)` (the paper's `lambda ||W||^2` penalty),
   for every `k < t`, `min_{rank W <= N B k} || W_t/||W_t|| - W || <= (1 - 2 mu lambda)^k ||W_{t-k}|| / ||W_t||`.
   `rank_bound_check` runs that SGD in float64, stores every iterate's norm, and evaluates both sides
-  exactly: the left by Eckart-Young (`lowrank.spectral.rank_k_error`) in the same norm.
+  exactly: the left by Eckart-Young (`lowrank.core.spectral.rank_k_error`) in the same norm.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from . import spectral
-from ._checks import check_choice
-from .train import loss_value
+from lowrank.core import spectral
+from lowrank.core.validation import check_choice
+from lowrank.core.train import loss_value
 
 __all__ = ["patch_counts", "per_sample_gradients", "gradient_ranks", "batch_gradient_ranks", "plain_sgd",
            "rank_bound_check"]
@@ -34,7 +34,7 @@ __all__ = ["patch_counts", "per_sample_gradients", "gradient_ranks", "batch_grad
 
 def _weight_names(model) -> list[tuple[str, bool]]:
     if not hasattr(model, "weight_specs"):
-        raise ValueError(f"{type(model).__name__} has no weight_specs(); use a network of lowrank.nets")
+        raise ValueError(f"{type(model).__name__} has no weight_specs(); use a network of lowrank.core.nets")
     return model.weight_specs()
 
 

@@ -14,7 +14,7 @@ from typing import Callable, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .._checks import as_tensor, check_choice
+from lowrank.core.validation import as_tensor, check_choice
 
 __all__ = [
     "Activation",

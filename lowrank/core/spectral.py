@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from ._checks import as_tensor, check_choice
+from lowrank.core.validation import as_tensor, check_choice
 
 __all__ = [
     "singular_values",

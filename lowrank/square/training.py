@@ -1,4 +1,4 @@
-"""Training `rho * f_V` (`lowrank.nets.normalized`) with the square loss and weight decay on rho,
+"""Training `rho * f_V` (`lowrank.core.nets.normalized`) with the square loss and weight decay on rho,
 as in the square-loss paper (Xu et al. 2023):
 
     L(rho, V) = (1/N) sum_n || rho f_V(x_n) - t_n ||^2 + lambda rho^2,
@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
-from . import collapse, spectral
-from . import datasets
-from .datasets import Dataset
-from .device import get_device
+from lowrank.square import collapse
+from lowrank.core import spectral
+from lowrank.core import datasets
+from lowrank.core.datasets import Dataset
+from lowrank.core.device import get_device
 
 __all__ = ["TrainingDiverged", "SquareRun", "prepare", "load_task", "train_targets", "train_square"]
 
@@ -197,7 +198,7 @@ def train_square(model, ds: Dataset, *, epochs: int, lr: float, weight_decay: fl
     if on_nan not in ("raise", "stop"):
         raise ValueError(f"on_nan must be 'raise' or 'stop', got {on_nan!r}")
     if not hasattr(model, "outputs_and_features"):
-        raise TypeError("model must be a lowrank.nets.normalized.NormalizedNet")
+        raise TypeError("model must be a lowrank.core.nets.normalized.NormalizedNet")
     device = torch.device(device) if device is not None else get_device()
     model = model.to(device=device, dtype=dtype)
     lam = float(weight_decay)

@@ -38,7 +38,7 @@ import math
 
 import torch
 
-from ._checks import as_tensor, check_positive
+from lowrank.core.validation import as_tensor, check_positive
 
 __all__ = [
     "NC_KEYS",

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..spectral import conv_weight_as_matrix
+from lowrank.core.spectral import conv_weight_as_matrix
 
 __all__ = [
     "NormalizedLayer",

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 
 
-from ._checks import as_tensor, check_positive
+from lowrank.core.validation import as_tensor, check_positive
 
 __all__ = [
     "golowich_rademacher",

@@ -11,7 +11,7 @@ A sweep spec is a YAML file:
     points:                               # ... or/and an explicit list of points
       - {batch_size: 128, seed: 0}
     resources: {num_cpus: 1, num_gpus: 0} # per run (per ensemble), for Ray
-    ensemble: true                        # function lowrank.train:train_point only: points that
+    ensemble: true                        # function lowrank.core.train:train_point only: points that
                                           # differ only in lr, weight_decay, momentum, seed train
                                           # together as one ensemble (one task, one folder per point)
 
@@ -36,14 +36,14 @@ from pathlib import Path
 
 import yaml
 
-from . import notebooks, runs
+from lowrank.book import notebooks, runs
 
 __all__ = ["SweepSpec", "SweepError", "load_spec", "run_sweep", "collect", "EXECUTORS", "ENSEMBLE_FUNCTIONS"]
 
 EXECUTORS = ("local", "ray")
 # point function -> the function training several points at once; the keys its points may differ in
 # are its module's ENSEMBLE_KEYS
-ENSEMBLE_FUNCTIONS = {"lowrank.train:train_point": "lowrank.train:train_points"}
+ENSEMBLE_FUNCTIONS = {"lowrank.core.train:train_point": "lowrank.core.train:train_points"}
 
 
 class SweepError(ValueError):
@@ -161,9 +161,9 @@ def execute_point(target_kind: str, target: str, params, folder, threads: int = 
 
     Every run uses `threads` CPU threads whatever the executor (Ray would otherwise give 1, a local
     process all cores), so that both executors give bit-identical results."""
-    import torch
+    from lowrank.core.device import reproducible
 
-    torch.set_num_threads(threads)
+    reproducible(cpu_threads=threads)
     os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by a notebook's kernel
     if target_kind == "ensemble":
         start = time.time()

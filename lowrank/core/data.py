@@ -10,8 +10,8 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import as_tensor, check_choice, check_positive
-from .nets import ACTIVATIONS, activation
+from lowrank.core.validation import as_tensor, check_choice, check_positive
+from lowrank.core.nets import ACTIVATIONS, activation
 
 __all__ = ["SpikedData", "spiked_gaussian", "single_index_target", "triple_index_target", "generator"]
 

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-__all__ = ["get_device", "describe_device", "deterministic"]
+__all__ = ["get_device", "describe_device", "deterministic", "reproducible"]
 
 
 def get_device() -> torch.device:
@@ -28,7 +28,7 @@ def describe_device(device: torch.device | None = None) -> str:
 
 
 def deterministic() -> None:
-    """Make torch choose deterministic kernels (called when `lowrank` is imported).
+    """Make torch choose deterministic kernels (called by `reproducible`; importing changes nothing).
 
     On the CPU this makes a seeded run repeat bit for bit. On CUDA, cuBLAS also needs
     CUBLAS_WORKSPACE_CONFIG set before its first use (done here when unset); a few GPU kernels have
@@ -46,3 +46,20 @@ def deterministic() -> None:
     # deterministic mode also fills every new tensor with NaN before its kernel writes it (2-3 %
     # of a CPU training step); no code here reads memory it has not written, so skip the fill.
     torch.utils.deterministic.fill_uninitialized_memory = False
+
+
+def reproducible(seed: int | None = None, *, cpu_threads: int | None = None) -> None:
+    """The explicit start of every notebook and runner: deterministic kernels, then (on the CPU)
+    `cpu_threads` threads when given, then torch's global seed when given.
+
+    Parameters
+    ----------
+    seed : torch's global seed (functions that take a `generator` do not read it).
+    cpu_threads : threads for CPU kernels; one thread is faster for the book's small tensors and
+        fixes the summation order. Ignored when CUDA is present.
+    """
+    deterministic()
+    if cpu_threads is not None and not torch.cuda.is_available():
+        torch.set_num_threads(cpu_threads)
+    if seed is not None:
+        torch.manual_seed(seed)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import yaml
 
-from . import notebooks
+from lowrank.book import notebooks
 
 __all__ = ["ParameterSpec", "ParameterError", "parameter_specs", "resolve_parameters", "run_hash", "run", "RUNS"]
 
@@ -217,7 +217,7 @@ def run(name: str, params: dict, *, force: bool = False, runs_root: Path | None 
 
     Returns `(folder, reused)`. An existing complete folder is reused unless `force`.
     """
-    from .device import describe_device
+    from lowrank.core.device import describe_device
 
     root = Path(runs_root) if runs_root is not None else RUNS
     final = root / name / run_hash(name, params)
@@ -231,7 +231,7 @@ def run(name: str, params: dict, *, force: bool = False, runs_root: Path | None 
         started = dt.datetime.now(dt.timezone.utc)
         t0 = time.time()
         values = notebooks.execute(name, tmp / "notebook.ipynb", parameters=params, figure_dir=tmp / "figures")
-        from .verdicts import GLUE_PREFIX
+        from lowrank.book.verdicts import GLUE_PREFIX
 
         found = {k[len(GLUE_PREFIX):]: v for k, v in values.items() if k.startswith(GLUE_PREFIX)}
         (tmp / "verdicts.json").write_text(json.dumps(found, indent=2, sort_keys=True))

@@ -1,0 +1,1 @@
+"""The book machinery: building, running and sweeping notebooks, verdicts, the ledger, plots."""

@@ -1,0 +1,1 @@
+"""The shared layer: validation, spectral quantities, data, networks, training primitives."""

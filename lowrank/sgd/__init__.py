@@ -1,0 +1,1 @@
+"""Part II: SGD with weight decay trains low-rank networks (Galanti, Siegel, Gupte, Poggio)."""

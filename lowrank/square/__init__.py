@@ -1,0 +1,1 @@
+"""Part III: square-loss dynamics of weight-normalised networks (Xu, Rangamani, Liao, Galanti, Poggio)."""
