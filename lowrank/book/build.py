@@ -28,7 +28,7 @@ BUILD = REPO_ROOT / "_build"
 EXECUTED = BUILD / "executed"
 FIGURES = BUILD / "figures"
 CACHE = BUILD / ".jupyter_cache"
-PACKAGE = Path(__file__).resolve().parent
+PACKAGE = Path(__file__).resolve().parents[1]  # lowrank/
 
 
 def _module_file(module: str) -> Path | None:

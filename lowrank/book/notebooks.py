@@ -27,7 +27,7 @@ __all__ = [
     "verdicts",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_ROOT = REPO_ROOT / "notebooks"
 
 
