@@ -49,8 +49,9 @@ def cmd_run(args) -> int:
     folder, reused = runs.run(args.name, params, force=args.force)
     print(f"{'reused' if reused else 'wrote'} {folder}")
     for v in runs.load_run(folder)["verdicts"].values():
-        print(f"  {v['claim']} {v['name']}: {v['measured']:.4g} (expects {v['expected']}; "
-              f"{'agrees' if v['agrees'] else 'DISAGREES'})")
+        controls = "".join(f"; control {c['name']}: {c['value']:.4g}" for c in v.get("controls", []))
+        print(f"  {v['claim']} {v['kind']} {v['name']}: {v['measured']:.4g}{controls} (expects {v['expected']}: "
+              f"{v['outcome']})")
     return 0
 
 

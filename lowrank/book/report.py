@@ -43,7 +43,8 @@ def render(loaded: list[dict], out: Path) -> Path:
         v = r["verdicts"].get(k)
         if v is None:
             return ""
-        mark = "agrees" if v["agrees"] else "<span class='no'>disagrees</span>"
+        good = v["outcome"] in ("agrees", "holds")
+        mark = html.escape(v["outcome"]) if good else f"<span class='no'>{html.escape(v['outcome'])}</span>"
         return f"{_cell(v['measured'])} ({mark})<br><small>expects {html.escape(v['expected'])}</small>"
 
     table("Verdicts", [(k, [verdict(r, k) for r in loaded]) for k in vkeys])

@@ -351,7 +351,7 @@ def collect(spec: SweepSpec):
             df = pd.json_normalize(json.loads((folder / "results.json").read_text()))
         else:
             verdicts = json.loads((folder / "verdicts.json").read_text())
-            df = pd.DataFrame([{"verdict": k, "measured": v["measured"], "agrees": v["agrees"]}
+            df = pd.DataFrame([{"verdict": k, "measured": v["measured"], "outcome": v["outcome"]}
                                for k, v in verdicts.items()])
         for k, v in reversed(list(flat.items())):
             if k not in df.columns:

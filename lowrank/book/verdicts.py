@@ -1,37 +1,130 @@
-"""Verdicts: a measured number set against what the paper claims, glued into the notebook.
+"""Verdicts: a measured number set against what a paper states, glued into the notebook.
 
-A notebook calls `record(...)` once per verdict. The record is glued (myst-nb `glue`) twice:
-under its name, the measured value (for `{glue:text}` in prose), and under `verdict.<name>`, the
-whole record as JSON text (read back by the claims ledger and the golden-value tests).
+Two kinds, kept apart in the ledger:
+
+- a **check** must hold whatever the data (an identity, a closed form against autograd, a theorem's
+  inequality). Outcome `holds` or `fails`; a failure is a bug.
+- a **claim** is an empirical statement of a paper that could come out either way. It is measured
+  beside a negative control: the same statistic for a trivial predictor or null model (a constant
+  predictor, shuffled labels, the untrained network, a wrong budget, the reversed ordering), judged
+  by the same threshold. Outcomes:
+  `agrees` (the claim meets the threshold, no control does), `disagrees` (the claim misses it),
+  `uninformative` (the claim meets it but so does a control: not evidence) and `needs paper scale`
+  (a claim the paper makes only at its own sizes, measured at ci scale for information).
+
+Every threshold carries its origin (a number the paper reports, an exponent it states, an effect
+size fixed in advance), never the observed value. Runs left out of a statistic (diverged, not
+fitted) are counted in the record.
+
+A notebook calls `check(...)` or `claim(...)` once per verdict; each record is glued (myst-nb `glue`)
+under its name (the measured value, for `{glue:text}` in prose), under `<name>.control` (a claim's
+first control value) and under `verdict.<name>` (the whole record as JSON, read by the ledger and
+the golden tests).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import operator
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["Verdict", "record", "show", "summary", "GLUE_PREFIX"]
+__all__ = ["Threshold", "Control", "Excluded", "Verdict", "check", "claim", "show", "summary", "GLUE_PREFIX",
+           "OUTCOMES", "CHECK_OUTCOMES", "CLAIM_OUTCOMES", "record"]
 
 GLUE_PREFIX = "verdict."
+CHECK_OUTCOMES = ("holds", "fails")
+CLAIM_OUTCOMES = ("agrees", "disagrees", "uninformative", "needs paper scale")
+OUTCOMES = CHECK_OUTCOMES + CLAIM_OUTCOMES
+_OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """`measured <op> value` (or `low <= measured <= high` for op "between"), and where it comes from.
+
+    origin: e.g. "paper l.83: rank two for nu in [1/4, 1/2)", "Prop. 4.1 exponent",
+    "effect size fixed in advance: a 20 % narrowing", "identity (float64 round-off)".
+    """
+
+    op: str
+    value: float | tuple[float, float]
+    origin: str
+
+    def __post_init__(self):
+        if self.op not in (*_OPS, "between"):
+            raise ValueError(f"op must be one of {sorted(_OPS) + ['between']}, got {self.op!r}")
+        if self.op == "between":
+            low, high = self.value
+            if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+                raise ValueError(f"a 'between' threshold needs finite low <= high, got {self.value}")
+            object.__setattr__(self, "value", (float(low), float(high)))
+        elif not math.isfinite(self.value):
+            raise ValueError(f"threshold value must be finite, got {self.value}")
+        else:
+            object.__setattr__(self, "value", float(self.value))
+        if not str(self.origin).strip():
+            raise ValueError("a threshold needs its origin (a paper's number, an exponent, an effect size fixed in advance)")
+
+    def met(self, x: float) -> bool:
+        """Whether `x` meets the threshold; NaN never does."""
+        x = float(x)
+        if math.isnan(x):
+            return False
+        if self.op == "between":
+            return self.value[0] <= x <= self.value[1]
+        return bool(_OPS[self.op](x, self.value))
+
+    def text(self) -> str:
+        if self.op == "between":
+            return f"in [{self.value[0]:.4g}, {self.value[1]:.4g}]"
+        return f"{self.op} {self.value:.4g}"
+
+
+@dataclass(frozen=True)
+class Control:
+    """A negative control: `value` is the claim's statistic for a trivial predictor or null model."""
+
+    name: str
+    value: float
+
+    def __post_init__(self):
+        object.__setattr__(self, "value", float(self.value))
+
+
+@dataclass(frozen=True)
+class Excluded:
+    """Runs left out of the statistic: `count` of `total`, and why (e.g. "diverged", "train acc at chance")."""
+
+    count: int
+    total: int
+    reason: str
+
+    def __post_init__(self):
+        if not 0 <= self.count <= self.total:
+            raise ValueError(f"excluded count must be in [0, total], got {self.count} of {self.total}")
 
 
 @dataclass(frozen=True)
 class Verdict:
     name: str  # identifier, e.g. "identity_residual"
-    claim: str  # CLAIMS.md id, e.g. "I-1"
+    claim: str  # claims-table id (book/claims.yaml), e.g. "I-1"
+    kind: str  # "check" or "claim"
     measured: float
-    expected: str  # the paper's expectation, in words / as an inequality
-    agrees: bool
+    expected: str  # the statement and its threshold, in words
+    threshold: dict  # Threshold as a dict: op, value, origin
+    outcome: str  # one of OUTCOMES
     scale: str  # "ci" or "paper"
+    controls: list = field(default_factory=list)  # [{name, value, passes}]
+    excluded: dict | None = None  # {count, total, reason}
     description: str = ""
-    note: str = ""  # e.g. why a claim needs the paper scale
+    note: str = ""
     details: dict = field(default_factory=dict)
 
-    def __post_init__(self):
-        if not isinstance(self.agrees, bool):
-            object.__setattr__(self, "agrees", bool(self.agrees))
-        object.__setattr__(self, "measured", float(self.measured))
+    @property
+    def agrees(self) -> bool:
+        """Counted as agreement: a check that holds or a claim that agrees."""
+        return self.outcome in ("holds", "agrees")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -39,26 +132,76 @@ class Verdict:
     def rounded(self, digits: int = 3) -> str:
         """The verdict as one line, stable across reruns: values at round-off level (|m| < 1e-10)
         print as such, since their digits depend on the summation order (thread count)."""
-        m = self.measured
-        if not math.isfinite(m):
-            value = str(m)
-        elif abs(m) < 1e-10:
-            value = "round-off (< 1e-10)"
-        else:
-            value = f"{m:.{digits}g}"
-        return f"{self.claim} {self.name}: {value} ({'agrees' if self.agrees else 'DISAGREES'})"
+        parts = [f"{self.claim} {self.kind} {self.name}: {_round(self.measured, digits)}"]
+        parts += [f"control {c['name']}: {_round(c['value'], digits)}" for c in self.controls]
+        return "; ".join(parts) + f" ({self.outcome})"
+
+
+def _round(x: float, digits: int) -> str:
+    if not math.isfinite(x):
+        return str(x)
+    return "round-off (< 1e-10)" if abs(x) < 1e-10 else f"{x:.{digits}g}"
+
+
+def _finite(name: str, measured) -> float:
+    m = float(measured)
+    if not math.isfinite(m):
+        raise ValueError(f"verdict {name}: measured value is {m}; a verdict needs a number (too few runs left?)")
+    return m
+
+
+def check(name, *, claim, measured, threshold: Threshold, expected, scale, description="", note="",
+          details=None) -> Verdict:
+    """A statement that must hold whatever the data; `threshold.origin` says which identity or theorem."""
+    m = _finite(name, measured)
+    v = Verdict(name, claim, "check", m, expected, asdict(threshold), "holds" if threshold.met(m) else "fails",
+                scale, [], None, description, note, dict(details or {}))
+    return _glue(v)
+
+
+def claim(name, *, claim, measured, threshold: Threshold, controls, expected, scale, excluded: Excluded | None = None,
+          paper_scale_only=False, description="", note="", details=None) -> Verdict:
+    """An empirical statement of a paper, judged beside its negative control(s) by the same threshold.
+
+    controls: a Control or a list of them (at least one). paper_scale_only: the paper claims it only
+    at its own sizes, so at ci scale the outcome is "needs paper scale" whatever the number.
+    """
+    m = _finite(name, measured)
+    controls = [controls] if isinstance(controls, Control) else list(controls)
+    if not controls or not all(isinstance(c, Control) for c in controls):
+        raise ValueError(f"claim {name} needs at least one Control (a trivial predictor or null model)")
+    recorded = [{"name": c.name, "value": c.value, "passes": threshold.met(c.value)} for c in controls]
+    if paper_scale_only and scale != "paper":
+        outcome = "needs paper scale"
+    elif not threshold.met(m):
+        outcome = "disagrees"
+    elif any(c["passes"] for c in recorded):
+        outcome = "uninformative"
+    else:
+        outcome = "agrees"
+    v = Verdict(name, claim, "claim", m, expected, asdict(threshold), outcome, scale, recorded,
+                asdict(excluded) if excluded else None, description, note, dict(details or {}))
+    return _glue(v)
 
 
 def record(name, *, claim, measured, expected, agrees, scale, description="", note="", details=None) -> Verdict:
-    """Build a Verdict and glue it (inside a notebook); returns it for display."""
-    v = Verdict(name, claim, measured, expected, agrees, scale, description, note, dict(details or {}))
+    """Legacy verdict of a notebook not yet converted to `check` / `claim`: kind "legacy", no control,
+    no threshold origin. The ledger lists it apart and never counts it as evidence."""
+    v = Verdict(name, claim, "legacy", float(measured), expected, {"op": "legacy", "value": None, "origin": "not stated"},
+                "agrees" if agrees else "disagrees", scale, [], None, description, note, dict(details or {}))
+    return _glue(v)
+
+
+def _glue(v: Verdict) -> Verdict:
     text = _JsonText(json.dumps(v.as_dict()))  # fails now, not in the ledger, if details are not JSON-able
     try:
         from myst_nb import glue
     except ImportError:  # outside a book build the record is still returned
         return v
-    glue(name, v.measured, display=False)
-    glue(GLUE_PREFIX + name, text, display=False)
+    glue(v.name, v.measured, display=False)
+    if v.controls:
+        glue(f"{v.name}.control", v.controls[0]["value"], display=False)
+    glue(GLUE_PREFIX + v.name, text, display=False)
     return v
 
 
@@ -74,20 +217,24 @@ def summary(verdicts, digits: int = 3) -> str:
     return "\n".join(v.rounded(digits) for v in verdicts)
 
 
+def _cell(text) -> str:
+    """Table-safe text: a pipe would split a Markdown table cell."""
+    return str(text).replace("|", "\\|")
+
+
 def show(verdicts):
-    """Display the verdict box that ends every notebook."""
+    """Display the verdict table that ends every notebook: claims first, then checks."""
     from IPython.display import Markdown, display
 
-    rows = [
-        "| claim | verdict | measured | paper expects | agrees |",
-        "|---|---|---|---|---|",
-    ]
-    for v in verdicts:
-        rows.append(
-            f"| {v.claim} | {v.description or v.name} | {v.measured:.4g} | {v.expected} | "
-            f"{'yes' if v.agrees else '**no**'} |"
-        )
+    rows = ["| | kind | verdict | measured | control | expects (origin) | outcome |", "|---|---|---|---|---|---|---|"]
+    for v in sorted(verdicts, key=lambda v: v.kind != "claim"):
+        control = "; ".join(f"{c['name']}: {c['value']:.4g}" for c in v.controls) or "—"
+        thr = v.threshold
+        rows.append(f"| {v.claim} | {v.kind} | {_cell(v.description or v.name)} | {v.measured:.4g} | {_cell(control)} | "
+                    f"{_cell(v.expected)} ({_cell(thr['origin'])}) | {v.outcome if v.agrees else '**' + v.outcome + '**'} |")
     notes = [f"- *{v.name}*: {v.note}" for v in verdicts if v.note]
+    notes += [f"- *{v.name}*: {v.excluded['count']} of {v.excluded['total']} runs left out ({v.excluded['reason']})"
+              for v in verdicts if v.excluded and v.excluded["count"]]
     scale = ", ".join(sorted({v.scale for v in verdicts}))
     text = f"**Verdict** (scale: {scale})\n\n" + "\n".join(rows) + ("\n\n" + "\n".join(notes) if notes else "")
     display(Markdown(text))

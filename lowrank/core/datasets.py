@@ -17,6 +17,7 @@ import torch
 from lowrank.core.validation import check_choice
 
 __all__ = [
+    "DEFAULT_DATA_ROOT",
     "Dataset",
     "DATASETS",
     "load",
@@ -28,6 +29,9 @@ __all__ = [
     "random_labels",
     "one_hot",
 ]
+
+
+DEFAULT_DATA_ROOT = "data"  # where MNIST / CIFAR-10 are read from unless a notebook's `data_root` says otherwise
 
 
 class Dataset(NamedTuple):
