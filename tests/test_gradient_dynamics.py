@@ -329,3 +329,25 @@ def test_relu_sign_structure_for_a_huge_spike_and_a_planted_case():
     assert out["align_left"] > 0.99 and out["align_right"] > 0.99 and out["relative_error"] < 0.2
     with pytest.raises(ValueError, match="z must have"):
         gd.relu_sign_structure(X, W, z[:-1], q)
+
+
+def test_single_index_draw_is_seeded_and_shaped():
+    data, omega, y, W, a = gd.single_index_draw(30, 20, 25, nu=0.25, seed=3)
+    again = gd.single_index_draw(30, 20, 25, nu=0.25, seed=3)
+    torch.testing.assert_close(y, again[2])
+    assert data.X.shape == (30, 20) and W.shape == (25, 20) and a.shape == (25,)
+    assert float(omega.norm()) == pytest.approx(1.0)
+    torch.testing.assert_close(W.norm(dim=1), torch.ones(25, dtype=torch.float64))
+    assert data.zeta == pytest.approx(30**0.25)
+
+
+def test_rank_one_statistics_against_svd():
+    p = small_problem(nu=0.75)
+    s, row = gd.rank_one_statistics(p)
+    dec = decomposition.decompose_problem(p)
+    sv = torch.linalg.svdvals(dec.G)
+    torch.testing.assert_close(s, sv)
+    assert row["s2_over_s1"] == pytest.approx(float(sv[1] / sv[0]))
+    assert row["S1_over_G"] == pytest.approx(float(torch.linalg.svdvals(dec.S1)[0] / sv[0]), rel=1e-10)
+    assert row["norm_S12_S2"] == pytest.approx(float(torch.linalg.svdvals(dec.S12 + dec.S2)[0]), rel=1e-10)
+    assert 0 <= row["align_u1_q"] <= 1 and row["mu_median"] == pytest.approx(float(dec.mu.median()))

@@ -216,3 +216,20 @@ def test_real_problem_on_digits():
         decomposition.real_problem(X, y[:-1], width=10, activation="tanh")
     with pytest.raises(ValueError, match="labels y in"):
         decomposition.real_problem(X, y * 2, width=10, activation="tanh", loss="logistic")
+
+
+def test_real_data_matrix_on_digits():
+    from lowrank.core import datasets
+
+    X, y = decomposition.real_data_matrix("digits", max_samples=100)
+    ds = datasets.digits(standardize=False)
+    assert X.shape == (100, 64) and X.dtype == torch.float64
+    torch.testing.assert_close(X, torch.as_tensor(ds.x_train[:100]).reshape(100, -1).double())
+    want = torch.where(torch.as_tensor(ds.y_train[:100]) >= 5, 1.0, -1.0).double()
+    torch.testing.assert_close(y, want)
+    Xs, _ = decomposition.real_data_matrix("digits", max_samples=100, standardize=True)
+    assert float(Xs.mean(0).abs().max()) < 1e-12
+    with pytest.raises(ValueError, match="dataset"):
+        decomposition.real_data_matrix("cifar10")
+    with pytest.raises(FileNotFoundError):
+        decomposition.real_data_matrix("mnist", data_root="/nonexistent/folder")

@@ -74,6 +74,8 @@ __all__ = [
     "estimate_nu_alpha",
     "spike_split",
     "real_problem",
+    "REAL_DATASETS",
+    "real_data_matrix",
     # Remark 1: convolution
     "conv1d_weight_matrix",
     "conv1d_forward",
@@ -703,6 +705,50 @@ def real_problem(X, y, *, width: int, activation: str, scaling: str = "ntk", los
     W = sphere_rows(width, X.shape[1], seed + 3)
     a = outer_weights(width, seed + 4)
     return SpikedProblem(data, y, W, a, gamma_m(width, scaling), activation, loss)
+
+
+REAL_DATASETS = frozenset({"digits", "mnist1d", "mnist"})
+
+
+def real_data_matrix(name: str, *, data_root=None, max_samples: int = 4000, standardize: bool = False,
+                     positive_classes=(5, 6, 7, 8, 9)):
+    """Training inputs of a real data set as an n x d float64 matrix and +-1 targets (Fig. 8's inputs).
+
+    Parameters
+    ----------
+    name : "digits" (scikit-learn), "mnist1d" (generated) or "mnist" (the four IDX files read from
+        `data_root`; nothing is downloaded). data_root : folder of the MNIST files, default
+        `lowrank.core.datasets.DEFAULT_DATA_ROOT`. max_samples : at most this many training inputs.
+    standardize : False keeps the raw inputs (pixel values in [0, 1], MNIST-1D as generated); True
+        z-scores every feature. positive_classes : labels mapped to y = +1, the others to -1.
+
+    Returns
+    -------
+    `(X, y)`: X of shape n x d (flattened inputs), y of shape (n,) in {-1, +1}. Raises
+    FileNotFoundError when the MNIST files are not in `data_root`.
+    """
+    from pathlib import Path
+
+    from lowrank.core import datasets
+
+    check_choice(name, "dataset", REAL_DATASETS)
+    if not isinstance(max_samples, int) or max_samples < 1:
+        raise ValueError(f"max_samples must be a positive integer, got {max_samples!r}")
+    if name == "digits":
+        ds = datasets.digits(standardize=False)
+    elif name == "mnist1d":
+        ds = datasets.mnist1d(standardize=False)
+    else:
+        root = datasets.DEFAULT_DATA_ROOT if data_root in (None, "") else data_root
+        ds = datasets.mnist(Path(root).expanduser(), normalize=False)
+    k = min(max_samples, len(ds.x_train))
+    X = torch.as_tensor(ds.x_train[:k]).reshape(k, -1).to(torch.float64)
+    if standardize:
+        std = X.std(0)
+        X = (X - X.mean(0)) / torch.where(std > 0, std, torch.ones_like(std))
+    labels = torch.as_tensor(ds.y_train[:k])
+    y = torch.where(torch.isin(labels, torch.as_tensor(list(positive_classes))), 1.0, -1.0).to(torch.float64)
+    return X, y
 
 
 # --------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import torch
 
 from lowrank.core.validation import as_tensor, check_choice, check_positive
 from lowrank.core.data import generator, single_index_target, spiked_gaussian
-from lowrank.gradients.decomposition import Decomposition, loss_function, residue_alignment
+from lowrank.gradients.decomposition import Decomposition, decompose_problem, loss_function, residue_alignment
 from lowrank.core.nets import activation as get_activation
 from lowrank.core.nets import gamma_m, normalize_rows, outer_weights, sphere_rows, two_layer_forward
 from lowrank.core.spectral import alignment, principal_angles
@@ -35,6 +35,7 @@ __all__ = [
     "loglog_slope",
     "top_singular_value",
     "term_norms",
+    "rank_one_statistics",
     "sigma_perp",
     "sigma_perp_norm",
     "relu_sign_structure",
@@ -46,6 +47,7 @@ __all__ = [
     "weight_angles",
     "scaling_comparison",
     "initial_alignments",
+    "single_index_draw",
     "direction_switch",
 ]
 
@@ -124,6 +126,31 @@ def term_norms(dec: Decomposition, *, data=None) -> dict:
     if data is not None:
         row["residue_alignment"] = residue_alignment(data.z, dec.r)
     return row
+
+
+def rank_one_statistics(problem) -> tuple[torch.Tensor, dict]:
+    """The statistics of Theorem 3.2's test on one problem's gradient (Fig. 3).
+
+    Parameters
+    ----------
+    problem : a `SpikedProblem` (`lowrank.gradients.decomposition`).
+
+    Returns
+    -------
+    `(s, row)`: the singular values of G, and `s2_over_s1` (the relative spectral error of G's best
+    rank-one approximation), `align_u1_q` and `align_u1_residue` (|cos| of u1(G) with q and with
+    X_B^T r), `EL_over_G` = ||G - S12 - S2||_2 / ||G||_2, `S1_over_G` = ||S1||_2 / ||G||_2, the median
+    `mu_j`, `norm_S12_S2` = ||S12 + S2||_2 and `norm_S1` (all dimensionless ratios or gradient units).
+    """
+    dec = decompose_problem(problem)
+    U, s, _ = torch.linalg.svd(dec.G, full_matrices=False)
+    u1 = U[:, 0]
+    norm_S1 = dec.spike_norms()["norm_S1"]
+    return s, {"s2_over_s1": float(s[1] / s[0]), "align_u1_q": alignment(u1, problem.data.q),
+               "align_u1_residue": alignment(u1, problem.data.X_B.T @ dec.r),
+               "EL_over_G": top_singular_value(dec.G - dec.S12 - dec.S2) / float(s[0]),
+               "S1_over_G": norm_S1 / float(s[0]), "mu_median": float(dec.mu.median()),
+               "norm_S12_S2": top_singular_value(dec.S12 + dec.S2), "norm_S1": norm_S1}
 
 
 # ----------------------------------------------------------------------------- ReLU (Prop. 3.1)
@@ -432,6 +459,28 @@ def scaling_comparison(X, y, W0, a, *, activation: str, steps: int, snapshot_ste
                 continue
             rows.append({"step": t, **weight_angles(A[t], B[t])})
     return runs, pd.DataFrame(rows)
+
+
+def single_index_draw(n: int, d: int, m: int, *, nu: float, seed: int, noise_std: float = 0.1,
+                      link: str = "sigmoid"):
+    """Spiked data (alpha = 0), a single-index target, `W_S` and signs `a`, all from one seed (Figs. 5, 6).
+
+    Parameters
+    ----------
+    n, d, m : samples, input dimension, width. nu : spike exponent (`zeta = n^nu`). seed : sub-seeds
+    data `seed`, omega `seed + 1`, label noise `seed + 2`, W `seed + 3`, a `seed + 4`.
+    noise_std, link : of the target `y = link(omega^T x) + noise`.
+
+    Returns
+    -------
+    `(data, omega, y, W, a)`: `SpikedData`, the unit index direction (d,), targets (n,), m x d
+    unit-norm rows, (m,) signs.
+    """
+    data = spiked_gaussian(n, d, 0.0, nu, seed)
+    omega = torch.randn(d, generator=generator(seed + 1), dtype=torch.float64)
+    omega = omega / omega.norm()
+    y = single_index_target(data.X, omega, noise_std=noise_std, seed=seed + 2, link=link)
+    return data, omega, y, sphere_rows(m, d, seed + 3), outer_weights(m, seed + 4)
 
 
 def initial_alignments(n: int, d: int, m: int, *, scaling: str, activation: str = "relu", loss: str = "mse",
