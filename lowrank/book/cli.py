@@ -43,8 +43,18 @@ def cmd_list(args) -> int:
     return 0
 
 
+def _overrides(pairs) -> dict:
+    """`-p NAME VALUE` pairs as a mapping; a name given twice is refused (which one was meant?)."""
+    out = {}
+    for k, v in pairs or []:
+        if k in out:
+            raise runs.ParameterError(f"-p {k} is given twice ({out[k]!r} and {_parse_value(v)!r}); give it once")
+        out[k] = _parse_value(v)
+    return out
+
+
 def cmd_run(args) -> int:
-    overrides = {k: _parse_value(v) for k, v in args.p or []}
+    overrides = _overrides(args.p)
     params = runs.resolve_parameters(args.name, scale=args.scale, params_file=args.params, overrides=overrides)
     folder, reused = runs.run(args.name, params, force=args.force)
     print(f"{'reused' if reused else 'wrote'} {folder}")
@@ -56,9 +66,9 @@ def cmd_run(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from lowrank.book.report import render
+    from lowrank.book.report import check_output, render
 
-    out = Path(args.output)
+    out = check_output(args.output)  # before reading any folder
     render([runs.load_run(f) for f in args.folders], out)
     print(f"wrote {out}")
     return 0
@@ -99,7 +109,8 @@ def main(argv=None) -> int:
     p_sw.add_argument("spec")
     p_sw.add_argument("--executor", choices=["local", "ray"], default="local")
     p_sw.add_argument("--address", help="Ray cluster address (default: a local Ray instance)")
-    p_sw.add_argument("--jobs", type=int, help="local executor: runs at once (default: CPU count)")
+    p_sw.add_argument("--jobs", type=int, help="local executor: runs at once, a positive number (default: CPU count "
+                      "divided by the spec's num_cpus)")
     p_sw.add_argument("--output", help="sweep folder (default runs/sweeps/<spec name>)")
     p_sw.add_argument("--collect", action="store_true", help="gather finished runs into collected.csv")
     args = ap.parse_args(argv)
@@ -107,8 +118,9 @@ def main(argv=None) -> int:
 
     try:
         return {"list": cmd_list, "run": cmd_run, "report": cmd_report, "sweep": cmd_sweep}[args.command](args)
-    except (runs.ParameterError, FileNotFoundError, SweepError) as err:
-        print(f"lowrank: error: {err}", file=sys.stderr)
+    except (notebooks.InputError, SweepError, FileNotFoundError) as err:
+        message = " ".join(str(err).split())  # one line, whatever the exception's text
+        print(f"lowrank: error: {message}", file=sys.stderr)
         return 2
 
 

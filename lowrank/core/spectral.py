@@ -77,6 +77,26 @@ def singular_values_by_shape(mats, *, dtype=None) -> list[torch.Tensor]:
     return out
 
 
+def _scale_free_singular_values(M, dtype) -> torch.Tensor:
+    """Singular values of `M` times a power of two per matrix, for the scale-free quantities (ranks).
+
+    A matrix whose largest entry is outside [tiny^(1/4), max^(1/4)] of the working dtype (e.g. 1e308
+    everywhere: its SVD overflows, its squared norms too) is first multiplied by the power of two
+    that brings that entry to [0.5, 1): exact in floating point, so the ratios of singular values
+    are those of `M`. Other matrices are left untouched (bit-identical to `singular_values`)."""
+    t = as_tensor(M, "M", dtype=None, min_ndim=2)
+    target = dtype if dtype is not None else t.dtype
+    info = torch.finfo(target)
+    big = t.abs().amax(dim=(-2, -1), keepdim=True)
+    outside = (big > info.max ** 0.25) | ((big < info.tiny ** 0.25) & (big > 0))
+    if outside.any():
+        _, exponent = torch.frexp(big.to(torch.float64))
+        shift = torch.where(outside, -exponent, torch.zeros_like(exponent)).to(torch.float64)
+        half = torch.trunc(shift / 2)  # in two steps: 2^shift alone over- or underflows for subnormals
+        t = torch.ldexp(torch.ldexp(t.to(torch.float64), half), shift - half)
+    return torch.linalg.svdvals(t.to(target))
+
+
 def _top_and_fro(s: torch.Tensor):
     top = s[..., 0]
     if (top == 0).any():
@@ -85,7 +105,8 @@ def _top_and_fro(s: torch.Tensor):
 
 
 def numerical_rank(M, eps: float = 1e-3, scale: str = "spectral", *, dtype=torch.float64):
-    """Number of singular values of `M / ||M||` above `eps`.
+    """Number of singular values of `M / ||M||` above `eps` (scale-free: right for any finite `M`,
+    1e308 or 1e-310 everywhere included).
 
     scale="spectral" divides by the largest singular value (the paper's definition);
     scale="frobenius" divides by the Frobenius norm (the authors' public code, which calls
@@ -94,7 +115,7 @@ def numerical_rank(M, eps: float = 1e-3, scale: str = "spectral", *, dtype=torch
     if not eps > 0:
         raise ValueError(f"eps must be positive, got {eps}")
     check_choice(scale, "scale", {"spectral", "frobenius"})
-    s = singular_values(M, dtype=dtype)
+    s = _scale_free_singular_values(M, dtype)
     top, fro = _top_and_fro(s)
     norm = top if scale == "spectral" else fro
     rank = (s > eps * norm.unsqueeze(-1)).sum(-1)
@@ -102,15 +123,15 @@ def numerical_rank(M, eps: float = 1e-3, scale: str = "spectral", *, dtype=torch
 
 
 def stable_rank(M, *, dtype=torch.float64):
-    """`||M||_F^2 / ||M||_2^2`."""
-    s = singular_values(M, dtype=dtype)
+    """`||M||_F^2 / ||M||_2^2` (scale-free: finite for any finite non-zero `M`)."""
+    s = _scale_free_singular_values(M, dtype)
     top, fro = _top_and_fro(s)
     return _out(fro**2 / top**2, s.ndim == 1)
 
 
 def effective_rank(M, *, dtype=torch.float64):
     """Roy and Vetterli's effective rank: `exp(H(p))` with `p = s / sum(s)` and `0 log 0 = 0`."""
-    s = singular_values(M, dtype=dtype)
+    s = _scale_free_singular_values(M, dtype)
     _top_and_fro(s)
     p = s / s.sum(-1, keepdim=True)
     plogp = torch.where(p > 0, p * torch.log(torch.where(p > 0, p, 1.0)), 0.0)
