@@ -153,28 +153,28 @@ class ParameterSpec:
     def _error(self, why: str) -> ParameterError:
         return ParameterError(f"parameter {self.name!r}: {why}; allowed: {self.describe()}")
 
-    def _scalar(self, x, kind):
-        """One value (or list element) checked against the type and the numeric rules."""
+    def _scalar(self, x, kind, what: str = ""):
+        """One value (or list element, `what` = "element ") checked against the type and the numeric rules."""
         if kind is bool:
             if not isinstance(x, bool):
-                raise self._error(f"{x!r} is not a bool")
+                raise self._error(f"{what}{x!r} is not a bool")
         elif kind is int:
             if isinstance(x, bool) or not isinstance(x, int):
-                raise self._error(f"{x!r} is not an int")
+                raise self._error(f"{what}{x!r} is not an int")
         elif kind is float:
             if isinstance(x, bool) or not isinstance(x, (int, float)):
-                raise self._error(f"{x!r} is not a number")
+                raise self._error(f"{what}{x!r} is not a number")
             if not math.isfinite(x):
-                raise self._error(f"{x!r} is not a finite number")
+                raise self._error(f"{what}{x!r} is not a finite number")
             x = float(x)
         elif kind is str:
             if not isinstance(x, str):
-                raise self._error(f"{x!r} is not a string")
+                raise self._error(f"{what}{x!r} is not a string")
         elif kind is None:
             if not isinstance(x, (bool, int, float, str)) and x is not None:
-                raise self._error(f"{x!r} is not a single value")
+                raise self._error(f"{what}{x!r} is not a single value")
             if isinstance(x, float) and not math.isfinite(x):
-                raise self._error(f"{x!r} is not a finite number")
+                raise self._error(f"{what}{x!r} is not a finite number")
         if isinstance(x, (int, float)) and not isinstance(x, bool):
             for key, bad, text in (("min", lambda b: x < b, "below the minimum"),
                                    ("gt", lambda b: x <= b, "not above"),
@@ -182,9 +182,9 @@ class ParameterSpec:
                                    ("lt", lambda b: x >= b, "not below")):
                 bound = getattr(self, key)
                 if bound is not None and bad(bound):
-                    raise self._error(f"{x!r} is {text}" + (f" {bound}" if key in ("gt", "lt") else ""))
+                    raise self._error(f"{what}{x!r} is {text}" + (f" {bound}" if key in ("gt", "lt") else ""))
         if isinstance(x, int) and not isinstance(x, bool) and abs(x) > INT_MAX:
-            raise self._error(f"{x!r} does not fit in a 64-bit integer")
+            raise self._error(f"{what}{x!r} does not fit in a 64-bit integer")
         return x
 
     def check(self, value):
@@ -200,10 +200,7 @@ class ParameterSpec:
                 raise self._error(f"{value!r} has {len(value)} elements; at most {self.max_len} allowed")
             out = []
             for x in value:
-                try:
-                    out.append(self._scalar(x, kind))
-                except ParameterError as err:
-                    raise ParameterError(str(err).replace(f": {x!r} is", f": element {x!r} is", 1)) from None
+                out.append(self._scalar(x, kind, "element "))
                 if self.items is not None and x not in self.items:
                     raise self._error(f"element {x!r} is not allowed")
             value = out
@@ -337,6 +334,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            try:
+                hash(key)
+            except TypeError:
+                raise yaml.constructor.ConstructorError(None, None, f"a key must be a name, got {key!r}",
+                                                        key_node.start_mark) from None
             if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
             seen.add(key)
