@@ -236,3 +236,15 @@ def test_kernels_start_without_the_tcp_warning(tmp_path, monkeypatch, capfd):
     monkeypatch.setattr(notebooks, "_kernel_manager_class", lambda: AsyncKernelManager)
     notebooks.execute("fixture/tiny", tmp_path / "tcp.ipynb")
     assert "without encryption" in capfd.readouterr().err
+
+
+def test_path_parameters_are_made_absolute(tmp_path, monkeypatch):
+    """A `{path: file}` parameter names an existing file, relative to the caller's folder; the kernel
+    (which runs in the notebook's folder) gets it as an absolute path."""
+    from pathlib import Path
+
+    monkeypatch.setattr(notebooks, "NOTEBOOK_ROOT", Path(__file__).parent / "fixtures" / "notebooks")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.csv").write_text("x\n1\n")
+    assert runs.resolve_parameters("fixture/tiny", overrides={"table": "t.csv"})["table"] == str(tmp_path / "t.csv")
+    assert runs.resolve_parameters("fixture/tiny")["table"] == ""

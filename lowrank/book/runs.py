@@ -21,7 +21,8 @@ comment may end with a YAML mapping stating the allowed values (`RULE_KEYS`), e.
     activations = ["tanh"]  # {items: [tanh, relu, elu]}
     # {memory_bytes: "8 * n * d * len(seeds)"}
 
-`min`/`max` are inclusive, `gt`/`lt` strict; a `type` is needed where the default does not show
+`min`/`max` are inclusive, `gt`/`lt` strict; `path: file` (or `folder`) makes a non-empty string
+name an existing file (made absolute: the kernel runs in the notebook's folder); a `type` is needed where the default does not show
 the element type (an empty list, None). Numbers must be finite, seeds (`seed`, `seeds`, `*_seed`)
 lie in 0..2^32-1, and a comment line `{memory_bytes: EXPR}` states the notebook's memory estimate
 in bytes, checked against `memory_limit()`. Every default must obey its own rules.
@@ -63,7 +64,7 @@ class ParameterError(notebooks.InputError):
     """A parameter a user gave is unknown or not allowed; raised before anything runs."""
 
 
-RULE_KEYS = ("choices", "items", "min", "max", "gt", "lt", "min_len", "max_len", "type")
+RULE_KEYS = ("choices", "items", "min", "max", "gt", "lt", "min_len", "max_len", "type", "path")
 TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 SEED_MAX = 2**32 - 1  # numpy's and torch's seeds; larger ones overflow in the kernel
 INT_MAX = 2**63 - 1  # torch's int64
@@ -97,6 +98,7 @@ class ParameterSpec:
     min_len: int | None = None
     max_len: int | None = None
     type: str | None = None  # element type of a list (or value type of a None default)
+    path: str | None = None  # "file" or "folder": a non-empty value must name an existing one
 
     def __post_init__(self):
         where = f"parameter {self.name!r}"
@@ -108,6 +110,10 @@ class ParameterSpec:
             v = getattr(self, key)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise ValueError(f"{where}: rule {key} must be a non-negative integer, got {v!r}")
+        if self.path not in (None, "file", "folder"):
+            raise ValueError(f"{where}: rule path must be file or folder, got {self.path!r}")
+        if self.path is not None and not isinstance(self.default, str):
+            raise ValueError(f"{where}: rule path needs a string default")
         if self.type is not None and self.type not in TYPES:
             raise ValueError(f"{where}: rule type must be one of {sorted(TYPES)}, got {self.type!r}")
         for key in ("choices", "items"):
@@ -143,7 +149,7 @@ class ParameterSpec:
         elif self.default is None and el is not None:
             kind = f"None or {el.__name__}"
         parts = [kind]
-        for key, text in (("choices", "one of {}"), ("items", "elements from {}"), ("min", ">= {}"), ("gt", "> {}"),
+        for key, text in (("path", "an existing {} or empty"), ("choices", "one of {}"), ("items", "elements from {}"), ("min", ">= {}"), ("gt", "> {}"),
                           ("max", "<= {}"), ("lt", "< {}"), ("min_len", "at least {} element(s)"),
                           ("max_len", "at most {} element(s)")):
             if getattr(self, key) is not None:
@@ -210,6 +216,12 @@ class ParameterSpec:
             value = self._scalar(value, kind)
         if self.choices is not None and value not in self.choices:
             raise self._error(f"{value!r} is not allowed")
+        if self.path is not None and value:
+            # the kernel runs in the notebook's folder: a path relative to the caller's is made absolute
+            found = Path(value).expanduser().absolute()
+            if not (found.is_file() if self.path == "file" else found.is_dir()):
+                raise self._error(f"{value!r} is not an existing {self.path}")
+            value = str(found)
         return value
 
 
