@@ -169,6 +169,8 @@ def spec_file(root: Path, body, name="spec.yaml") -> Path:
 
 
 FUNCTION = {"function": "sweep_fixture:ranked_matrix", "grid": {"seed": [0, 1], "size": [5]}}
+TRAIN_POINT = {"function": "lowrank.core.train:train_point",
+               "base": {"model": "MLP-2-8", "dataset": "digits", "batch_size": 8, "lr": 0.1, "epochs": 1}}
 
 SWEEP_CASES = [
     ({**FUNCTION, "resources": {"num_cpus": 0}}, [], "resources.num_cpus must be a positive integer"),
@@ -185,6 +187,9 @@ SWEEP_CASES = [
     ({"notebook": NB, "grid": {"threshold": [0.5, ".nan"]}}, [], "'threshold': nan is not a finite number"),
     ({"notebook": NB, "grid": {"lrs": [[0.1, 0.2]]}}, [], "'lrs': [0.1, 0.2] has 2 elements; at least 3 needed"),
     ({"notebook": NB, "grid": {"seed": [0, 4294967296]}}, [], "'seed': 4294967296 is above the maximum"),
+    (TRAIN_POINT | {"points": [{"lr": ".nan"}]}, [], "parameter 'lr': nan is not a finite number"),
+    (TRAIN_POINT | {"points": [{"epochs": 1.5}]}, [], "parameter 'epochs': 1.5 is not int"),
+    (TRAIN_POINT | {"points": [{"model": 3}]}, [], "parameter 'model': 3 is not str"),
     ("notebook: fixture/tiny\nnotebook: fixture/tiny\npoints: [{}]\n", [], "duplicate key 'notebook'"),
     ("{}\n", [], "is empty"),
     ({"notebook": NB, "base": "missing-base.yaml", "points": [{}]}, [], "base file"),

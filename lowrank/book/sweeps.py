@@ -137,6 +137,7 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
             if bad:
                 raise SweepError(f"sweep spec {path}: {raw['function']} takes no parameter {bad[0]!r}; "
                                  f"it takes {sorted(accepted)}")
+            _check_annotated_types(path, fn, full)
             resolved.append(full)
         spec = SweepSpec(path, None, raw["function"], scale, resolved, resources)
     spec.ensemble = raw.get("ensemble", False)
@@ -156,6 +157,29 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
     except runs.RunFolderError as err:
         raise SweepError(str(err)) from None
     return spec
+
+
+def _check_annotated_types(path: Path, fn, point: dict) -> None:
+    """A function point's values against the function's plain annotations (int, float, str, bool):
+    the type (ints accepted for floats) and, for numbers, finiteness. Anything else is the
+    function's own business."""
+    import math
+    import typing
+
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # unresolvable annotations: nothing to check here
+        return
+    for key, value in point.items():
+        kind = hints.get(key)
+        if kind not in (int, float, str, bool):
+            continue
+        ok = (isinstance(value, bool) if kind is bool else
+              not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else kind))
+        if not ok:
+            raise SweepError(f"sweep spec {path}: parameter {key!r}: {value!r} is not {kind.__name__}")
+        if kind is float and not math.isfinite(value):
+            raise SweepError(f"sweep spec {path}: parameter {key!r}: {value!r} is not a finite number")
 
 
 def _check_resources(path: Path, resources) -> dict:
