@@ -314,3 +314,16 @@ def test_public_functions_refuse_bad_input(sandbox, i):
     with pytest.raises(error, match=message):
         call()
     assert written(sandbox) == []
+
+
+def test_collect_refuses_a_changed_run_folder(sandbox, capsys):
+    spec = spec_file(sandbox, FUNCTION)
+    out = sandbox / "out"
+    assert cli.main(["sweep", str(spec), "--output", str(out), "--jobs", "1"]) == 0
+    capsys.readouterr()
+    loaded = sweeps.load_spec(spec, output=out)
+    results = loaded.run_folder(loaded.points[0]) / "results.json"
+    results.write_text('{"rank": 99, "stable_rank": 1.0}')
+    refused(["sweep", spec, "--output", out, "--collect"], "results.json changed", capsys, sandbox,
+            keep=[spec, out])
+    assert not (out / "collected.csv").exists()

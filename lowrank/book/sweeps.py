@@ -478,6 +478,10 @@ def collect(spec: SweepSpec):
         folder = spec.run_folder(params)
         if not folder.is_dir():
             continue
+        problems = runs.manifest_problems(folder)
+        if problems:
+            raise SweepError(f"{folder} does not match its manifest ({'; '.join(problems[:3])}): run the sweep "
+                             f"again to redo it")
         flat = {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in params.items()}
         if (folder / "results.csv").is_file():
             df = pd.read_csv(folder / "results.csv")
@@ -496,8 +500,7 @@ def collect(spec: SweepSpec):
     if not frames:
         raise SweepError(f"no finished runs of {spec.path} under {spec.output}")
     table = pd.concat(frames, ignore_index=True)
-    out = spec.output / "collected.csv"
-    tmp = out.with_name(".collected.csv.tmp")
-    table.to_csv(tmp, index=False)
-    tmp.replace(out)
+    from lowrank.book.report import write_atomically
+
+    write_atomically(spec.output / "collected.csv", table.to_csv(index=False))  # 0644, no temporary left
     return table
