@@ -327,3 +327,13 @@ def test_collect_refuses_a_changed_run_folder(sandbox, capsys):
     refused(["sweep", spec, "--output", out, "--collect"], "results.json changed", capsys, sandbox,
             keep=[spec, out])
     assert not (out / "collected.csv").exists()
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, 1.0, True, "0"])
+def test_check_seed_refuses_what_the_parameter_rule_refuses(sandbox, seed):
+    from lowrank.core import validation
+
+    with pytest.raises(ValueError, match="seed must be an integer in 0..4294967295"):
+        validation.check_seed(seed)
+    assert runs.SEED_MAX == validation.SEED_MAX
+    assert written(sandbox) == []

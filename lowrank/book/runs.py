@@ -66,7 +66,7 @@ class ParameterError(notebooks.InputError):
 
 RULE_KEYS = ("choices", "items", "min", "max", "gt", "lt", "min_len", "max_len", "type", "path")
 TYPES = {"int": int, "float": float, "str": str, "bool": bool}
-SEED_MAX = 2**32 - 1  # numpy's and torch's seeds; larger ones overflow in the kernel
+SEED_MAX = 2**32 - 1  # lowrank.core.validation.SEED_MAX (not imported: it would load torch at every command)
 INT_MAX = 2**63 - 1  # torch's int64
 
 

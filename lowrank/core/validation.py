@@ -44,3 +44,18 @@ def check_positive(value, name: str, *, strict=True) -> None:
     ok = value > 0 if strict else value >= 0
     if not ok:
         raise ValueError(f"{name} must be {'positive' if strict else 'non-negative'}, got {value}")
+
+
+SEED_MAX = 2**32 - 1  # numpy's and torch's seeds: larger ones overflow
+
+
+def check_seed(value, name: str = "seed") -> None:
+    """A seed is an integer in 0..2^32-1 (the same rule `lowrank run` checks before a kernel starts)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= SEED_MAX:
+        raise ValueError(f"{name} must be an integer in 0..{SEED_MAX}, got {value!r}")
+
+
+def check_finite(value, name: str) -> None:
+    """A number that is neither NaN nor infinite."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not np.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
