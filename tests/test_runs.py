@@ -171,6 +171,7 @@ def test_the_run_key_covers_the_code(tmp_path, monkeypatch):
 
 def test_stale_partial_folders_of_dead_processes_are_cleaned(tmp_path, monkeypatch):
     import os
+    import socket
     import subprocess
     import sys
 
@@ -181,7 +182,7 @@ def test_stale_partial_folders_of_dead_processes_are_cleaned(tmp_path, monkeypat
     params = runs.resolve_parameters(NB, overrides=TINY)
     parent = tmp_path / NB
     parent.mkdir(parents=True)
-    stale = [parent / f".abc.partial-{dead}", parent / f".abc.partial-{runs.socket.gethostname()}-{dead}"]
+    stale = [parent / f".abc.partial-{dead}", parent / f".abc.partial-{socket.gethostname()}-{dead}"]
     alive = parent / f".abc.partial-{os.getpid()}"  # this process: alive, kept
     other_host = parent / f".abc.partial-elsewhere-{dead}"  # another machine's process: not ours to judge
     for p in (*stale, alive, other_host):
@@ -248,3 +249,26 @@ def test_path_parameters_are_made_absolute(tmp_path, monkeypatch):
     (tmp_path / "t.csv").write_text("x\n1\n")
     assert runs.resolve_parameters("fixture/tiny", overrides={"table": "t.csv"})["table"] == str(tmp_path / "t.csv")
     assert runs.resolve_parameters("fixture/tiny")["table"] == ""
+
+
+def test_execute_leaves_no_work_folder_and_cleans_dead_ones(tmp_path, monkeypatch):
+    """`notebooks.execute` works in `.NAME.partial-HOST-PID` next to its output: removed when the
+    kernel fails, and removed by the next execution when its process was killed."""
+    import socket
+    import subprocess
+    import sys
+
+    import papermill
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    stale = tmp_path / f".nb.partial-{socket.gethostname()}-{dead}"
+    stale.mkdir()
+
+    def kernel_dies(*args, **kwargs):
+        raise RuntimeError("kernel died")
+
+    monkeypatch.setattr(papermill, "execute_notebook", kernel_dies)
+    with pytest.raises(RuntimeError, match="kernel died"):
+        notebooks.execute(NB, tmp_path / "nb.ipynb")
+    assert list(tmp_path.iterdir()) == []

@@ -220,6 +220,7 @@ def test_points_never_share_a_checkpoint(tmp_path):
 
 
 def test_a_restarted_sweep_cleans_dead_partials_and_checks_manifests(tmp_path, capsys):
+    import socket
     import subprocess
     import sys
 
@@ -229,7 +230,7 @@ def test_a_restarted_sweep_cleans_dead_partials_and_checks_manifests(tmp_path, c
     assert len(sweeps.run_sweep(spec, "local", jobs=1, progress=False)["done"]) == 4
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
-    debris = spec.output / f".abc.partial-{runs.socket.gethostname()}-{dead}"
+    debris = spec.output / f".abc.partial-{socket.gethostname()}-{dead}"
     debris.mkdir()
     first = spec.run_folder(spec.points[0])
     (first / "results.json").write_text('{"rank": 99}')

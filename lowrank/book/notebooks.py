@@ -11,7 +11,8 @@ import ast
 import json
 import os
 import re
-import tempfile
+import shutil
+import socket
 import time
 from pathlib import Path
 
@@ -106,6 +107,55 @@ def parameter_defaults_from_source(source: str) -> dict:
     return params
 
 
+_DEBRIS = re.compile(r"\..+\.(partial|old)-(?:(?P<host>.+)-)?(?P<pid>\d+)$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def clean_debris(folder: Path) -> list[Path]:
+    """Remove the `.partial-HOST-PID` / `.old-HOST-PID` folders in `folder` left by dead processes of
+    this host (a run killed with -9 cannot clean up after itself). Returns what was removed."""
+    removed = []
+    if not Path(folder).is_dir():
+        return removed
+    host = socket.gethostname()
+    for p in Path(folder).iterdir():
+        m = _DEBRIS.match(p.name)
+        if m and (m["host"] in (None, host)) and not _alive(int(m["pid"])):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
+
+
+def work_name(final: Path, kind: str = "partial") -> Path:
+    """The temporary sibling of `final` this process writes: `.NAME.partial-HOST-PID`."""
+    return final.parent / f".{final.name}.{kind}-{socket.gethostname()}-{os.getpid()}"
+
+
+class _work_folder:
+    """`.NAME.partial-HOST-PID` next to `output`, removed on exit whatever happens (and by
+    `clean_debris` if this process is killed before)."""
+
+    def __init__(self, output: Path):
+        self.path = work_name(output)
+
+    def __enter__(self) -> str:
+        shutil.rmtree(self.path, ignore_errors=True)
+        self.path.mkdir()
+        return str(self.path)
+
+    def __exit__(self, *exc):
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
 def _kernel_manager_class():
     """jupyter_client's kernel manager with the kernel's sockets on local IPC (Unix sockets in the
     Jupyter runtime folder, readable by this user only) instead of TCP on localhost: the kernel
@@ -142,7 +192,8 @@ def execute(name: str, output: Path, parameters: dict | None = None, figure_dir:
 
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=output.parent, prefix=f".{output.stem}.") as tmp:
+    clean_debris(output.parent)  # what a killed execution left
+    with _work_folder(output) as tmp:
         src = Path(tmp) / "input.ipynb"
         jupytext.write(read_notebook(name), src)
         partial = Path(tmp) / "output.ipynb"

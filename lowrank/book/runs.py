@@ -40,9 +40,7 @@ import json
 import math
 import os
 import platform
-import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -483,37 +481,8 @@ def manifest_problems(folder: Path) -> list[str]:
     return problems
 
 
-_DEBRIS = re.compile(r"\..+\.(partial|old)-(?:(?P<host>.+)-)?(?P<pid>\d+)$")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-def clean_debris(folder: Path) -> list[Path]:
-    """Remove the `.partial-HOST-PID` / `.old-HOST-PID` folders in `folder` left by dead processes of
-    this host (a run killed with -9 cannot clean up after itself). Returns what was removed."""
-    removed = []
-    if not Path(folder).is_dir():
-        return removed
-    host = socket.gethostname()
-    for p in Path(folder).iterdir():
-        m = _DEBRIS.match(p.name)
-        if m and (m["host"] in (None, host)) and not _alive(int(m["pid"])):
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-            removed.append(p)
-    return removed
-
-
-def work_name(final: Path, kind: str = "partial") -> Path:
-    """The temporary sibling of `final` this process writes: `.NAME.partial-HOST-PID`."""
-    return final.parent / f".{final.name}.{kind}-{socket.gethostname()}-{os.getpid()}"
+clean_debris = notebooks.clean_debris
+work_name = notebooks.work_name
 
 
 def check_output_folder(root: Path, what: str = "output folder") -> Path:
