@@ -4,6 +4,7 @@
     lowrank run PART/NAME [-p NAME VALUE ...] [--params FILE.yaml] [--scale ci|paper] [--force]
     lowrank report RUN_FOLDER [RUN_FOLDER ...] [-o report.html]
     lowrank sweep SPEC.yaml [--executor local|ray] [--address HOST:PORT] [--jobs N] [--collect]
+    lowrank data fetch mnist|cifar10 [--root DIR]
 """
 
 from __future__ import annotations
@@ -81,6 +82,19 @@ def cmd_sweep(args) -> int:
     return 1 if result["failed"] else 0
 
 
+def cmd_data(args) -> int:
+    """`lowrank data fetch NAME`: download, check the published md5 sums, unpack (resumable)."""
+    from lowrank.core import datasets
+
+    try:
+        root = datasets.fetch(args.dataset, args.root)
+    except datasets.FetchError as err:
+        print(f"lowrank: error: {err}", file=sys.stderr)
+        return 2
+    print(f"{args.dataset} is in {root.resolve()} (data_root: {args.root or datasets.DEFAULT_DATA_ROOT})")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="lowrank", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -102,11 +116,17 @@ def main(argv=None) -> int:
     p_sw.add_argument("--jobs", type=int, help="local executor: runs at once (default: CPU count)")
     p_sw.add_argument("--output", help="sweep folder (default runs/sweeps/<spec name>)")
     p_sw.add_argument("--collect", action="store_true", help="gather finished runs into collected.csv")
+    p_data = sub.add_parser("data", help="real data sets: fetch MNIST / CIFAR-10 into the data root")
+    p_data_sub = p_data.add_subparsers(dest="action", required=True)
+    p_fetch = p_data_sub.add_parser("fetch", help="download from the canonical address, check md5, resume")
+    p_fetch.add_argument("dataset", choices=["mnist", "cifar10"])
+    p_fetch.add_argument("--root", help="data folder (default: DEFAULT_DATA_ROOT below the repository root)")
     args = ap.parse_args(argv)
     from lowrank.book.sweeps import SweepError
 
     try:
-        return {"list": cmd_list, "run": cmd_run, "report": cmd_report, "sweep": cmd_sweep}[args.command](args)
+        return {"list": cmd_list, "run": cmd_run, "report": cmd_report, "sweep": cmd_sweep,
+                "data": cmd_data}[args.command](args)
     except (runs.ParameterError, FileNotFoundError, SweepError) as err:
         print(f"lowrank: error: {err}", file=sys.stderr)
         return 2
