@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: book test reproduce env clean
+.PHONY: book test reproduce paper env clean
 
 # The environment: a venv with the pinned stack, rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -29,6 +29,12 @@ test: book
 reproduce: book
 	OMP_NUM_THREADS=1 LOWRANK_FIGURE_DIR=$(CURDIR)/_build/nbval-figures $(VENV)/bin/python -m pytest -p no:cacheprovider \
 		--nbval-lax --nbval-current-env -o testpaths= $$($(VENV)/bin/python -m lowrank.book.build --list-executed)
+
+# Every notebook at paper scale (params/paper/) on the best device present (a GPU when there is one:
+# hours; some notebooks need `lowrank data fetch mnist|cifar10` first, else they are skipped with a
+# message), results with provenance into results/paper/, the paper-scale book into _build/paper/_build/html.
+paper: $(STAMP)
+	$(VENV)/bin/python -m lowrank.book.build --scale paper
 
 clean:
 	rm -rf _build

@@ -83,3 +83,76 @@ def test_every_stored_result_is_complete(name):
     p = r["provenance"]
     assert p["git"]["commit"] and p["versions"]["torch"] and p["device"] and p["wall_s"] > 0
     assert p["parameter_hash"] == runs.run_hash(name, p["parameters"])
+
+
+# ---- the paper-scale build (`python -m lowrank.book.build --scale paper`) ----------------------------
+
+def test_notebooks_without_their_data_are_skipped_with_the_fetch_command(tmp_path):
+    from lowrank.book import paper_build as pb
+
+    assert pb.required_data({"dataset": "cifar10", "data_root": "x"}) == ["cifar10"]
+    assert pb.required_data({"datasets_used": ["mnist", "digits"], "dataset": "digits"}) == ["mnist"]
+    assert pb.required_data(pr.paper_parameters(NAME)) == []
+    reason = pb.missing_data("sgd/rank_bound", {"dataset": "cifar10", "data_root": str(tmp_path)})
+    assert f"cifar10 is not in {tmp_path}" in reason and "lowrank data fetch cifar10" in reason
+    (tmp_path / "cifar-10-batches-py").mkdir()
+    for n in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (tmp_path / "cifar-10-batches-py" / n).write_bytes(b"")
+    assert pb.missing_data("sgd/rank_bound", {"dataset": "cifar10", "data_root": str(tmp_path)}) is None
+
+
+def test_paper_build_executes_stores_caches_and_skips(tmp_path, monkeypatch, capsys):
+    """The build's bookkeeping with the kernel replaced by a stub (a real paper-scale execution takes
+    minutes to hours): one notebook executed and stored, one skipped for its data, then a cache hit."""
+    from lowrank.book import paper_build as pb
+    from lowrank.book.verdicts import GLUE_PREFIX
+
+    calls = []
+
+    def fake_execute(name, output, parameters=None, figure_dir=None, figure_url=None, timeout=None):
+        calls.append((name, parameters, timeout))
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text("{}")
+        return {f"{GLUE_PREFIX}identity_residual": {"name": "identity_residual", "claim": "I-1", "kind": "check",
+                                                    "measured": 1e-15, "outcome": "holds", "scale": "paper"}}
+
+    monkeypatch.setattr(notebooks, "execute", fake_execute)
+    monkeypatch.setattr(pb, "EXECUTED", tmp_path / "executed")
+    monkeypatch.setattr(pr, "RESULTS", tmp_path / "results")
+    data = tmp_path / "no-data"
+    real = runs.resolve_parameters
+
+    def resolve(name, scale="ci", **kw):
+        p = real(name, scale=scale, **kw)
+        return {**p, "data_root": str(data)} if "data_root" in p else p
+
+    monkeypatch.setattr(runs, "resolve_parameters", resolve)
+    ready, skipped = pb.execute_paper([NAME, "sgd/rank_bound"])
+    assert ready == [NAME] and list(skipped) == ["sgd/rank_bound"] and "cifar10 is not in" in skipped["sgd/rank_bound"]
+    assert len(calls) == 1 and calls[0][1] == pr.paper_parameters(NAME) and calls[0][2] >= 3600
+    r = pr.paper_results(NAME)
+    assert r["stale"] is False and r["provenance"]["wall_s"] >= 0 and r["provenance"]["git"]["commit"]
+    assert pb.execute_paper([NAME])[0] == [NAME] and len(calls) == 1, "a current notebook was executed again"
+    out = capsys.readouterr().out
+    assert "paper scale on " in out and "skipped: cifar10 is not in" in out and "current (cache hit)" in out
+
+
+def test_paper_toc_keeps_prose_and_the_executed_notebooks_only():
+    from lowrank.book import build, paper_build as pb
+
+    toc = pb.paper_toc([NAME])
+    files = set()
+
+    def walk(node):
+        if isinstance(node, dict):
+            files.update([node["file"]] if "file" in node else [])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(toc)
+    assert f"notebooks/{NAME}" in files and not any(f.startswith("notebooks/") and f != f"notebooks/{NAME}"
+                                                    for f in files)
+    assert {f for f in build.toc_files() if not f.startswith("notebooks/")} <= files | {toc["root"]}

@@ -27,6 +27,7 @@ from lowrank.core.validation import check_choice
 __all__ = [
     "DEFAULT_DATA_ROOT",
     "resolve_root",
+    "present",
     "FetchError",
     "DataSource",
     "SOURCES",
@@ -187,6 +188,17 @@ def cifar10(root, normalize: bool = True) -> Dataset:
         std = np.asarray(CIFAR_STD, dtype=np.float32)[:, None, None]
         x_tr, x_te = (x_tr - mean) / std, (x_te - mean) / std
     return _pack(x_tr, y_tr, x_te, y_te, 10, "cifar10")
+
+
+def present(name: str, root=None) -> bool:
+    """Whether the files `mnist(root)` / `cifar10(root)` read are in `root` (nothing is read)."""
+    root = resolve_root(root)
+    if name == "mnist":
+        dirs = (root, root / "MNIST" / "raw")
+        return all(any((d / f"{s}{e}").is_file() for d in dirs for e in ("", ".gz")) for s in _MNIST_FILES.values())
+    check_choice(name, "dataset", frozenset({"mnist", "cifar10"}))
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    return any(all((d / n).is_file() for n in names) for d in (root, root / "cifar-10-batches-py"))
 
 
 DATASETS = frozenset({"digits", "mnist1d", "mnist", "cifar10"})
