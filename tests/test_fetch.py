@@ -49,7 +49,7 @@ class _Server:
     once (with the full Content-Length), as a dropped connection does. Records every Range header."""
 
     def __init__(self, files: dict):
-        self.files, self.cut, self.ranges = dict(files), {}, []
+        self.files, self.cut, self.ranges, self.honour_range = dict(files), {}, [], True
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -61,6 +61,7 @@ class _Server:
                 body = server.files[name]
                 rng = self.headers.get("Range")
                 server.ranges.append((name, rng))
+                rng = rng if server.honour_range else None
                 start = int(rng.split("=")[1].rstrip("-")) if rng else 0
                 if start >= len(body) and rng:
                     self.send_response(416)
@@ -189,3 +190,14 @@ def test_relative_data_root_is_found_below_the_repository_root(tmp_path, monkeyp
     (tmp_path / "data").mkdir()
     assert datasets.resolve_root("data") == datasets.Path("data")
     assert datasets.resolve_root(str(tmp_path)) == tmp_path
+
+
+def test_a_server_that_ignores_range_restarts_the_download(tmp_path):
+    mnist, cifar = _mnist_files(), _cifar_archive()
+    (tmp_path / ".cifar-10-python.tar.gz.part").write_bytes(b"stale bytes of an earlier attempt")
+    with _Server({"cifar-10-python.tar.gz": cifar}) as srv:
+        srv.honour_range = False
+        datasets.fetch("cifar10", tmp_path, sources=_sources(srv.base, mnist, cifar), progress=False)
+        assert srv.ranges == [("cifar-10-python.tar.gz", "bytes=33-")]
+    assert (tmp_path / "cifar-10-python.tar.gz").read_bytes() == cifar
+    assert datasets.present("cifar10", tmp_path) and not datasets.present("mnist", tmp_path)

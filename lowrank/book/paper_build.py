@@ -154,6 +154,11 @@ def render(executed: list[str]) -> Path:
     config = yaml.safe_load((notebooks.REPO_ROOT / "_config.yml").read_text())
     config["title"] = f"{config['title']} (paper scale)"
     config["execute"]["cache"] = str(CACHE)
+    root = notebooks.REPO_ROOT  # jupyter-book reads local extensions relative to the config file
+    if (config.get("sphinx") or {}).get("local_extensions"):
+        config["sphinx"]["local_extensions"] = {k: str(root / v) for k, v in config["sphinx"]["local_extensions"].items()}
+    if config.get("bibtex_bibfiles"):
+        config["bibtex_bibfiles"] = [str(root / f) for f in config["bibtex_bibfiles"]]
     toc = paper_toc(executed)
     PAPER.mkdir(parents=True, exist_ok=True)
     (PAPER / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
