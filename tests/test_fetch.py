@@ -201,3 +201,12 @@ def test_a_server_that_ignores_range_restarts_the_download(tmp_path):
         assert srv.ranges == [("cifar-10-python.tar.gz", "bytes=33-")]
     assert (tmp_path / "cifar-10-python.tar.gz").read_bytes() == cifar
     assert datasets.present("cifar10", tmp_path) and not datasets.present("mnist", tmp_path)
+
+
+def test_a_complete_partial_file_is_verified_and_renamed_without_a_body(tmp_path):
+    mnist, cifar = _mnist_files(), _cifar_archive()
+    (tmp_path / ".cifar-10-python.tar.gz.part").write_bytes(cifar)  # stopped between download and rename
+    with _Server({"cifar-10-python.tar.gz": cifar}) as srv:
+        datasets.fetch("cifar10", tmp_path, sources=_sources(srv.base, mnist, cifar), progress=False)
+        assert srv.ranges == [("cifar-10-python.tar.gz", f"bytes={len(cifar)}-")]  # answered 416
+    assert (tmp_path / "cifar-10-python.tar.gz").read_bytes() == cifar
