@@ -11,6 +11,9 @@ from `_build/paper/executed/` alone, with its own jupyter-cache, configuration a
 from __future__ import annotations
 
 import datetime as dt
+import shutil
+import signal
+import sys
 import time
 from pathlib import Path
 
@@ -67,6 +70,8 @@ def _execute_one(name: str, params: dict) -> float:
 
     key_path = EXECUTED / f"{name}.key"
     key_path.unlink(missing_ok=True)
+    for leftover in executed_path(name).parent.glob(f".{executed_path(name).stem}.*"):  # a killed earlier run's
+        shutil.rmtree(leftover, ignore_errors=True)
     started = dt.datetime.now(dt.timezone.utc)
     t0 = time.time()
     values = notebooks.execute(name, executed_path(name), parameters=params, figure_dir=FIGURES / name,
@@ -180,6 +185,8 @@ def render(executed: list[str]) -> Path:
 
 
 def main(only=None, *, force: bool = False, html: bool = True) -> None:
+    # `timeout`, a cancelled CI job: unwind (temporary files removed, kernel shut down) instead of dying
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     names = list(only) if only else build.book_notebooks()
     for name in names:
         notebooks.source_path(name)  # a clear error for a wrong name
