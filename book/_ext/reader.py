@@ -157,14 +157,14 @@ def rerun_section(name: str) -> nodes.section:
     intro += xref
     intro += nodes.Text("):")
     section += intro
-    lines = [f"lowrank run {name}                 # this page at ci scale (the defaults below)"]
+    lines = ["# this page at ci scale (the defaults below)", f"lowrank run {name}"]
     if paper_path.is_file():
-        lines.append(f"lowrank run {name} --scale paper   # the paper's sizes, {paper_path.relative_to(ROOT)}")
+        lines += [f"# the paper's sizes ({paper_path.relative_to(ROOT)})", f"lowrank run {name} --scale paper"]
     if example is not None:
         value = example.default + 1 if example.name == "seed" and isinstance(example.default, int) else example.default
         text = yaml.safe_dump(value, default_flow_style=True, width=1000).strip().removesuffix("...").strip()
-        lines.append(f"lowrank run {name} -p {example.name} {shlex.quote(text)}   # change any parameter below")
-    lines.append(f"lowrank list {name}                # what each parameter allows")
+        lines += ["# any parameter below, e.g.", f"lowrank run {name} -p {example.name} {shlex.quote(text)}"]
+    lines += ["# what each parameter allows", f"lowrank list {name}"]
     code = "\n".join(lines)
     section += nodes.literal_block(code, code, language="bash", classes=["rerun-commands"])
     if paper_path.is_file():
@@ -234,7 +234,8 @@ def _renumber_html(app, body: str) -> str:
     _ = get_translation("proof")
     for label, (_doc, realtype, number) in app.env.__dict__.get("reader_proof_numbers", {}).items():
         kind = _(realtype.title())
-        shown = f"{kind} {number}".strip()
+        plural = {"Proposition": "Propositions", "Theorem": "Theorems", "Lemma": "Lemmas", "Remark": "Remarks"}
+        shown = f"{plural.get(kind, kind) if ',' in number else kind} {number}".strip()
         esc = re.escape(label)
         # the box: <div class="... admonition" id="LABEL"> <p class="admonition-title"><span class="caption-number">Kind N </span>
         body = re.sub(rf'(id="{esc}">\s*<p class="admonition-title"><span class="caption-number">)[^<]*(</span>)',

@@ -30,6 +30,9 @@ __all__ = ["CLAIMS", "PARTS", "OUTCOME_STYLE", "ledger_rows", "ledger_counts", "
 CLAIMS = REPO_ROOT / "book" / "claims.yaml"
 PARTS = {"I": "Part I: rank-two gradients", "II": "Part II: SGD and weight decay", "III": "Part III: square loss"}
 # badge class of each outcome (book/_ext/static/reader.css): green, red, amber, blue
+# how a count reads: "12 agree", "3 checks hold"
+LABEL = {"agrees": "agree", "disagrees": "disagree", "uninformative": "uninformative",
+         "needs paper scale": "need paper scale", "holds": "hold", "fails": "fail"}
 OUTCOME_STYLE = {"agrees": "good", "holds": "good", "disagrees": "bad", "fails": "bad", "uninformative": "weak",
                  "needs paper scale": "pending"}
 
@@ -121,8 +124,8 @@ def verdict_url(row: dict, base: str) -> str:
 
 def _cards(counts: dict[str, Counter], scale: str) -> str:
     claims, checks, legacy = counts["claim"], counts["check"], counts["legacy"]
-    cards = [(o, claims[o], f"claims {o}", "claim") for o in CLAIM_OUTCOMES]
-    cards += [(o, checks[o], f"checks {o}", "check") for o in CHECK_OUTCOMES]
+    cards = [(o, claims[o], f"claims {LABEL[o]}", "claim") for o in CLAIM_OUTCOMES]
+    cards += [(o, checks[o], f"checks {LABEL[o]}", "check") for o in CHECK_OUTCOMES]
     out = [f'<div class="ledger-cards" data-scale="{scale}">']
     for outcome, n, label, kind in cards:
         style = OUTCOME_STYLE[outcome] if n else "none"
@@ -136,38 +139,43 @@ def _cards(counts: dict[str, Counter], scale: str) -> str:
     return "".join(out)
 
 
-def _by_part_table(rows: list[dict]) -> str:
-    """Claims and checks per part and per scale, one line each."""
-    head = ["part", "scale"] + [f"claims {o}" for o in CLAIM_OUTCOMES] + [f"checks {o}" for o in CHECK_OUTCOMES] + \
-        ["not converted"]
-    out = ['<div class="ledger-wrap"><table class="ledger-table by-part"><thead><tr>']
-    out += [f'<th class="{"num" if i > 1 else ""}">{_e(h)}</th>' for i, h in enumerate(head)]
-    out.append("</tr></thead><tbody>")
+def _by_part(rows: list[dict]) -> str:
+    """Claims and checks per part and per scale: one line of badges each (zeros left out)."""
+    items = []
     for scale in ("ci", "paper"):
         per = counts_by_part(rows, scale)
         for part, title in PARTS.items():
             c = per[part]
             if scale == "paper" and not any(sum(c[k].values()) for k in c):
                 continue
-            cells = [c["claim"][o] for o in CLAIM_OUTCOMES] + [c["check"][o] for o in CHECK_OUTCOMES] + \
-                [sum(c["legacy"].values())]
-            out.append(f"<tr><td>{_e(title)}</td><td>{scale}</td>" +
-                       "".join(f'<td class="num">{n if n else "·"}</td>' for n in cells) + "</tr>")
-    out.append("</tbody></table></div>")
+            badges = [badge(o, f"{c['claim'][o]} {LABEL[o]}") for o in CLAIM_OUTCOMES if c["claim"][o]]
+            badges += [badge(o, f"{c['check'][o]} checks {LABEL[o]}") for o in CHECK_OUTCOMES if c["check"][o]]
+            if sum(c["legacy"].values()):
+                badges.append(badge(None, f"{sum(c['legacy'].values())} not converted"))
+            items.append(f'<li><strong>{_e(title)}</strong>, {scale} scale: {" ".join(badges) or "nothing measured"}</li>')
+    out = f'<ul class="ledger-by-part">{"".join(items)}</ul>'
     if not any(sum(c.values()) for c in ledger_counts(rows, "paper").values()):
-        out.append('<p class="ledger-note">No paper-scale run folder yet (<code>lowrank run NAME --scale paper</code> '
-                   "writes one; the next build lists its verdicts here).</p>")
-    return "".join(out)
+        out += ('<p class="ledger-note">No paper-scale run folder yet (<code>lowrank run NAME --scale paper</code> '
+                "writes one; the next build lists its verdicts here).</p>")
+    return out
 
 
 def _disagreements(rows: list[dict], base: str) -> str:
-    bad = [r for r in rows if r["verdict"] and r["verdict"]["outcome"] in ("disagrees", "fails")
-           and r["verdict"]["kind"] != "legacy"]
-    if not bad:
-        return "<p>No claim disagrees and no check fails at ci scale.</p>"
-    items = [f'<li>{badge(r["verdict"]["outcome"])} <a href="{_e(verdict_url(r, base))}">{_e(r["claim"])} · '
-             f'{_e(r["verdict"].get("description") or r["verdict"]["name"])}</a></li>' for r in bad]
-    return f'<ul class="ledger-disagreements">{"".join(items)}</ul>'
+    """Claims that disagree, checks that fail and, apart, unconverted verdicts that disagree."""
+    def item(r):
+        v = r["verdict"]
+        return (f'<li>{badge(v["outcome"])} <a href="{_e(verdict_url(r, base))}">{_e(r["claim"])} · '
+                f'{_e(v.get("description") or v["name"])}</a></li>')
+
+    bad = [r for r in rows if r["verdict"] and r["verdict"]["outcome"] in ("disagrees", "fails")]
+    converted = [item(r) for r in bad if r["verdict"]["kind"] != "legacy"]
+    legacy = [item(r) for r in bad if r["verdict"]["kind"] == "legacy"]
+    out = (f'<ul class="ledger-disagreements">{"".join(converted)}</ul>' if converted
+           else "<p>No claim disagrees and no check fails at ci scale.</p>")
+    if legacy:
+        out += ('<details class="ledger-legacy"><summary>Verdicts not yet converted to claims and checks that '
+                f'disagree ({len(legacy)})</summary><ul class="ledger-disagreements">{"".join(legacy)}</ul></details>')
+    return out
 
 
 def summary_html(rows: list[dict], base: str) -> str:
@@ -207,30 +215,31 @@ def _row_html(r: dict, toc_files: set[str]) -> str:
     if v is None:
         status = "notebook not in the book yet" if r["exists"] else "not written yet"
         claim = (f'<a href="../notebooks/{_e(nb)}.html">{_e(r["claim"])}</a>' if in_book else _e(r["claim"]))
-        return (f'<tr class="missing"><td data-label="claim">{claim}</td><td data-label="verdict" colspan="6">'
-                f"<em>{status}</em> (<code>{_e(nb)}</code>)</td></tr>")
+        return (f'<tr class="missing"><td data-label="verdict" colspan="5">{claim}: <em>{status}</em> '
+                f"(<code>{_e(nb)}</code>)</td></tr>")
     name = _e(v.get("description") or v["name"])
     link = f'<a href="{_e(verdict_url(r, "../"))}">{name}</a>' if in_book else name
+    kind = "not yet a claim or check" if v["kind"] == "legacy" else v["kind"]
     ci = f'<span class="measured">{v["measured"]:.3g}</span> ({badge(v["outcome"])})'
     pv = r.get("paper")
     paper = (f'<span class="measured">{pv["measured"]:.3g}</span> ({badge(pv["outcome"])}) <small>{_e(r["paper_date"])}'
              f"</small>" if pv else '<span class="outcome-badge outcome-none">not run</span>')
     return (f'<tr class="kind-{_e(v["kind"])}" data-outcome="{_e(v["outcome"])}">'
-            f'<td data-label="claim">{_e(r["claim"])}<br><small>{_e(v["kind"])}</small></td>'
-            f'<td data-label="verdict">{link}</td>'
+            f'<td data-label="verdict"><small class="claim-id">{_e(r["claim"])} · {_e(kind)}</small><br>{link}</td>'
             f'<td data-label="control">{_control_text(v)}</td>'
             f'<td data-label="expects">{_threshold_text(v)}</td>'
-            f'<td data-label="ci scale">{ci}</td>'
-            f'<td data-label="paper scale">{paper}</td></tr>')
+            f'<td data-label="ci scale" class="outcome-cell">{ci}</td>'
+            f'<td data-label="paper scale" class="outcome-cell">{paper}</td></tr>')
 
 
 def _part_table(rows: list[dict], toc_files: set[str]) -> str:
     """Claims first, then checks, then unconverted verdicts, in claims.yaml order within each."""
     order = {"claim": 0, "check": 1, "legacy": 2}
     rows = sorted(rows, key=lambda r: order.get((r["verdict"] or {}).get("kind"), 3))
-    head = ["claim", "verdict (links to its row)", "negative control", "expects (origin of the threshold)",
-            "ci scale", "paper scale"]
-    return ('<div class="ledger-wrap"><table class="ledger-table rows"><thead><tr>' +
+    head = ["verdict (links to its row)", "negative control", "expects (origin of the threshold)", "ci scale",
+            "paper scale"]
+    return ('<div class="ledger-wrap"><table class="ledger-table rows"><colgroup><col class="c-verdict">'
+            '<col class="c-control"><col class="c-expects"><col class="c-ci"><col class="c-paper"></colgroup><thead><tr>' +
             "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>" +
             "".join(_row_html(r, toc_files) for r in rows) + "</tbody></table></div>")
 
@@ -251,7 +260,7 @@ def ledger_markdown(rows: list[dict], toc_files: set[str]) -> str:
     paper = ledger_counts(rows, "paper")
     if any(sum(c.values()) for c in paper.values()):
         lines += ["", "At paper scale:", ""] + _raw(_cards(paper, "paper"))
-    lines += ["", "### By part and scale", ""] + _raw(_by_part_table(rows))
+    lines += ["", "### By part and scale", ""] + _raw(_by_part(rows))
     for part, title in PARTS.items():
         part_rows = [r for r in rows if _part(r) == part]
         pages = dict.fromkeys((r["claim"], r["notebook"]) for r in part_rows if f"notebooks/{r['notebook']}" in toc_files)

@@ -32,12 +32,22 @@
     const shown = img.getBoundingClientRect().width;
     const shrunk = shown > 0 && shown < SHRUNK * img.naturalWidth;
     img.classList.toggle("enlargeable", shrunk);
+    if (img._zoomHint) img._zoomHint.hidden = !shrunk;
     if (shrunk && !img.dataset.zoomReady) {
       img.dataset.zoomReady = "1";
       img.tabIndex = 0;
       img.setAttribute("role", "button");
       img.title = "Click to enlarge (drawn " + img.naturalWidth + " px wide)";
       img.addEventListener("click", () => img.classList.contains("enlargeable") && overlay(img));
+      const hint = document.createElement("span");
+      hint.className = "zoom-hint";
+      const button = document.createElement("button");
+      button.type = "button";
+      button.textContent = "Enlarge the figure";
+      button.addEventListener("click", () => overlay(img));
+      hint.append(button, " (shown at " + Math.round(100 * shown / img.naturalWidth) + " % of its drawn size)");
+      img.insertAdjacentElement("afterend", hint);
+      img._zoomHint = hint;
       img.addEventListener("keydown", (e) => {
         if ((e.key === "Enter" || e.key === " ") && img.classList.contains("enlargeable")) { e.preventDefault(); overlay(img); }
       });
