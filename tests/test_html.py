@@ -202,6 +202,10 @@ def test_ledger_summary_counts_equal_the_glued_verdicts(server, browser):
             .map(e => [e.dataset.kind, e.dataset.outcome, Number(e.innerText)])""")
         got = Counter({(k, o): n for k, o, n in shown if n})
         assert got == +expected, f"{page}: summary {dict(got)} vs glued {dict(expected)}"
+        if page == "book/ledger.html":
+            sticky = tab.evaluate("() => [...document.querySelectorAll('table.ledger-table.rows thead th')]"
+                                  ".every(th => getComputedStyle(th).position === 'sticky')")
+            assert sticky, "the ledger's table headers do not stick"
         tab.context.close()
 
 

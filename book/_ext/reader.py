@@ -316,7 +316,7 @@ def _details_html(records: list[dict]) -> str:
                          f'({html.escape(v["kind"])}, {html.escape(v["outcome"])})</dt><dd>{"".join(parts)}</dd>')
     if not items:
         return ""
-    return ('<details class="verdict-details"><summary>Details of each verdict: thresholds and their origin, '
+    return ('<details class="verdict-details" id="verdict-details"><summary>Details of each verdict: thresholds and their origin, '
             f'notes, runs left out, the numbers behind each row</summary><dl>{"".join(items)}</dl></details>')
 
 
