@@ -227,7 +227,41 @@ def build_html(rebuild_all: bool = False, *, output: Path = REPO_ROOT, extra: tu
         raise SystemExit(f"jupyter-book failed (exit {result.returncode}); see the warnings above")
     html = Path(output) / "_build" / "html"
     publish_figures(figures, html / "figures")
+    if figures == FIGURES:  # the ci book: its executed notebooks, for download and Colab
+        publish_notebooks(book_notebooks(), html)
     return html / "index.html"
+
+
+def repository_url() -> str:
+    """`repository.url` of _config.yml: the one place the book names its repository."""
+    import yaml
+
+    return yaml.safe_load((REPO_ROOT / "_config.yml").read_text()).get("repository", {}).get("url", "").rstrip("/")
+
+
+SETUP_SOURCE = """# On Colab or Binder: install the book's package when it is missing (a clone with `make book` has it).
+import importlib.util, subprocess, sys
+if importlib.util.find_spec("lowrank") is None:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "lowrank[book] @ git+{url}"], check=True)"""
+
+
+def publish_notebooks(names, html: Path = BUILD / "html") -> list[Path]:
+    """Publish each executed notebook for download and Colab, as `_sources/notebooks/<name>.ipynb`
+    (where the page's download button points), with a first cell that installs the package."""
+    import nbformat
+
+    url = repository_url()
+    written = []
+    for name in names:
+        nb = nbformat.read(executed_path(name), as_version=4)
+        setup = nbformat.v4.new_code_cell(SETUP_SOURCE.format(url=url), metadata={"tags": ["colab-setup"]})
+        nb.cells.insert(0, setup)
+        nb.metadata.get("lowrank", {})["published_from"] = "executed at ci scale by `make book`"
+        out = html / "_sources" / "notebooks" / f"{name}.ipynb"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, out)
+        written.append(out)
+    return written
 
 
 def publish_figures(source: Path = FIGURES, target: Path = BUILD / "html" / "figures") -> None:
