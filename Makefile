@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: book test reproduce env clean
+.PHONY: book test reproduce diff env clean
 
 # The environment: a venv with the pinned stack, rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -29,6 +29,10 @@ test: book
 reproduce: book
 	OMP_NUM_THREADS=1 LOWRANK_FIGURE_DIR=$(CURDIR)/_build/nbval-figures $(VENV)/bin/python -m pytest -p no:cacheprovider \
 		--nbval-lax --nbval-current-env -o testpaths= $$($(VENV)/bin/python -m lowrank.book.build --list-executed)
+
+# The verdicts of the built notebooks that differ from tests/golden_verdicts.yaml (also within tolerance).
+diff: book
+	$(VENV)/bin/lowrank diff -o _build/verdict-diff.md
 
 clean:
 	rm -rf _build

@@ -4,6 +4,8 @@
     lowrank run PART/NAME [-p NAME VALUE ...] [--params FILE.yaml] [--scale ci|paper] [--force]
     lowrank report RUN_FOLDER [RUN_FOLDER ...] [-o report.html]
     lowrank sweep SPEC.yaml [--executor local|ray] [--address HOST:PORT] [--jobs N] [--collect]
+    lowrank goldens measure PART/NAME [PART/NAME ...] [--seeds 0-4] [--check]
+    lowrank diff [-o FILE.md] [--strict]
 """
 
 from __future__ import annotations
@@ -81,6 +83,44 @@ def cmd_sweep(args) -> int:
     return 1 if result["failed"] else 0
 
 
+def cmd_goldens(args) -> int:
+    from lowrank.book import build, goldens
+
+    seeds = goldens.parse_seeds(args.seeds)
+    for name in args.names:
+        notebooks.source_path(name)  # a clear error for a wrong name, before any work
+        goldens.seed_overrides(name, 0)
+    recorded, stale = goldens.load(), 0
+    for name in args.names:
+        print(f"{name}: executing {len(seeds)} seed offsets ({args.seeds}), {args.jobs} at a time", flush=True)
+        fresh = goldens.entries_from_runs(goldens.measure(name, seeds, jobs=args.jobs), goldens._commit())
+        if args.check:
+            for row in goldens.compare_spread(recorded.get(name, {}), fresh):
+                stale += row["stale"]
+                print(f"  {row['verdict']}: {'STALE (' + row['why'] + ')' if row['stale'] else 'matches'}")
+        else:
+            goldens.write_block(name, fresh, order=build.book_notebooks())
+            for key, e in fresh.items():
+                print(f"  {key}: {e['value']:.4g} ± {e['abs']:.2g} ({e['outcome']}; {e['spread']})")
+    return 1 if stale else 0
+
+
+def cmd_diff(args) -> int:
+    from lowrank.book import build, goldens
+
+    executed = {n: build.executed_path(n) for n in build.book_notebooks()}
+    missing = [n for n, p in executed.items() if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"not executed yet: {', '.join(missing)} (run `make book` first)")
+    rows = goldens.verdict_diff(executed)
+    text = goldens.diff_markdown(rows)
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(text + f"\n(written to {out})")
+    return 1 if args.strict and any(not r["within"] for r in rows) else 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="lowrank", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -102,12 +142,24 @@ def main(argv=None) -> int:
     p_sw.add_argument("--jobs", type=int, help="local executor: runs at once (default: CPU count)")
     p_sw.add_argument("--output", help="sweep folder (default runs/sweeps/<spec name>)")
     p_sw.add_argument("--collect", action="store_true", help="gather finished runs into collected.csv")
+    p_gold = sub.add_parser("goldens", help="measure golden verdicts over seeds (tests/golden_verdicts.yaml)")
+    gold_sub = p_gold.add_subparsers(dest="action", required=True)
+    p_meas = gold_sub.add_parser("measure", help="execute over seed offsets and write (or --check) the golden entries")
+    p_meas.add_argument("names", nargs="+", metavar="PART/NAME")
+    p_meas.add_argument("--seeds", default="0-4", help="seed offsets, 0 first (default 0-4)")
+    p_meas.add_argument("--jobs", type=int, default=2, choices=range(1, 65), metavar="N", help="executions at once")
+    p_meas.add_argument("--check", action="store_true", help="compare with the recorded entries, write nothing")
+    p_diff = sub.add_parser("diff", help="verdicts of the built notebooks that differ from their golden entries")
+    p_diff.add_argument("-o", "--output", default="_build/verdict-diff.md")
+    p_diff.add_argument("--strict", action="store_true", help="exit 1 when a verdict is outside its tolerance")
     args = ap.parse_args(argv)
     from lowrank.book.sweeps import SweepError
 
     try:
-        return {"list": cmd_list, "run": cmd_run, "report": cmd_report, "sweep": cmd_sweep}[args.command](args)
-    except (runs.ParameterError, FileNotFoundError, SweepError) as err:
+        commands = {"list": cmd_list, "run": cmd_run, "report": cmd_report, "sweep": cmd_sweep,
+                    "goldens": cmd_goldens, "diff": cmd_diff}
+        return commands[args.command](args)
+    except (runs.ParameterError, FileNotFoundError, SweepError, ValueError) as err:
         print(f"lowrank: error: {err}", file=sys.stderr)
         return 2
 

@@ -151,7 +151,7 @@ def _parse_text(text: str):
 
 
 def verdicts(nb) -> dict:
-    """`{verdict name: record dict}` glued by `lowrank.book.verdicts.record`."""
+    """`{verdict name: record dict}` glued by `lowrank.book.verdicts.check` and `claim`."""
     from lowrank.book.verdicts import GLUE_PREFIX
 
     return {k[len(GLUE_PREFIX):]: v for k, v in glued_values(nb).items() if k.startswith(GLUE_PREFIX)}
