@@ -147,3 +147,16 @@ def test_layer_ranks_against_numpy(binary):
         s = np.linalg.svd(w.matrix.double().cpu().numpy(), compute_uv=False)
         assert last.loc[k, "rank"] == int((s > 0.3 * s[0]).sum())
         assert last.loc[k, "stable_rank"] == pytest.approx(float((s**2).sum() / s[0] ** 2), rel=1e-10)
+
+
+def test_nc_shuffled_and_convention_columns():
+    data = training.load_task("digits", [0, 1, 2], max_train=45, max_test=15)
+    run = training.train_network(data, arch="mlp", arch_kwargs={"widths": [8]}, epochs=2, lr=0.1, nc_shuffled=True,
+                                 nc_convention="paper", dtype="float64", progress=False)
+    h = run.history
+    assert {"shuffled_nc1", "shuffled_nc3", "nc2_equiangular_classifiers_fig9"} <= set(h.columns)
+    # the classifier is the same, so its own metrics agree; the class means differ
+    assert (h.nc2_equinorm_classifiers == h.shuffled_nc2_equinorm_classifiers).all()
+    assert (h.nc1 != h.shuffled_nc1).all()
+    with pytest.raises(ValueError, match="nc_convention"):
+        training.SquareConfig(epochs=1, lr=0.1, nc_convention="global")

@@ -53,6 +53,7 @@ __all__ = [
     "centred_one_hot",
     "margins",
     "margin_stats",
+    "uncentred_means_cosine",
 ]
 
 NC_KEYS = (
@@ -338,3 +339,14 @@ def margin_stats(fbar, rho: float, weight_decay: float, second_moment=None) -> d
         "margin_max": float(f.max()),
         "fraction_positive": float((f > 0).to(torch.float64).mean()),
     }
+
+
+def uncentred_means_cosine(H, y) -> float:
+    """`cos(mu_a, mu_b)` of the two class means of features `H` (N x p) with two classes (labels ±1 or
+    0/1), not centred. Theorem 5 (binary) has `mu_+ = -mu_-`, i.e. cosine -1; for ReLU features
+    (non-negative) the cosine is >= 0, so that reading can hold only if a mean is 0."""
+    H = as_tensor(H, "H", min_ndim=2)
+    idx = _labels(y, H.shape[0], 2)
+    a, b = H[idx == 0].mean(0), H[idx == 1].mean(0)
+    denom = a.norm() * b.norm()
+    return float(a @ b / denom) if denom > 0 else float("nan")

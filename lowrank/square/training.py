@@ -84,7 +84,8 @@ def prepare(ds: Dataset, shape=None, unit_ball: bool = True, center: bool = Fals
 
 
 def load_task(dataset: str, classes, data_root: str = DEFAULT_DATA_ROOT, max_train: int | None = None,
-              max_test: int | None = None, shape=None, unit_ball: bool = True, seed: int = 0) -> Dataset:
+              max_test: int | None = None, shape=None, unit_ball: bool = True, seed: int = 0,
+              num_samples: int | None = None) -> Dataset:
     """A classification task of the square-loss notebooks, inputs in the unit ball.
 
     Two classes give ±1 labels (`datasets.binary_subset`: `classes[0] -> -1`, `classes[1] -> +1`);
@@ -94,7 +95,7 @@ def load_task(dataset: str, classes, data_root: str = DEFAULT_DATA_ROOT, max_tra
     not standardised per feature (per-feature scaling blows up rare pixels, and then dividing by the
     largest norm leaves most inputs far inside the unit ball); "mnist" and "cifar10" are read from
     `data_root` (default `lowrank.core.datasets.DEFAULT_DATA_ROOT`) with their usual per-channel
-    normalisation.
+    normalisation. `num_samples`: how many MNIST-1D signals to generate (train + test, 80/20; default 5000).
 
     Returns
     -------
@@ -105,7 +106,8 @@ def load_task(dataset: str, classes, data_root: str = DEFAULT_DATA_ROOT, max_tra
     elif dataset == "digits":
         ds, center = datasets.digits(seed=seed, standardize=False), True
     else:
-        ds, center = datasets.load(dataset, standardize=False), True
+        extra = {} if num_samples is None else {"num_samples": int(num_samples)}
+        ds, center = datasets.load(dataset, standardize=False, **extra), True
     classes = [int(c) for c in classes]
     if len(classes) == 2:
         ds = datasets.binary_subset(ds, tuple(classes), max_train, max_test)
@@ -173,6 +175,12 @@ class SquareConfig:
         Epochs between logged rows (plus epoch 0, every epoch of `margin_epochs` and the last).
     nc : bool
         Log the neural-collapse metrics of the last-layer features (`collapse.nc_metrics`).
+    nc_convention : str
+        Global mean and Sigma_W for unbalanced classes: "papyan", "zhu" or "paper" (Eqs. 26-27);
+        see `collapse.nc_metrics`.
+    nc_shuffled : bool
+        Also log the NC metrics of the same features and classifier under a fixed random permutation
+        of the training labels (columns `shuffled_<metric>`): the null model of no class structure.
     track_layers : bool
         Log per layer the numerical rank (threshold `eps`, spectral), stable rank and update norm.
     eps : float
@@ -201,6 +209,8 @@ class SquareConfig:
     min_lr: float = 0.0
     log_every: int = 1
     nc: bool = True
+    nc_convention: str = "papyan"
+    nc_shuffled: bool = False
     track_layers: bool = False
     eps: float = 1e-3
     margin_epochs: tuple = ()
@@ -227,6 +237,8 @@ class SquareConfig:
             raise ValueError(f"schedule must be 'constant' or 'cosine', got {self.schedule!r}")
         if not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"min_lr must be in [0, lr={self.lr}], got {self.min_lr}")
+        if self.nc_convention not in collapse.GLOBAL_MEAN_CONVENTIONS:
+            raise ValueError(f"nc_convention must be one of {collapse.GLOBAL_MEAN_CONVENTIONS}, got {self.nc_convention!r}")
         if self.on_nan not in ("raise", "stop"):
             raise ValueError(f"on_nan must be 'raise' or 'stop', got {self.on_nan!r}")
         if not self.eps > 0:
@@ -287,6 +299,7 @@ class _Data:
     labels_train: torch.Tensor
     x_test: torch.Tensor
     labels_test: torch.Tensor
+    labels_shuffled: torch.Tensor | None = None  # a fixed permutation of labels_train (NC's null model)
 
     @property
     def n(self) -> int:
@@ -309,10 +322,20 @@ def _to_device(model, ds: Dataset, device, dtype) -> _Data:
                  ds.x_test.to(device=device, dtype=dtype), lab_te.to(device))
 
 
-def evaluate(model, data: _Data, lam: float, *, nc: bool = True, eval_batch_size: int = 4096):
+def _nc_columns(h, labels, W, convention: str, prefix: str = "") -> dict:
+    try:
+        return {prefix + k: v for k, v in collapse.nc_metrics(h, labels, W, convention=convention).items()
+                if k != "num_classes"}
+    except ValueError as err:  # e.g. a class collapsed to zero features at initialisation
+        return {prefix + "nc_error": str(err)}
+
+
+def evaluate(model, data: _Data, lam: float, *, nc: bool = True, nc_convention: str = "papyan",
+             eval_batch_size: int = 4096):
     """One logged row: rho, the margin statistics and predictions (`collapse.margin_stats`), the loss
     `(1/N) sum ||rho f_V - t||^2 + lam rho^2`, Eq. 11's form of it, the flow's rho_dot (Eq. 6), train and
-    test error, and (with `nc`) the neural-collapse metrics. Returns `(row, fbar)`, or `(None, None)`
+    test error, and (with `nc`) the neural-collapse metrics (and, when `data.labels_shuffled` is set,
+    the same under shuffled labels, prefixed `shuffled_`). Returns `(row, fbar)`, or `(None, None)`
     when an output is not finite."""
     out_tr, h = _forward_all(model, data.x_train, eval_batch_size)
     out_te, _ = _forward_all(model, data.x_test, eval_batch_size)
@@ -329,12 +352,10 @@ def evaluate(model, data: _Data, lam: float, *, nc: bool = True, eval_batch_size
            "rho_dot_step": float("nan"), "lemma4_rhs": float("nan"),
            "train_error": _errors(out_tr, data.labels_train), "test_error": _errors(out_te, data.labels_test)}
     if nc:
-        W = model.classifier().detach().double().cpu()
-        try:
-            row.update({k: v for k, v in collapse.nc_metrics(h.double().cpu(), data.labels_train.cpu(), W).items()
-                        if k != "num_classes"})
-        except ValueError as err:  # e.g. a class collapsed to zero features at initialisation
-            row["nc_error"] = str(err)
+        W, h = model.classifier().detach().double().cpu(), h.double().cpu()
+        row.update(_nc_columns(h, data.labels_train.cpu(), W, nc_convention))
+        if data.labels_shuffled is not None:
+            row.update(_nc_columns(h, data.labels_shuffled.cpu(), W, nc_convention, prefix="shuffled_"))
     return row, fbar
 
 
@@ -434,7 +455,8 @@ def _diverged(state: _State, config: SquareConfig, epoch: int, mean_loss: float,
 
 def _log(state: _State, config: SquareConfig, data: _Data, tables: dict, epoch: int, total_steps: int) -> dict | None:
     """Evaluate and append one row (and its margins and layer rows); None when an output is not finite."""
-    row, fbar = evaluate(state.model, data, config.lam, nc=config.nc, eval_batch_size=config.eval_batch_size)
+    row, fbar = evaluate(state.model, data, config.lam, nc=config.nc, nc_convention=config.nc_convention,
+                         eval_batch_size=config.eval_batch_size)
     if row is None:
         return None
     row = {"epoch": epoch, "step": state.step, "lr": _lr_at(config, state.step, total_steps), **row}
@@ -480,6 +502,9 @@ def train_square(model, ds: Dataset, config: SquareConfig | None = None, *, devi
     device = torch.device(device) if device is not None else get_device()
     model = model.to(device=device, dtype=config.dtype)
     data = _to_device(model, ds, device, config.dtype)
+    if config.nc_shuffled:
+        perm = torch.randperm(data.n, generator=torch.Generator().manual_seed(config.seed + 1))
+        data.labels_shuffled = data.labels_train[perm.to(data.labels_train.device)]
     if config.batch_size and config.batch_size > data.n:
         raise ValueError(f"batch_size must be between 1 and N={data.n}, got {config.batch_size}")
     total_steps = config.epochs * math.ceil(data.n / (config.batch_size or data.n))
