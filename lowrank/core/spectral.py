@@ -24,6 +24,7 @@ __all__ = [
     "rank_k_error",
     "alignment",
     "principal_angles",
+    "orthonormal_basis",
     "conv_weight_as_matrix",
     "count_outliers",
     "leading_left_vectors",
@@ -219,13 +220,29 @@ def alignment(u, v):
     return _out(cos.clamp(max=1.0), cos.ndim == 0)
 
 
-def _orthonormal_basis(A: torch.Tensor, name: str) -> torch.Tensor:
+def orthonormal_basis(A, name: str = "A") -> torch.Tensor:
+    """An orthonormal basis of the column space of `A` (d x k), as the columns of a d x r matrix.
+
+    Parameters
+    ----------
+    A : matrix (d x k), NumPy or torch; computed in float64.
+    name : how errors call `A`.
+
+    Returns
+    -------
+    The left singular vectors of `A` whose singular values exceed `s_1 max(d, k) eps_mach` (the
+    numerical-rank cut of LAPACK's `matrix_rank`), d x r. Raises ValueError for a zero matrix.
+    """
+    A = _matrix(A, name)
     U, s, _ = torch.linalg.svd(A, full_matrices=False)
     tol = s[0] * max(A.shape) * torch.finfo(A.dtype).eps if s.numel() else 0
     r = int((s > tol).sum())
     if r == 0:
         raise ValueError(f"{name} has no column space (zero matrix)")
     return U[:, :r]
+
+
+_orthonormal_basis = orthonormal_basis  # the former private name
 
 
 def principal_angles(A, B) -> torch.Tensor:
