@@ -6,6 +6,8 @@
     lowrank sweep SPEC.yaml [--executor local|ray] [--address HOST:PORT] [--jobs N] [--collect]
     lowrank goldens measure PART/NAME [PART/NAME ...] [--seeds 0-4] [--check]
     lowrank diff [-o FILE.md] [--strict]
+    lowrank data fetch mnist|cifar10 [--root DIR]
+    lowrank results store RUN_FOLDER [RUN_FOLDER ...] | lowrank results list
 """
 
 from __future__ import annotations
@@ -131,6 +133,37 @@ def cmd_diff(args) -> int:
     return 1 if args.strict and any(not r["within"] for r in rows) else 0
 
 
+def cmd_data(args) -> int:
+    """`lowrank data fetch NAME`: download, check the published md5 sums, unpack (resumable)."""
+    from lowrank.core import datasets
+
+    try:
+        root = datasets.fetch(args.dataset, args.root)
+    except datasets.FetchError as err:
+        print(f"lowrank: error: {err}", file=sys.stderr)
+        return 2
+    print(f"{args.dataset} is in {root.resolve()} (data_root: {args.root or datasets.DEFAULT_DATA_ROOT})")
+    return 0
+
+
+def cmd_results(args) -> int:
+    """`lowrank results store FOLDER...`: keep paper-scale runs' verdicts and provenance in results/paper/;
+    `lowrank results list`: each stored result, current or stale."""
+    from lowrank.book import paper_results as pr
+
+    if args.action == "store":
+        for folder in args.folders:
+            print(f"stored {pr.store_run(folder)}")
+        return 0
+    for name in pr.stored_names():
+        r = pr.paper_results(name)
+        p = r["provenance"]
+        state = f"STALE ({r['stale_reason']})" if r["stale"] else "current"
+        print(f"{name}: {len(r['verdicts'])} verdicts, {p.get('wall_s')} s on {p.get('device')}, "
+              f"commit {str((p.get('git') or {}).get('commit'))[:10]}: {state}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="lowrank", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -163,12 +196,23 @@ def main(argv=None) -> int:
     p_diff = sub.add_parser("diff", help="verdicts of the built notebooks that differ from their golden entries")
     p_diff.add_argument("-o", "--output", default="_build/verdict-diff.md")
     p_diff.add_argument("--strict", action="store_true", help="exit 1 when a verdict is outside its tolerance")
+    p_data = sub.add_parser("data", help="real data sets: fetch MNIST / CIFAR-10 into the data root")
+    p_data_sub = p_data.add_subparsers(dest="action", required=True)
+    p_fetch = p_data_sub.add_parser("fetch", help="download from the canonical address, check md5, resume")
+    p_fetch.add_argument("dataset", choices=["mnist", "cifar10"])
+    p_fetch.add_argument("--root", help="data folder (default: DEFAULT_DATA_ROOT below the repository root)")
+    p_res = sub.add_parser("results", help="paper-scale results kept in results/paper/ with their provenance")
+    p_res_sub = p_res.add_subparsers(dest="action", required=True)
+    p_store = p_res_sub.add_parser("store", help="store finished `lowrank run NAME --scale paper` folders")
+    p_store.add_argument("folders", nargs="+")
+    p_res_sub.add_parser("list", help="every stored result: current, or stale when its parameters changed")
     args = ap.parse_args(argv)
     from lowrank.book.sweeps import SweepError
 
     try:
         commands = {"list": cmd_list, "run": cmd_run, "report": cmd_report, "sweep": cmd_sweep,
-                    "goldens": cmd_goldens, "diff": cmd_diff}
+                    "goldens": cmd_goldens, "diff": cmd_diff,
+                    "data": cmd_data, "results": cmd_results}
         return commands[args.command](args)
     except (notebooks.InputError, SweepError, FileNotFoundError, ValueError) as err:
         message = " ".join(str(err).split())  # one line, whatever the exception's text
