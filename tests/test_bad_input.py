@@ -337,3 +337,67 @@ def test_check_seed_refuses_what_the_parameter_rule_refuses(sandbox, seed):
         validation.check_seed(seed)
     assert runs.SEED_MAX == validation.SEED_MAX
     assert written(sandbox) == []
+
+
+# ---- checkpoints (lowrank.core.train) --------------------------------------------------------------
+
+def _training(tmp_path):
+    from lowrank.core import datasets, train
+    from lowrank.core.nets import mlp
+
+    data = datasets.digits()
+    make = lambda width=8: (lambda: mlp.mlp("MLP", 2, width, 64, 10))  # noqa: E731
+    runs = [{"lr": 0.1, "seed": 0}]
+    fit = lambda ckpt, **kw: train.train_ensemble(kw.pop("model", make()), kw.pop("data", data), runs,  # noqa: E731
+                                                  **({"batch_size": 128, "epochs": 1, "progress": False,
+                                                      "checkpoint": ckpt} | kw))
+    return train, data, make, fit
+
+
+@pytest.mark.parametrize("where, message", [
+    (lambda root: root / "folder", "is a folder; give a file path"),
+    (lambda root: root / "missing" / "c.ckpt", "does not exist"),
+])
+def test_checkpoint_paths_fail_before_any_training(sandbox, monkeypatch, where, message):
+    train, _, _, fit = _training(sandbox)
+    (sandbox / "folder").mkdir()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("an epoch was trained before the checkpoint path was checked")
+
+    monkeypatch.setattr(train, "_sgd_epoch", no_training)
+    with pytest.raises(ValueError, match=message):
+        fit(where(sandbox))
+    assert written(sandbox, keep=[sandbox / "folder"]) == []
+
+
+@pytest.mark.parametrize("content", [b"not a checkpoint at all", b"PK\x03\x04 truncated zip", b""])
+def test_a_corrupt_checkpoint_names_its_file(sandbox, content):
+    _, _, _, fit = _training(sandbox)
+    ckpt = sandbox / "bad.ckpt"
+    ckpt.write_bytes(content)
+    with pytest.raises(ValueError, match=f"checkpoint {ckpt} is unreadable"):
+        fit(ckpt)
+    assert ckpt.read_bytes() == content and written(sandbox, keep=[ckpt]) == []
+
+
+def test_a_checkpoint_refuses_another_model_data_split_settings_or_code(sandbox, monkeypatch):
+    """A checkpoint records what it belongs to; resuming with any of it changed is refused by name
+    (the shared-checkpoint sweep gave one eps the other's results), and the same call resumes."""
+    from lowrank.core import datasets
+
+    train, data, make, fit = _training(sandbox)
+    ckpt = sandbox / "run.ckpt"
+    fit(ckpt)
+    saved = ckpt.read_bytes()
+    other_split = datasets.digits(seed=1)
+    for kwargs, what in [({"eps": 0.3}, "eps"), ({"model": make(16)}, "model"), ({"data": other_split}, "data split"),
+                         ({"loss": "mse"}, "loss"), ({"milestones": [1]}, "milestones")]:
+        with pytest.raises(ValueError, match=f"checkpoint {ckpt} belongs to other {what}"):
+            fit(ckpt, epochs=2, **kwargs)
+        assert ckpt.read_bytes() == saved
+    monkeypatch.setattr(train, "_code_digest", lambda: "edited")
+    with pytest.raises(ValueError, match="belongs to other code"):
+        fit(ckpt, epochs=2)
+    monkeypatch.undo()
+    assert fit(ckpt, epochs=2)["epoch"].max() == 2  # the same settings resume
