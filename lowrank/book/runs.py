@@ -196,7 +196,7 @@ class ParameterSpec:
         d, kind = self.default, self.element_type()
         if isinstance(d, list):
             if not isinstance(value, list):
-                raise self._error(f"{value!r} is not a list" + (" (a non-empty list)" if self.min_len else ""))
+                raise self._error(f"{value!r} is not a list")
             if self.min_len is not None and len(value) < self.min_len:
                 need = "is not a non-empty list" if self.min_len == 1 else f"has {len(value)} elements"
                 raise self._error(f"{value!r} {need}; at least {self.min_len} needed")
@@ -347,7 +347,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             try:
                 hash(key)
             except TypeError:
-                raise yaml.constructor.ConstructorError(None, None, f"a key must be a name, got {key!r}",
+                raise yaml.constructor.ConstructorError(None, None, f"a key must be a name, got a {type(key).__name__}",
                                                         key_node.start_mark) from None
             if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)

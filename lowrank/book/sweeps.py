@@ -400,7 +400,7 @@ def check_jobs(jobs, threads: int = 1) -> int:
         return max(1, (os.cpu_count() or 1) // max(1, threads))
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise SweepError(f"--jobs must be a positive number of runs at once, got {jobs!r} "
-                         f"(leave it out for one run per {threads} CPU core(s))")
+                         f"(leave it out for as many as the CPU cores allow at {threads} thread(s) per run)")
     return jobs
 
 
