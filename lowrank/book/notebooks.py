@@ -166,7 +166,10 @@ def _kernel_manager_class():
     class IPCKernelManager(AsyncKernelManager):
         @default("transport")
         def _transport_default(self):
-            return "ipc"
+            from jupyter_core.paths import jupyter_runtime_dir
+
+            # a Unix socket path holds at most 107 bytes: in a deep runtime folder, keep TCP
+            return "ipc" if len(jupyter_runtime_dir()) < 48 else "tcp"
 
     return IPCKernelManager
 
