@@ -22,6 +22,7 @@ def _run_folder(tmp_path, params, verdicts=None):
             "end": "2026-11-30T00:01:00+00:00", "wall_s": 60.0}
     (folder / "provenance.json").write_text(json.dumps(prov))
     (folder / "verdicts.json").write_text(json.dumps(verdicts))
+    runs.write_manifest(folder)  # as `lowrank run` leaves a finished folder
     return folder
 
 
