@@ -157,3 +157,13 @@ def test_paper_toc_keeps_prose_and_the_executed_notebooks_only():
     assert f"notebooks/{NAME}" in files and not any(f.startswith("notebooks/") and f != f"notebooks/{NAME}"
                                                     for f in files)
     assert {f for f in build.toc_files() if not f.startswith("notebooks/")} <= files | {toc["root"]}
+
+
+def test_the_ledger_marks_a_stale_paper_result():
+    from lowrank.book import ledger
+
+    v = {"name": "identity_residual", "claim": "I-1", "kind": "check", "measured": 1e-15, "outcome": "holds",
+         "controls": [], "threshold": {"op": "<=", "value": 1e-12, "origin": "identity"}, "expected": "round-off"}
+    row = {"claim": "I-1", "notebook": NAME, "exists": True, "verdict": v, "paper": v, "paper_date": "2026-11-30"}
+    assert "stale" not in ledger._row_html({**row, "paper_stale": False}, set())
+    assert ">stale<" in ledger._row_html({**row, "paper_stale": True}, set())

@@ -205,9 +205,8 @@ def book_notebooks() -> list[str]:
 
 def write_ledger(names) -> Path:
     from lowrank.book.ledger import write_ledger as write
-    from lowrank.book.runs import RUNS
 
-    return write(REPO_ROOT / "book" / "ledger.md", {n: executed_path(n) for n in names}, RUNS, toc_files())
+    return write(REPO_ROOT / "book" / "ledger.md", {n: executed_path(n) for n in names}, toc_files())
 
 
 def build_html(rebuild_all: bool = False, *, output: Path = REPO_ROOT, extra: tuple = (), strict: bool = True,

@@ -175,7 +175,7 @@ def render(executed: list[str]) -> Path:
         from lowrank.book.ledger import write_ledger
 
         toc_files = build.toc_files() - {f"notebooks/{n}" for n in build.book_notebooks() if n not in executed}
-        write_ledger(ledger, {n: build.executed_path(n) for n in build.book_notebooks()}, runs.RUNS, toc_files)
+        write_ledger(ledger, {n: build.executed_path(n) for n in build.book_notebooks()}, toc_files)
         # not strict: prose pages link to notebooks a skipped data set left out of this book
         return build.build_html(True, output=PAPER, strict=False, figures=FIGURES,
                                 extra=("--config", str(PAPER / "_config.yml"), "--toc", str(PAPER / "_toc.yml")))
