@@ -22,6 +22,7 @@ def _run_folder(tmp_path, params, verdicts=None):
             "end": "2026-11-30T00:01:00+00:00", "wall_s": 60.0}
     (folder / "provenance.json").write_text(json.dumps(prov))
     (folder / "verdicts.json").write_text(json.dumps(verdicts))
+    runs.write_manifest(folder)
     return folder
 
 
@@ -36,7 +37,7 @@ def test_store_and_read_back_with_provenance(tmp_path):
     assert r["verdicts"]["identity_residual"]["outcome"] == "holds"
     p = r["provenance"]
     assert p["git"]["commit"] == "abc" and p["wall_s"] == 60.0 and p["device"].startswith("cpu")
-    assert p["parameter_hash"] == runs.run_hash(NAME, params) and p["versions"] == {"torch": "x"}
+    assert p["parameter_hash"] == pr.parameter_hash(NAME, params) and p["versions"] == {"torch": "x"}
     assert pr.stored_names(tmp_path / "results") == [NAME]
     assert pr.paper_results("gradients/relu", root=tmp_path / "results") is None
 
@@ -82,7 +83,7 @@ def test_every_stored_result_is_complete(name):
     assert r["verdicts"] and all(v["scale"] == "paper" for v in r["verdicts"].values())
     p = r["provenance"]
     assert p["git"]["commit"] and p["versions"]["torch"] and p["device"] and p["wall_s"] > 0
-    assert p["parameter_hash"] == runs.run_hash(name, p["parameters"])
+    assert p["parameter_hash"] == pr.parameter_hash(name, p["parameters"])
 
 
 # ---- the paper-scale build (`python -m lowrank.book.build --scale paper`) ----------------------------

@@ -80,7 +80,7 @@ def _execute_one(name: str, params: dict) -> float:
     from lowrank.book.verdicts import GLUE_PREFIX
 
     found = {k[len(GLUE_PREFIX):]: v for k, v in values.items() if k.startswith(GLUE_PREFIX)}
-    provenance = {"git": runs._git_state(), "versions": runs._versions(), "device": describe_device(),
+    provenance = {"code": runs.code_key(name), "git": runs._git_state(), "versions": runs._versions(), "device": describe_device(),
                   "start": started.isoformat(timespec="seconds"),
                   "end": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "wall_s": wall,
                   "run_folder": None}
