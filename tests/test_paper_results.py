@@ -157,3 +157,73 @@ def test_paper_toc_keeps_prose_and_the_executed_notebooks_only():
     assert f"notebooks/{NAME}" in files and not any(f.startswith("notebooks/") and f != f"notebooks/{NAME}"
                                                     for f in files)
     assert {f for f in build.toc_files() if not f.startswith("notebooks/")} <= files | {toc["root"]}
+
+
+PROBE = """---
+jupytext:
+  text_representation: {{extension: .md, format_name: myst, format_version: 0.13}}
+kernelspec: {{display_name: Python 3, language: python, name: python3}}
+---
+
+# Probe {name}
+
+```{{code-cell}} ipython3
+:tags: [parameters]
+
+scale = "ci"
+n = 2
+dataset = "{dataset}"
+data_root = "data"
+```
+
+```{{code-cell}} ipython3
+from lowrank.book import verdicts as V
+v = V.check("n_squared", claim="P-1", measured=float(n * n), scale=scale, expected="n^2",
+            threshold=V.Threshold(">=", 0.0, "probe"))
+print("n squared is", n * n, "at", scale, "scale")
+```
+
+The value is {{glue:text}}`n_squared`.
+"""
+
+
+def test_make_paper_on_a_probe_book(tmp_path):
+    """`python -m lowrank.book.build --scale paper` end to end on a two-page copy of the book: the page
+    with a paper file is executed with it, stored with provenance and rendered in the paper-scale
+    HTML; the page whose CIFAR-10 is absent is skipped with the fetch command; the ci build is untouched."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from lowrank.book import build
+
+    root = tmp_path / "book"
+    shutil.copytree(build.PACKAGE, root / "lowrank", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(build.REPO_ROOT / "book" / "_ext", root / "book" / "_ext")
+    for rel in ("_config.yml", "book/references.bib", "book/claims.yaml"):
+        shutil.copy(build.REPO_ROOT / rel, root / rel)
+    (root / "book" / "intro.md").write_text("# Probe book\n")
+    (root / "_toc.yml").write_text("format: jb-book\nroot: book/intro\nchapters:\n"
+                                   "  - file: notebooks/probe/square\n  - file: notebooks/probe/needs_cifar\n")
+    (root / "notebooks" / "probe").mkdir(parents=True)
+    (root / "notebooks" / "probe" / "square.md").write_text(PROBE.format(name="A", dataset="digits"))
+    (root / "notebooks" / "probe" / "needs_cifar.md").write_text(PROBE.format(name="B", dataset="cifar10"))
+    (root / "params" / "paper" / "probe").mkdir(parents=True)
+    for nb in ("square", "needs_cifar"):
+        (root / "params" / "paper" / "probe" / f"{nb}.yaml").write_text("scale: paper\nn: 7\n")
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    out = subprocess.run([sys.executable, "-m", "lowrank.book.build", "--scale", "paper"], cwd=root, env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "probe/needs_cifar: skipped: cifar10 is not in" in out.stdout and "lowrank data fetch cifar10" in out.stdout
+    page = (root / "_build" / "paper" / "_build" / "html" / "notebooks" / "probe" / "square.html").read_text()
+    assert "n squared is 49 at paper scale" in page and "(paper scale)" in page
+    assert "# Parameters" in page and "n = 7" in page  # the injected paper parameters are shown
+    assert not (root / "_build" / "paper" / "_build" / "html" / "notebooks" / "probe" / "needs_cifar.html").exists()
+    stored = json.loads((root / "results" / "paper" / "probe" / "square" / "provenance.json").read_text())
+    assert stored["parameters"]["n"] == 7 and stored["wall_s"] > 0 and stored["device"].startswith(("cpu", "cuda"))
+    verdict = json.loads((root / "results" / "paper" / "probe" / "square" / "verdicts.json").read_text())
+    assert verdict["n_squared"]["measured"] == 49.0 and verdict["n_squared"]["scale"] == "paper"
+    assert not (root / "results" / "paper" / "probe" / "needs_cifar").exists()
+    assert not (root / "_build" / "executed").exists() and not (root / "_build" / "html").exists()

@@ -168,7 +168,7 @@ def render(executed: list[str]) -> Path:
     PAPER.mkdir(parents=True, exist_ok=True)
     (PAPER / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     (PAPER / "_toc.yml").write_text(yaml.safe_dump(toc, sort_keys=False))
-    build.fill_jupyter_cache(executed, cache_dir=CACHE, executed=executed_path)
+    build.fill_jupyter_cache(executed, cache_dir=CACHE, executed_at=executed_path)
     ledger = notebooks.REPO_ROOT / "book" / "ledger.md"
     before = ledger.read_text() if ledger.is_file() else None
     try:  # the ledger page as the ci build writes it, linking only the pages this book has
