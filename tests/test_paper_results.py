@@ -69,6 +69,7 @@ def test_only_paper_scale_runs_with_verdicts_are_stored(tmp_path):
 
 def test_cli_store_and_list(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(pr, "RESULTS", tmp_path / "results")
+    assert cli.main(["results", "list"]) == 0 and "no paper-scale results in" in capsys.readouterr().out
     folder = _run_folder(tmp_path, pr.paper_parameters(NAME))
     assert cli.main(["results", "store", str(folder)]) == 0
     assert cli.main(["results", "list"]) == 0
