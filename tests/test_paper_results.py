@@ -2,6 +2,7 @@
 `paper_results(name)`, and shown as stale once the notebook's paper parameters change."""
 
 import json
+import shutil
 
 import pytest
 import yaml
@@ -112,13 +113,24 @@ def test_paper_build_executes_stores_caches_and_skips(tmp_path, monkeypatch, cap
     calls = []
 
     def fake_execute(name, output, parameters=None, figure_dir=None, figure_url=None, timeout=None):
+        import time
+
+        import nbformat
+
         calls.append((name, parameters, timeout))
-        output.parent.mkdir(parents=True, exist_ok=True)
+        partial = output.parent / f".{output.stem}.tmp" / "output.ipynb"  # as papermill leaves it mid-run
+        partial.parent.mkdir(parents=True)
+        cells = [nbformat.v4.new_code_cell("1", metadata={"papermill": {"status": s}})
+                 for s in ("completed", "completed", "running", "pending")]
+        nbformat.write(nbformat.v4.new_notebook(cells=cells), partial)
+        time.sleep(0.5)
+        shutil.rmtree(partial.parent)
         output.write_text("{}")
         return {f"{GLUE_PREFIX}identity_residual": {"name": "identity_residual", "claim": "I-1", "kind": "check",
                                                     "measured": 1e-15, "outcome": "holds", "scale": "paper"}}
 
     monkeypatch.setattr(notebooks, "execute", fake_execute)
+    monkeypatch.setattr(pb, "HEARTBEAT_S", 0.1)
     monkeypatch.setattr(pb, "EXECUTED", tmp_path / "executed")
     monkeypatch.setattr(pr, "RESULTS", tmp_path / "results")
     data = tmp_path / "no-data"
@@ -137,6 +149,7 @@ def test_paper_build_executes_stores_caches_and_skips(tmp_path, monkeypatch, cap
     assert pb.execute_paper([NAME])[0] == [NAME] and len(calls) == 1, "a current notebook was executed again"
     out = capsys.readouterr().out
     assert "paper scale on " in out and "skipped: cifar10 is not in" in out and "current (cache hit)" in out
+    assert f"{NAME}: 0 s elapsed, code cell 3 of 4" in out  # the heartbeat of a running notebook
 
 
 def test_paper_toc_keeps_prose_and_the_executed_notebooks_only():
