@@ -151,11 +151,13 @@ def execute_all(names, jobs: int, force: bool = False) -> dict:
     return done
 
 
-def fill_jupyter_cache(names, cache_dir: Path = CACHE, executed=None) -> None:
+def fill_jupyter_cache(names, cache_dir: Path = CACHE, executed_at=None) -> None:
     """Put the executed outputs into jupyter-cache under the hash Jupyter Book will look up.
 
     The notebook is read exactly as myst-nb reads it (so the code-cell hash matches), and the
-    outputs are copied over cell by cell from the papermill run.
+    outputs are copied over cell by cell from the papermill run (`executed_at(name)`, default
+    `executed_path`). A cell papermill injected with the run's parameters (the paper scale) has no
+    counterpart in the source: its text is shown as the output of the parameters cell instead.
     """
     import nbformat
     from jupyter_cache import get_cache
@@ -167,13 +169,20 @@ def fill_jupyter_cache(names, cache_dir: Path = CACHE, executed=None) -> None:
     for name in names:
         src = source_path(name)
         nb = read_myst_markdown_notebook(src.read_text("utf8"), add_source_map=True, path=str(src))
-        executed = nbformat.read((executed or executed_path)(name), as_version=4)
+        executed = nbformat.read((executed_at or executed_path)(name), as_version=4)
         code = [c for c in nb.cells if c.cell_type == "code"]
-        done = [c for c in executed.cells if c.cell_type == "code"]
+        done, injected = [], None
+        for c in executed.cells:
+            if c.cell_type == "code" and "injected-parameters" in c.metadata.get("tags", []):
+                injected = c.source
+            elif c.cell_type == "code":
+                done.append(c)
         if len(code) != len(done):
             raise RuntimeError(f"{name}: {len(code)} code cells in the source, {len(done)} executed")
         for i, (c, e) in enumerate(zip(code, done), 1):
             c.outputs = e.outputs
+            if injected is not None and "parameters" in c.metadata.get("tags", []):
+                c.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"{injected}\n")] + list(e.outputs)
             c.execution_count = i
         cache.cache_notebook_bundle(CacheBundleIn(nb, str(src), data={"execution_seconds":
                                     executed.metadata.get("lowrank", {}).get("wall_s")}),
@@ -205,9 +214,8 @@ def book_notebooks() -> list[str]:
 
 def write_ledger(names) -> Path:
     from lowrank.book.ledger import write_ledger as write
-    from lowrank.book.runs import RUNS
 
-    return write(REPO_ROOT / "book" / "ledger.md", {n: executed_path(n) for n in names}, RUNS, toc_files())
+    return write(REPO_ROOT / "book" / "ledger.md", {n: executed_path(n) for n in names}, toc_files())
 
 
 def build_html(rebuild_all: bool = False, *, output: Path = REPO_ROOT, extra: tuple = (), strict: bool = True,

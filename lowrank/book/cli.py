@@ -155,6 +155,8 @@ def cmd_results(args) -> int:
         for folder in args.folders:
             print(f"stored {pr.store_run(folder)}")
         return 0
+    if not pr.stored_names():
+        print(f"no paper-scale results in {pr.RESULTS} (`make paper`, or `lowrank results store RUN_FOLDER`)")
     for name in pr.stored_names():
         r = pr.paper_results(name)
         p = r["provenance"]

@@ -14,6 +14,7 @@ import datetime as dt
 import shutil
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -29,6 +30,7 @@ FIGURES = PAPER / "figures"
 CACHE = PAPER / ".jupyter_cache"
 REAL_DATA = ("mnist", "cifar10")
 PAPER_CELL_TIMEOUT = 48 * 3600  # seconds per cell: a paper-scale training cell may run for hours
+HEARTBEAT_S = 60.0  # how often a running notebook reports its elapsed time and cell
 
 
 def executed_path(name: str) -> Path:
@@ -64,6 +66,27 @@ def _key(name: str, params: dict) -> str:
     return build.execution_key(name) + runs.run_hash(name, params)
 
 
+def _progress(name: str) -> str:
+    """`cell k of n` from papermill's partial output notebook (it is rewritten after every cell)."""
+    import nbformat
+
+    for partial in executed_path(name).parent.glob(f".{executed_path(name).stem}.*/output.ipynb"):
+        try:
+            nb = nbformat.read(partial, as_version=4)
+        except Exception:  # being rewritten this instant
+            return ""
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        status = [c.metadata.get("papermill", {}).get("status") for c in code]
+        running = status.index("running") + 1 if "running" in status else status.count("completed")
+        return f", code cell {running} of {len(code)}"
+    return ""
+
+
+def _heartbeat(name: str, t0: float, stop: threading.Event) -> None:
+    while not stop.wait(HEARTBEAT_S):
+        print(f"      {name}: {time.time() - t0:.0f} s elapsed{_progress(name)}", flush=True)
+
+
 def _execute_one(name: str, params: dict) -> float:
     """Execute `name` at paper scale, store its result; return the wall time in seconds."""
     from lowrank.core.device import describe_device
@@ -74,14 +97,19 @@ def _execute_one(name: str, params: dict) -> float:
         shutil.rmtree(leftover, ignore_errors=True)
     started = dt.datetime.now(dt.timezone.utc)
     t0 = time.time()
-    values = notebooks.execute(name, executed_path(name), parameters=params, figure_dir=FIGURES / name,
-                               figure_url=f"../../figures/{name}", timeout=PAPER_CELL_TIMEOUT)
+    stop = threading.Event()
+    threading.Thread(target=_heartbeat, args=(name, t0, stop), daemon=True).start()
+    try:
+        values = notebooks.execute(name, executed_path(name), parameters=params, figure_dir=FIGURES / name,
+                                   figure_url=f"../../figures/{name}", timeout=PAPER_CELL_TIMEOUT)
+    finally:
+        stop.set()
     wall = round(time.time() - t0, 2)
     from lowrank.book.verdicts import GLUE_PREFIX
 
     found = {k[len(GLUE_PREFIX):]: v for k, v in values.items() if k.startswith(GLUE_PREFIX)}
-    provenance = {"git": runs._git_state(), "versions": runs._versions(), "device": describe_device(),
-                  "start": started.isoformat(timespec="seconds"),
+    provenance = {"code": runs.code_key(name), "git": runs._git_state(), "versions": runs._versions(),
+                  "device": describe_device(), "start": started.isoformat(timespec="seconds"),
                   "end": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "wall_s": wall,
                   "run_folder": None}
     paper_results.store(name, params, found, provenance)
@@ -168,14 +196,14 @@ def render(executed: list[str]) -> Path:
     PAPER.mkdir(parents=True, exist_ok=True)
     (PAPER / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     (PAPER / "_toc.yml").write_text(yaml.safe_dump(toc, sort_keys=False))
-    build.fill_jupyter_cache(executed, cache_dir=CACHE, executed=executed_path)
+    build.fill_jupyter_cache(executed, cache_dir=CACHE, executed_at=executed_path)
     ledger = notebooks.REPO_ROOT / "book" / "ledger.md"
     before = ledger.read_text() if ledger.is_file() else None
     try:  # the ledger page as the ci build writes it, linking only the pages this book has
         from lowrank.book.ledger import write_ledger
 
         toc_files = build.toc_files() - {f"notebooks/{n}" for n in build.book_notebooks() if n not in executed}
-        write_ledger(ledger, {n: build.executed_path(n) for n in build.book_notebooks()}, runs.RUNS, toc_files)
+        write_ledger(ledger, {n: build.executed_path(n) for n in build.book_notebooks()}, toc_files)
         # not strict: prose pages link to notebooks a skipped data set left out of this book
         return build.build_html(True, output=PAPER, strict=False, figures=FIGURES,
                                 extra=("--config", str(PAPER / "_config.yml"), "--toc", str(PAPER / "_toc.yml")))

@@ -3,11 +3,12 @@
 A paper-scale run's verdicts and provenance are stored as two small JSON files in
 `results/paper/<part>/<name>/` (`verdicts.json`, `provenance.json`): the git commit and dirty flag,
 the package versions, the device, the wall time in seconds, the full parameter set and its hash
-(`lowrank.book.runs.run_hash`). The ledger's paper column reads them with `paper_results(name)`.
+(`parameter_hash`), and the code key of the run (`lowrank.book.runs.code_key`, for reference). The ledger's paper column reads them with `paper_results(name)`.
 
 A stored result is *stale* when the parameters a paper-scale run of the notebook would use today
 (its parameter cell's defaults overlaid by `params/paper/<part>/<name>.yaml`) no longer hash to the
-stored hash: the paper file or a default changed since the result was measured.
+stored hash: the paper file or a default changed since the result was measured. (A change of code
+alone does not make a result stale; `provenance["code"]` says which code measured it.)
 
     lowrank results store RUN_FOLDER [RUN_FOLDER ...]   # a finished `lowrank run NAME --scale paper`
     lowrank results list                                 # every stored result, stale or current
@@ -23,13 +24,21 @@ from pathlib import Path
 
 from lowrank.book import notebooks, runs
 
-__all__ = ["RESULTS", "result_dir", "paper_parameters", "store", "store_run", "paper_results", "stored_names"]
+__all__ = ["RESULTS", "result_dir", "paper_parameters", "parameter_hash", "store", "store_run", "paper_results", "stored_names"]
 
 RESULTS = notebooks.REPO_ROOT / "results" / "paper"
 
 
 def result_dir(name: str, root: Path | None = None) -> Path:
     return (RESULTS if root is None else Path(root)) / name
+
+
+def parameter_hash(name: str, params: dict) -> str:
+    """SHA-256 (first 16 hex digits) of the notebook's name and its full parameter set."""
+    import hashlib
+
+    text = json.dumps({"notebook": name, "parameters": params}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def paper_parameters(name: str) -> dict:
@@ -55,7 +64,7 @@ def store(name: str, params: dict, verdicts: dict, provenance: dict, root: Path 
                                   f"{notebooks.paper_params_path(name)} and the notebook's defaults")
     if not verdicts:
         raise runs.ParameterError(f"{name}: the run glued no verdicts; nothing to store")
-    record = {**provenance, "notebook": name, "parameters": params, "parameter_hash": runs.run_hash(name, params),
+    record = {**provenance, "notebook": name, "parameters": params, "parameter_hash": parameter_hash(name, params),
               "stored": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     final = result_dir(name, root)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -76,7 +85,7 @@ def store_run(folder, root: Path | None = None) -> Path:
     """Store the result of a finished run folder (`lowrank run NAME --scale paper`)."""
     run = runs.load_run(folder)
     prov = run["provenance"]
-    keep = {k: prov.get(k) for k in ("git", "versions", "device", "start", "end", "wall_s")}
+    keep = {k: prov.get(k) for k in ("git", "versions", "device", "start", "end", "wall_s", "code")}
     keep["run_folder"] = Path(folder).name
     return store(prov["notebook"], prov["parameters"], run["verdicts"], keep, root)
 
@@ -96,7 +105,7 @@ def paper_results(name: str, root: Path | None = None) -> dict | None:
         return {"verdicts": verdicts, "provenance": prov, "stale": True, "stale_reason": str(err)}
     stored = prov.get("parameters", {})
     changed = sorted(k for k in set(now) | set(stored) if now.get(k) != stored.get(k))
-    stale = runs.run_hash(name, now) != prov.get("parameter_hash") or bool(changed)
+    stale = parameter_hash(name, now) != prov.get("parameter_hash") or bool(changed)
     reason = f"parameters changed since the run: {', '.join(changed) or 'hash'}" if stale else None
     return {"verdicts": verdicts, "provenance": prov, "stale": stale, "stale_reason": reason}
 
