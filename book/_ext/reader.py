@@ -134,8 +134,12 @@ def executed_meta(name: str) -> dict:
     return json.loads(path.read_text()).get("metadata", {}).get("lowrank", {})
 
 
-def rerun_section(name: str) -> nodes.section:
-    """The "Rerun this page" section of notebook `name`, from the notebook's parameter cell."""
+REPRODUCE_PAGE = "book/reproduce"
+
+
+def rerun_section(name: str, docname: str = "", reproduce_page: str | None = None) -> nodes.section:
+    """The "Rerun this page" section of notebook `name`, from the notebook's parameter cell;
+    `reproduce_page` (a docname) is linked when the book has it."""
     import yaml
 
     from lowrank.book import notebooks, runs
@@ -150,12 +154,14 @@ def rerun_section(name: str) -> nodes.section:
     intro = nodes.paragraph(text="Everything above was computed by this page's notebook at ci scale, with the "
                                  "parameters' defaults. From a clone of the repository, after ")
     intro += nodes.literal(text="make book")
-    intro += nodes.Text(" (")
-    xref = addnodes.pending_xref("", refdomain="std", reftype="ref", reftarget="how-to-reproduce",
-                                 refexplicit=True, refwarn=True)
-    xref += nodes.inline(text="how to reproduce")
-    intro += xref
-    intro += nodes.Text("):")
+    if reproduce_page:
+        intro += nodes.Text(" (")
+        xref = addnodes.pending_xref("", refdomain="std", reftype="doc", reftarget="/" + reproduce_page,
+                                     refexplicit=True, refwarn=True, refdoc=docname)
+        xref += nodes.inline(text="how to reproduce")
+        intro += xref
+        intro += nodes.Text(")")
+    intro += nodes.Text(":")
     section += intro
     lines = ["# this page at ci scale (the defaults below)", f"lowrank run {name}"]
     if paper_path.is_file():
@@ -196,7 +202,8 @@ def _add_rerun_section(app, doctree):
     if name is None:
         return
     top = next(iter(doctree.findall(nodes.section)), None)
-    (top if top is not None else doctree).append(rerun_section(name))
+    reproduce = REPRODUCE_PAGE if REPRODUCE_PAGE in app.env.found_docs else None
+    (top if top is not None else doctree).append(rerun_section(name, app.env.docname, reproduce))
 
 
 # --- theorem numbers -----------------------------------------------------------------------------
@@ -366,13 +373,14 @@ def _mark_verdicts(app, doctree, docname):
             if outcome in _BADGE:
                 entries[i_outcome].children = [nodes.paragraph("", "", nodes.inline(
                     text=outcome, classes=["outcome-badge", f"outcome-{_BADGE[outcome]}"]))]
-        details = _details_html(list(records.values()))
-        if details:
-            cell = table
-            while cell.parent is not None and cell.get("nb_element") != "cell_code":
-                cell = cell.parent
-            anchor = cell if cell.parent is not None else table
-            anchor.parent.insert(anchor.parent.index(anchor) + 1, nodes.raw("", details, format="html"))
+    details = _details_html(list(records.values()))
+    tables = verdict_tables(doctree)
+    if details and tables:  # once, after the last verdict table's cell
+        cell = tables[-1][0]
+        while cell.parent is not None and cell.get("nb_element") != "cell_code":
+            cell = cell.parent
+        anchor = cell if cell.parent is not None else tables[-1][0]
+        anchor.parent.insert(anchor.parent.index(anchor) + 1, nodes.raw("", details, format="html"))
 
 
 # --- page context: launch links, theorem numbers -------------------------------------------------
