@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: book test reproduce env clean browser
+.PHONY: book test reproduce diff paper env clean browser
 
 # The environment: a venv with the pinned stack, rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -36,6 +36,16 @@ browser:
 reproduce: book
 	OMP_NUM_THREADS=1 LOWRANK_FIGURE_DIR=$(CURDIR)/_build/nbval-figures $(VENV)/bin/python -m pytest -p no:cacheprovider \
 		--nbval-lax --nbval-current-env -o testpaths= $$($(VENV)/bin/python -m lowrank.book.build --list-executed)
+
+# The verdicts of the built notebooks that differ from tests/golden_verdicts.yaml (also within tolerance).
+diff: book
+	$(VENV)/bin/lowrank diff -o _build/verdict-diff.md
+
+# Every notebook at paper scale (params/paper/) on the best device present (a GPU when there is one:
+# hours; some notebooks need `lowrank data fetch mnist|cifar10` first, else they are skipped with a
+# message), results with provenance into results/paper/, the paper-scale book into _build/paper/_build/html.
+paper: $(STAMP)
+	$(VENV)/bin/python -m lowrank.book.build --scale paper
 
 clean:
 	rm -rf _build

@@ -1,7 +1,7 @@
 """The claims ledger: every claim of the book with the verdicts its notebook glued, as a dashboard.
 
 Written by the book build (`book/ledger.md`, generated, not committed) from the executed ci-scale
-notebooks and, where they exist, paper-scale run folders under `runs/`. It reads only what the
+notebooks and, where they exist, the stored paper-scale results under `results/paper/`. It reads only what the
 notebooks glued. Claims and checks are counted apart: the headline counts claims only, and a claim
 whose negative control also meets its threshold is "uninformative", never agreement.
 
@@ -21,6 +21,7 @@ from pathlib import Path
 import nbformat
 import yaml
 
+from lowrank.book.paper_results import paper_results
 from lowrank.book.notebooks import REPO_ROOT, list_notebooks, verdicts
 from lowrank.book.verdicts import CHECK_OUTCOMES, CLAIM_OUTCOMES
 
@@ -37,19 +38,16 @@ OUTCOME_STYLE = {"agrees": "good", "holds": "good", "disagrees": "bad", "fails":
                  "needs paper scale": "pending"}
 
 
-def _paper_runs(runs_root: Path, name: str) -> dict | None:
-    """Verdicts of the newest complete paper-scale run folder of `name`, with its date."""
-    best = None
-    for prov_path in (runs_root / name).glob("*/provenance.json"):
-        prov = json.loads(prov_path.read_text())
-        if prov.get("parameters", {}).get("scale") != "paper":
-            continue
-        if best is None or prov["end"] > best[0]["end"]:
-            best = (prov, json.loads((prov_path.parent / "verdicts.json").read_text()))
-    return None if best is None else {"date": best[0]["end"][:10], "verdicts": best[1]}
+def _paper_result(name: str, results_root: Path | None) -> dict | None:
+    """The stored paper-scale result of `name` (results/paper/, `lowrank results store`), with its date
+    and whether its parameters still match the notebook's paper file."""
+    found = paper_results(name, results_root)
+    if found is None:
+        return None
+    return {"date": found["provenance"].get("end", "")[:10], "verdicts": found["verdicts"], "stale": found["stale"]}
 
 
-def ledger_rows(executed: dict[str, Path], runs_root: Path) -> list[dict]:
+def ledger_rows(executed: dict[str, Path], results_root: Path | None = None) -> list[dict]:
     """One row per (claim, verdict); claims without a notebook yet get one row saying so.
 
     A verdict whose claim id is not the notebook's row in claims.yaml is listed too (under its own
@@ -68,7 +66,7 @@ def ledger_rows(executed: dict[str, Path], runs_root: Path) -> list[dict]:
             rows.append({"claim": c["claim"], "notebook": name, "exists": name in existing, "verdict": None})
             continue
         nb = nbformat.read(path, as_version=4)
-        paper = _paper_runs(runs_root, name)
+        paper = _paper_result(name, results_root)
         found_all = verdicts(nb)
         found = [v for v in found_all.values() if v["claim"] == c["claim"]]
         if c["claim"] == by_notebook[name][-1]:  # the notebook's last claims.yaml row takes the unlisted ones
@@ -80,7 +78,8 @@ def ledger_rows(executed: dict[str, Path], runs_root: Path) -> list[dict]:
                 seen.add((name, v["name"]))
             pv = paper["verdicts"].get(v["name"]) if paper and v else None
             rows.append({"claim": v["claim"] if v else c["claim"], "notebook": name, "exists": True, "verdict": v,
-                         "paper": pv, "paper_date": paper["date"] if pv else None})
+                         "paper": pv, "paper_date": paper["date"] if pv else None,
+                         "paper_stale": bool(pv and paper["stale"])})
     return rows
 
 
@@ -155,8 +154,9 @@ def _by_part(rows: list[dict]) -> str:
             items.append(f'<li><strong>{_e(title)}</strong>, {scale} scale: {" ".join(badges) or "nothing measured"}</li>')
     out = f'<ul class="ledger-by-part">{"".join(items)}</ul>'
     if not any(sum(c.values()) for c in ledger_counts(rows, "paper").values()):
-        out += ('<p class="ledger-note">No paper-scale run folder yet (<code>lowrank run NAME --scale paper</code> '
-                "writes one; the next build lists its verdicts here).</p>")
+        out += ('<p class="ledger-note">No stored paper-scale result yet (<code>make paper</code>, or '
+                "<code>lowrank results store RUN_FOLDER</code> after <code>lowrank run NAME --scale paper</code>; "
+                "the next build lists its verdicts here).</p>")
     return out
 
 
@@ -222,8 +222,10 @@ def _row_html(r: dict, toc_files: set[str]) -> str:
     kind = "not yet a claim or check" if v["kind"] == "legacy" else v["kind"]
     ci = f'<span class="measured">{v["measured"]:.3g}</span> ({badge(v["outcome"])})'
     pv = r.get("paper")
+    stale = (' <span class="outcome-badge outcome-none" title="the paper file changed since this run">stale</span>'
+             if r.get("paper_stale") else "")
     paper = (f'<span class="measured">{pv["measured"]:.3g}</span> ({badge(pv["outcome"])}) <small>{_e(r["paper_date"])}'
-             f"</small>" if pv else '<span class="outcome-badge outcome-none">not run</span>')
+             f"</small>{stale}" if pv else '<span class="outcome-badge outcome-none">not run</span>')
     return (f'<tr class="kind-{_e(v["kind"])}" data-outcome="{_e(v["outcome"])}">'
             f'<td data-label="verdict"><small class="claim-id">{_e(r["claim"])} · {_e(kind)}</small><br>{link}</td>'
             f'<td data-label="control">{_control_text(v)}</td>'
@@ -254,7 +256,7 @@ def ledger_markdown(rows: list[dict], toc_files: set[str]) -> str:
              "and the outcome. A *claim* is an empirical statement of a paper; it agrees only when it meets its",
              "threshold and no control does (otherwise it is *uninformative*). A *check* must hold whatever the",
              "data; a failing check is a bug. Generated by the book build from the glued verdicts of the executed",
-             "notebooks (ci scale) and of paper-scale run folders (`lowrank run NAME --scale paper`) when present.",
+             "notebooks (ci scale) and the stored paper-scale results (`make paper`, `lowrank results store`) when present.",
              "", "## Summary", ""]
     lines += _raw(summary_html(rows, "../"))
     paper = ledger_counts(rows, "paper")
@@ -279,10 +281,10 @@ def _write_if_changed(path: Path, text: str) -> None:
         path.write_text(text)
 
 
-def write_ledger(out: Path, executed: dict[str, Path], runs_root: Path, toc_files: set[str],
-                 summary_out: Path | None = SUMMARY_INCLUDE) -> Path:
+def write_ledger(out: Path, executed: dict[str, Path], toc_files: set[str],
+                 summary_out: Path | None = SUMMARY_INCLUDE, results_root: Path | None = None) -> Path:
     """Write the ledger page and, for the landing page (book/intro.md), the summary to include."""
-    rows = ledger_rows(executed, runs_root)
+    rows = ledger_rows(executed, results_root)
     _write_if_changed(out, ledger_markdown(rows, toc_files))
     if summary_out is not None:
         _write_if_changed(summary_out, "\n".join(_raw(summary_html(rows, "../"))) + "\n")
