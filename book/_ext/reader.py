@@ -50,12 +50,25 @@ def _git(*args) -> str:
         return ""
 
 
+def build_scale(outdir) -> tuple[str, Path]:
+    """("paper", _build/paper/executed) for the paper-scale book (`make paper` renders into
+    _build/paper/), else ("ci", _build/executed)."""
+    paper = ROOT / "_build" / "paper"
+    if paper in Path(outdir).resolve().parents:
+        return "paper", paper / "executed"
+    return "ci", ROOT / "_build" / "executed"
+
+
+_SCALE = {"scale": "ci", "executed": ROOT / "_build" / "executed"}  # set at config-inited
+
+
 def provenance() -> dict:
     """Commit (with `-dirty` when the tree has uncommitted changes), build date (UTC), scale."""
     commit = _git("rev-parse", "--short=10", "HEAD") or "unknown"
     if _git("status", "--porcelain", "--untracked-files=no"):
         commit += "-dirty"
-    return {"commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "scale": "ci"}
+    return {"commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "scale": _SCALE["scale"]}
 
 
 def repository(app) -> tuple[str, str]:
@@ -66,6 +79,7 @@ def repository(app) -> tuple[str, str]:
 
 def _config_inited(app, config):
     config.html_static_path = [*config.html_static_path, str(STATIC)]
+    _SCALE["scale"], _SCALE["executed"] = build_scale(app.outdir)
     p = provenance()
     url, _ = repository(app)
     commit = p["commit"].removesuffix("-dirty")
@@ -128,7 +142,7 @@ def _paper_note(path: Path) -> str:
 
 def executed_meta(name: str) -> dict:
     """`metadata.lowrank` of the build's executed notebook (executed_at, wall_s), {} if absent."""
-    path = ROOT / "_build" / "executed" / f"{name}.ipynb"
+    path = _SCALE["executed"] / f"{name}.ipynb"
     if not path.is_file():
         return {}
     return json.loads(path.read_text()).get("metadata", {}).get("lowrank", {})
@@ -151,8 +165,10 @@ def rerun_section(name: str, docname: str = "", reproduce_page: str | None = Non
         (s for s in specs.values() if s.name != "scale"), None)
     section = nodes.section(ids=["rerun-this-page"], names=["rerun this page"], classes=["rerun-box"])
     section += nodes.title(text="Rerun this page")
-    intro = nodes.paragraph(text="Everything above was computed by this page's notebook at ci scale, with the "
-                                 "parameters' defaults. From a clone of the repository, after ")
+    scale = _SCALE["scale"]
+    intro = nodes.paragraph(text=f"Everything above was computed by this page's notebook at {scale} scale, with "
+                                 + ("the parameters' defaults" if scale == "ci" else "its paper file")
+                                 + ". From a clone of the repository, after ")
     intro += nodes.literal(text="make book")
     if reproduce_page:
         intro += nodes.Text(" (")
@@ -191,8 +207,8 @@ def rerun_section(name: str, docname: str = "", reproduce_page: str | None = Non
     meta = executed_meta(name)
     if meta:
         section += nodes.paragraph(
-            text=f"This page was executed at ci scale on {meta.get('executed_at', '?')} in "
-                 f"{meta.get('wall_s', float('nan')):.0f} s (two CPU threads); the footer names the commit.",
+            text=f"This page was executed at {scale} scale on {meta.get('executed_at', '?')} in "
+                 f"{meta.get('wall_s', float('nan')):.0f} s; the footer names the commit.",
             classes=["page-provenance"])
     return section
 
@@ -287,7 +303,7 @@ def _executed_verdicts(name: str) -> dict:
 
     from lowrank.book.notebooks import verdicts
 
-    path = ROOT / "_build" / "executed" / f"{name}.ipynb"
+    path = _SCALE["executed"] / f"{name}.ipynb"
     return verdicts(nbformat.read(path, as_version=4)) if path.is_file() else {}
 
 

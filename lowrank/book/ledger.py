@@ -220,11 +220,11 @@ def _row_html(r: dict, toc_files: set[str]) -> str:
     name = _e(v.get("description") or v["name"])
     link = f'<a href="{_e(verdict_url(r, "../"))}">{name}</a>' if in_book else name
     kind = "not yet a claim or check" if v["kind"] == "legacy" else v["kind"]
-    ci = f'<span class="measured">{v["measured"]:.3g}</span> ({badge(v["outcome"])})'
+    ci = f'{v["measured"]:.3g} ({badge(v["outcome"])})'
     pv = r.get("paper")
     stale = (' <span class="outcome-badge outcome-none" title="the paper file changed since this run">stale</span>'
              if r.get("paper_stale") else "")
-    paper = (f'<span class="measured">{pv["measured"]:.3g}</span> ({badge(pv["outcome"])}) <small>{_e(r["paper_date"])}'
+    paper = (f'{pv["measured"]:.3g} ({badge(pv["outcome"])}) <small>{_e(r["paper_date"])}'
              f"</small>{stale}" if pv else '<span class="outcome-badge outcome-none">not run</span>')
     return (f'<tr class="kind-{_e(v["kind"])}" data-outcome="{_e(v["outcome"])}">'
             f'<td data-label="verdict"><small class="claim-id">{_e(r["claim"])} · {_e(kind)}</small><br>{link}</td>'
