@@ -71,8 +71,9 @@ def test_changed_function_shows_up_in_rebuilt_book(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(root)}
 
     def build_book():
-        subprocess.run([sys.executable, "-m", "lowrank.book.build", "--jobs", "1"], cwd=root, env=env, check=True,
-                       capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-m", "lowrank.book.build", "--jobs", "1"], cwd=root, env=env,
+                              capture_output=True, text=True)
+        assert done.returncode == 0, f"the probe book did not build:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         page = (root / "_build" / "html" / "notebooks" / "probe" / "uses_spectral.html").read_text()
         stamp = json.loads((root / "_build" / "executed" / "probe" / "plain.ipynb").read_text())
         return page, stamp["metadata"]["lowrank"]["executed_at"]

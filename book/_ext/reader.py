@@ -50,12 +50,25 @@ def _git(*args) -> str:
         return ""
 
 
+def build_scale(outdir) -> tuple[str, Path]:
+    """("paper", _build/paper/executed) for the paper-scale book (`make paper` renders into
+    _build/paper/), else ("ci", _build/executed)."""
+    paper = ROOT / "_build" / "paper"
+    if paper in Path(outdir).resolve().parents:
+        return "paper", paper / "executed"
+    return "ci", ROOT / "_build" / "executed"
+
+
+_SCALE = {"scale": "ci", "executed": ROOT / "_build" / "executed"}  # set at config-inited
+
+
 def provenance() -> dict:
     """Commit (with `-dirty` when the tree has uncommitted changes), build date (UTC), scale."""
     commit = _git("rev-parse", "--short=10", "HEAD") or "unknown"
     if _git("status", "--porcelain", "--untracked-files=no"):
         commit += "-dirty"
-    return {"commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "scale": "ci"}
+    return {"commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "scale": _SCALE["scale"]}
 
 
 def repository(app) -> tuple[str, str]:
@@ -66,6 +79,7 @@ def repository(app) -> tuple[str, str]:
 
 def _config_inited(app, config):
     config.html_static_path = [*config.html_static_path, str(STATIC)]
+    _SCALE["scale"], _SCALE["executed"] = build_scale(app.outdir)
     p = provenance()
     url, _ = repository(app)
     commit = p["commit"].removesuffix("-dirty")
@@ -128,14 +142,18 @@ def _paper_note(path: Path) -> str:
 
 def executed_meta(name: str) -> dict:
     """`metadata.lowrank` of the build's executed notebook (executed_at, wall_s), {} if absent."""
-    path = ROOT / "_build" / "executed" / f"{name}.ipynb"
+    path = _SCALE["executed"] / f"{name}.ipynb"
     if not path.is_file():
         return {}
     return json.loads(path.read_text()).get("metadata", {}).get("lowrank", {})
 
 
-def rerun_section(name: str) -> nodes.section:
-    """The "Rerun this page" section of notebook `name`, from the notebook's parameter cell."""
+REPRODUCE_PAGE = "book/reproduce"
+
+
+def rerun_section(name: str, docname: str = "", reproduce_page: str | None = None) -> nodes.section:
+    """The "Rerun this page" section of notebook `name`, from the notebook's parameter cell;
+    `reproduce_page` (a docname) is linked when the book has it."""
     import yaml
 
     from lowrank.book import notebooks, runs
@@ -147,15 +165,19 @@ def rerun_section(name: str) -> nodes.section:
         (s for s in specs.values() if s.name != "scale"), None)
     section = nodes.section(ids=["rerun-this-page"], names=["rerun this page"], classes=["rerun-box"])
     section += nodes.title(text="Rerun this page")
-    intro = nodes.paragraph(text="Everything above was computed by this page's notebook at ci scale, with the "
-                                 "parameters' defaults. From a clone of the repository, after ")
+    scale = _SCALE["scale"]
+    intro = nodes.paragraph(text=f"Everything above was computed by this page's notebook at {scale} scale, with "
+                                 + ("the parameters' defaults" if scale == "ci" else "its paper file")
+                                 + ". From a clone of the repository, after ")
     intro += nodes.literal(text="make book")
-    intro += nodes.Text(" (")
-    xref = addnodes.pending_xref("", refdomain="std", reftype="ref", reftarget="how-to-reproduce",
-                                 refexplicit=True, refwarn=True)
-    xref += nodes.inline(text="how to reproduce")
-    intro += xref
-    intro += nodes.Text("):")
+    if reproduce_page:
+        intro += nodes.Text(" (")
+        xref = addnodes.pending_xref("", refdomain="std", reftype="doc", reftarget="/" + reproduce_page,
+                                     refexplicit=True, refwarn=True, refdoc=docname)
+        xref += nodes.inline(text="how to reproduce")
+        intro += xref
+        intro += nodes.Text(")")
+    intro += nodes.Text(":")
     section += intro
     lines = ["# this page at ci scale (the defaults below)", f"lowrank run {name}"]
     if paper_path.is_file():
@@ -185,8 +207,8 @@ def rerun_section(name: str) -> nodes.section:
     meta = executed_meta(name)
     if meta:
         section += nodes.paragraph(
-            text=f"This page was executed at ci scale on {meta.get('executed_at', '?')} in "
-                 f"{meta.get('wall_s', float('nan')):.0f} s (two CPU threads); the footer names the commit.",
+            text=f"This page was executed at {scale} scale on {meta.get('executed_at', '?')} in "
+                 f"{meta.get('wall_s', float('nan')):.0f} s; the footer names the commit.",
             classes=["page-provenance"])
     return section
 
@@ -196,7 +218,8 @@ def _add_rerun_section(app, doctree):
     if name is None:
         return
     top = next(iter(doctree.findall(nodes.section)), None)
-    (top if top is not None else doctree).append(rerun_section(name))
+    reproduce = REPRODUCE_PAGE if REPRODUCE_PAGE in app.env.found_docs else None
+    (top if top is not None else doctree).append(rerun_section(name, app.env.docname, reproduce))
 
 
 # --- theorem numbers -----------------------------------------------------------------------------
@@ -280,7 +303,7 @@ def _executed_verdicts(name: str) -> dict:
 
     from lowrank.book.notebooks import verdicts
 
-    path = ROOT / "_build" / "executed" / f"{name}.ipynb"
+    path = _SCALE["executed"] / f"{name}.ipynb"
     return verdicts(nbformat.read(path, as_version=4)) if path.is_file() else {}
 
 
@@ -366,13 +389,14 @@ def _mark_verdicts(app, doctree, docname):
             if outcome in _BADGE:
                 entries[i_outcome].children = [nodes.paragraph("", "", nodes.inline(
                     text=outcome, classes=["outcome-badge", f"outcome-{_BADGE[outcome]}"]))]
-        details = _details_html(list(records.values()))
-        if details:
-            cell = table
-            while cell.parent is not None and cell.get("nb_element") != "cell_code":
-                cell = cell.parent
-            anchor = cell if cell.parent is not None else table
-            anchor.parent.insert(anchor.parent.index(anchor) + 1, nodes.raw("", details, format="html"))
+    details = _details_html(list(records.values()))
+    tables = verdict_tables(doctree)
+    if details and tables:  # once, after the last verdict table's cell
+        cell = tables[-1][0]
+        while cell.parent is not None and cell.get("nb_element") != "cell_code":
+            cell = cell.parent
+        anchor = cell if cell.parent is not None else tables[-1][0]
+        anchor.parent.insert(anchor.parent.index(anchor) + 1, nodes.raw("", details, format="html"))
 
 
 # --- page context: launch links, theorem numbers -------------------------------------------------

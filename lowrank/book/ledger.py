@@ -147,8 +147,8 @@ def _by_part(rows: list[dict]) -> str:
             c = per[part]
             if scale == "paper" and not any(sum(c[k].values()) for k in c):
                 continue
-            badges = [badge(o, f"{c['claim'][o]} {LABEL[o]}") for o in CLAIM_OUTCOMES if c["claim"][o]]
-            badges += [badge(o, f"{c['check'][o]} checks {LABEL[o]}") for o in CHECK_OUTCOMES if c["check"][o]]
+            badges = [badge(o, _count(c["claim"][o], "claim", o)) for o in CLAIM_OUTCOMES if c["claim"][o]]
+            badges += [badge(o, _count(c["check"][o], "check", o)) for o in CHECK_OUTCOMES if c["check"][o]]
             if sum(c["legacy"].values()):
                 badges.append(badge(None, f"{sum(c['legacy'].values())} not converted"))
             items.append(f'<li><strong>{_e(title)}</strong>, {scale} scale: {" ".join(badges) or "nothing measured"}</li>')
@@ -220,11 +220,11 @@ def _row_html(r: dict, toc_files: set[str]) -> str:
     name = _e(v.get("description") or v["name"])
     link = f'<a href="{_e(verdict_url(r, "../"))}">{name}</a>' if in_book else name
     kind = "not yet a claim or check" if v["kind"] == "legacy" else v["kind"]
-    ci = f'<span class="measured">{v["measured"]:.3g}</span> ({badge(v["outcome"])})'
+    ci = f'{v["measured"]:.3g} ({badge(v["outcome"])})'
     pv = r.get("paper")
     stale = (' <span class="outcome-badge outcome-none" title="the paper file changed since this run">stale</span>'
              if r.get("paper_stale") else "")
-    paper = (f'<span class="measured">{pv["measured"]:.3g}</span> ({badge(pv["outcome"])}) <small>{_e(r["paper_date"])}'
+    paper = (f'{pv["measured"]:.3g} ({badge(pv["outcome"])}) <small>{_e(r["paper_date"])}'
              f"</small>{stale}" if pv else '<span class="outcome-badge outcome-none">not run</span>')
     return (f'<tr class="kind-{_e(v["kind"])}" data-outcome="{_e(v["outcome"])}">'
             f'<td data-label="verdict"><small class="claim-id">{_e(r["claim"])} · {_e(kind)}</small><br>{link}</td>'
@@ -281,11 +281,32 @@ def _write_if_changed(path: Path, text: str) -> None:
         path.write_text(text)
 
 
+def _count(n: int, noun: str, outcome: str) -> str:
+    """"1 claim agrees", "3 claims agree"."""
+    return f"{n} {noun} {outcome}" if n == 1 else f"{n} {noun}s {LABEL[outcome]}"
+
+
+def part_summary_html(rows: list[dict], part: str, base: str) -> str:
+    """One part's verdicts at ci scale (badges) and its disagreements, linked from `base`."""
+    part_rows = [r for r in rows if _part(r) == part]
+    c = ledger_counts(part_rows, "ci")
+    badges = [badge(o, _count(c["claim"][o], "claim", o)) for o in CLAIM_OUTCOMES if c["claim"][o]]
+    badges += [badge(o, _count(c["check"][o], "check", o)) for o in CHECK_OUTCOMES if c["check"][o]]
+    if sum(c["legacy"].values()):
+        badges.append(badge(None, f"{sum(c['legacy'].values())} not yet claims or checks"))
+    return (f'<p class="ledger-part-summary">At ci scale: {" ".join(badges) or "nothing measured yet"}</p>'
+            + _disagreements(part_rows, base))
+
+
 def write_ledger(out: Path, executed: dict[str, Path], toc_files: set[str],
                  summary_out: Path | None = SUMMARY_INCLUDE, results_root: Path | None = None) -> Path:
-    """Write the ledger page and, for the landing page (book/intro.md), the summary to include."""
+    """Write the ledger page and, to include, the summary for the landing page (book/intro.md) and
+    one per part for the parts' overviews (`ledger_part_<I|II|III>.md` next to it, book/<part>/index.md)."""
     rows = ledger_rows(executed, results_root)
     _write_if_changed(out, ledger_markdown(rows, toc_files))
     if summary_out is not None:
         _write_if_changed(summary_out, "\n".join(_raw(summary_html(rows, "../"))) + "\n")
+        for part in PARTS:
+            _write_if_changed(summary_out.with_name(f"ledger_part_{part}.md"),
+                              "\n".join(_raw(part_summary_html(rows, part, "../../"))) + "\n")
     return out
