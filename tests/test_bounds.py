@@ -93,3 +93,57 @@ def test_toeplitz_frobenius_norm_matches_the_explicit_matrix(shape, in_shape, st
 def test_toeplitz_norm_without_padding_is_sqrt_patches_times_filter_norm():
     w = torch.randn(3, 2, 2, dtype=torch.float64)
     assert normalized.toeplitz_frobenius_norm(w, (2, 32), 2, 0) == pytest.approx(math.sqrt(16) * float(w.norm()))
+
+
+def test_toeplitz_exponent_against_the_exact_toeplitz_norms():
+    """log2(rho_toeplitz / rho) of a tree CNN equals L(L-1)/4 (1-D, kernel 2), not Eq. 25's L(L+1)/4."""
+    from lowrank.core.nets import normalized
+
+    for L in (3, 5):
+        net = normalized.tree_cnn((1, 2**L), kernel_size=2, channels=3, seed=L).double()
+        exact = math.log2(net.product_norm("toeplitz") / net.product_norm())
+        assert exact == pytest.approx(L * (L - 1) / 4, abs=1e-9)
+        assert bounds.toeplitz_exponent(net) == pytest.approx(exact, abs=1e-9)
+
+
+def test_trained_network_bounds_by_hand():
+    import torch
+
+    from lowrank.core.nets import normalized
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(10, 1, 16, generator=g, dtype=torch.float64)
+    X = X / X.flatten(1).norm(dim=1).max()
+    y = torch.tensor([1, -1] * 5)
+    tree = normalized.tree_cnn((1, 16), kernel_size=2, channels=2, rho_init=3.0, seed=0).double()
+    row = bounds.trained_network_bounds(tree, X, y)
+    L, rho, root = 4, tree.product_norm(), float(X.pow(2).sum().sqrt())
+    unit = 2.0**L * root / 10
+    assert row["eq19"] == pytest.approx(2 * (rho + 1) * unit + 3 * math.sqrt(math.log(2 * (rho + 1) ** 2 / 0.05) / 20))
+    assert row["eq25"] / row["eq19"] > 1 and "eq16" not in row
+    dense = normalized.mlp(16, [8], rho_init=3.0, seed=0).double()
+    row = bounds.trained_network_bounds(dense, X.flatten(1), y)
+    r = (math.sqrt(2 * math.log(2) * 2) + 1) / math.sqrt(10)
+    assert row["eq16"] == pytest.approx(2 * (dense.product_norm() + 1) * r + 3 * math.sqrt(
+        math.log(2 * (dense.product_norm() + 1) ** 2 / 0.05) / 20))
+
+
+def test_per_init_regression_against_numpy():
+    import numpy as np
+    import pandas as pd
+    from scipy import stats
+
+    g = np.random.default_rng(0)
+    runs = pd.DataFrame({"rho_init": np.repeat([0.8, 1.0, 1.2, 1.5], 3), "inv_rho": g.random(12),
+                         "test_accuracy": g.random(12)})
+    out = bounds.per_init_regression(runs)
+    xm = runs.groupby("rho_init").inv_rho.mean().to_numpy()
+    ym = runs.groupby("rho_init").test_accuracy.mean().to_numpy()
+    slope, intercept = np.polyfit(xm, ym, 1)
+    resid = ym - (slope * xm + intercept)
+    r2 = 1 - (resid**2).sum() / ((ym - ym.mean()) ** 2).sum()
+    se = math.sqrt((resid**2).sum() / 2 / ((xm - xm.mean()) ** 2).sum())
+    p = 2 * stats.t.sf(abs(slope / se), df=2)
+    assert out["points"] == 4 and out["slope"] == pytest.approx(slope) and out["r2"] == pytest.approx(r2)
+    assert out["p"] == pytest.approx(p)
+    assert math.isnan(bounds.per_init_regression(runs[runs.rho_init < 1.1])["p"])

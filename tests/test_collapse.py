@@ -162,3 +162,71 @@ def test_margin_stats_predictions_are_consistent():
     assert s["gap_measured"] == pytest.approx(s["gap_predicted"], rel=1e-12)
     assert s["rho_over_rho_eq"] == pytest.approx(1.0)
     assert s["fraction_positive"] == 1.0
+
+
+def test_fig9_equiangularity_and_eq43_against_numpy():
+    """Fig. 9's std / mean of the pairwise cosines and Eq. 43's row norms, computed independently."""
+    g = np.random.default_rng(3)
+    H = torch.tensor(g.random((40, 9)))
+    y = torch.arange(4).repeat_interleave(10)
+    W = torch.tensor(g.standard_normal((4, 9)))
+    out = collapse.nc_metrics(H, y, W)
+    Wn = W.numpy() / np.linalg.norm(W.numpy(), axis=1, keepdims=True)
+    cos = (Wn @ Wn.T)[np.triu_indices(4, 1)]
+    assert out["nc2_equiangular_classifiers_fig9"] == pytest.approx(np.std(cos) / abs(np.mean(cos)), rel=1e-10)
+    means = np.stack([H.numpy()[y.numpy() == c].mean(0) for c in range(4)])
+    M = means - means.mean(0)
+    Mn = M / np.linalg.norm(M, axis=1, keepdims=True)
+    cos_m = (Mn @ Mn.T)[np.triu_indices(4, 1)]
+    assert out["nc2_equiangular_means_fig9"] == pytest.approx(np.std(cos_m) / abs(np.mean(cos_m)), rel=1e-10)
+    sq = (W.numpy() ** 2).sum(1)
+    assert out["classifier_row_norm_dev"] == pytest.approx(np.abs(sq / sq.sum() - 0.25).max(), rel=1e-10)
+    etf = collapse.nc_metrics(*collapsed_features())
+    assert etf["nc2_equiangular_classifiers_fig9"] < 1e-10 and etf["classifier_row_norm_dev"] < 1e-12
+
+
+def test_global_mean_conventions_on_unbalanced_classes():
+    """papyan / zhu / paper agree on balanced classes and differ as documented on unbalanced ones."""
+    H, y, W = collapsed_features(noise=0.3)
+    base = collapse.nc_metrics(H, y, W)
+    for conv in ("zhu", "paper"):
+        other = collapse.nc_metrics(H, y, W, convention=conv)
+        for key in collapse.NC_KEYS:
+            assert other[key] == pytest.approx(base[key], rel=1e-10, abs=1e-14), (conv, key)
+    keep = torch.cat([torch.arange(0, 7), torch.arange(7, 9), torch.arange(14, 21), torch.arange(21, 24)])
+    Hu, yu = H[keep], y[keep]
+    h, lab = Hu.numpy(), yu.numpy()
+    means = np.stack([h[lab == c].mean(0) for c in range(4)])
+    for conv, mu_G in (("papyan", means.mean(0)), ("zhu", h.mean(0)), ("paper", means.mean(0))):
+        out = collapse.nc_metrics(Hu, yu, W, convention=conv)
+        Sb = (means - mu_G).T @ (means - mu_G) / 4
+        if conv == "paper":
+            Sw = sum(np.cov(h[lab == c].T, bias=True) for c in range(4)) / 4
+        else:
+            d = h - means[lab]
+            Sw = d.T @ d / len(h)
+        assert out["nc1"] == pytest.approx(np.trace(Sw @ np.linalg.pinv(Sb, rcond=1e-10)) / 4, rel=1e-6), conv
+        assert out["tr_sigma_b"] == pytest.approx(np.trace(Sb), rel=1e-10), conv
+    assert collapse.nc_metrics(Hu, yu, W, convention="zhu")["tr_sigma_b"] != pytest.approx(
+        collapse.nc_metrics(Hu, yu, W)["tr_sigma_b"], rel=1e-6)
+    with pytest.raises(ValueError, match="convention"):
+        collapse.nc_metrics(H, y, W, convention="mean")
+
+
+def test_two_class_uncentred_nc2_is_impossible_for_relu_features():
+    """Theorem 5's mu_+ = -mu_- with non-negative features forces both means to 0; the centred means of
+    two classes are always opposite and equinorm (so NC2 of the means is void for C = 2)."""
+    g = torch.Generator().manual_seed(0)
+    H = torch.relu(torch.randn(30, 6, generator=g, dtype=torch.float64))
+    y = torch.arange(2).repeat_interleave(15)
+    out = collapse.nc_metrics(H, y, torch.randn(2, 6, generator=g, dtype=torch.float64))
+    assert out["nc2_equinorm_means"] < 1e-12 and out["nc2_equiangular_means"] < 1e-12
+    mp, mm = H[y == 1].mean(0), H[y == 0].mean(0)
+    assert float(mp @ mm) >= 0  # cos(mu_+, mu_-) >= 0, never -1 unless a mean is 0
+
+
+def test_uncentred_means_cosine():
+    H = torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 2.0], [0.0, 4.0]], dtype=torch.float64)
+    assert collapse.uncentred_means_cosine(H, torch.tensor([-1, -1, 1, 1])) == pytest.approx(0.0)
+    assert collapse.uncentred_means_cosine(-H[[0, 1, 0, 1]] * torch.tensor([[1.0], [1.0], [-1.0], [-1.0]],
+                                           dtype=torch.float64), torch.tensor([0, 0, 1, 1])) == pytest.approx(-1.0)

@@ -27,7 +27,7 @@ def test_load_task_and_prepare(binary):
 
 def test_full_batch_gd_log_lemma4_and_equilibrium(binary):
     net = normalized.mlp(64, [16], rho_init=2.0, seed=0)
-    run = training.train_square(net, binary, epochs=60, lr=0.1, rho_lr=1.0, weight_decay=1e-2, log_every=10,
+    run = training.train_square(net, binary, epochs=60, lr=0.1, rho_lr=1.0, lam=1e-2, log_every=10,
                                        dtype=torch.float64, progress=False)
     h = run.history
     assert isinstance(h, pd.DataFrame) and list(h.epoch) == [0, 10, 20, 30, 40, 50, 60]
@@ -46,7 +46,7 @@ def test_full_batch_gd_log_lemma4_and_equilibrium(binary):
 def test_multiclass_targets_margins_layers(binary):
     data = training.load_task("digits", [0, 1, 2], max_train=90, max_test=30)
     net = normalized.mlp(64, [12, 12], num_outputs=3, rho_init=5.0, seed=1)
-    run = training.train_square(net, data, epochs=6, lr=0.05, weight_decay=1e-3, batch_size=16, log_every=3,
+    run = training.train_square(net, data, epochs=6, lr=0.05, lam=1e-3, batch_size=16, log_every=3,
                                        margin_epochs=[0, 6], track_layers=True, dtype=torch.float64, progress=False)
     assert set(run.margins.epoch) == {0, 6} and len(run.margins) == 2 * 90
     assert set(run.layers.layer) == {1, 2, 3} and run.layers.classifier.sum() == 3
@@ -60,18 +60,18 @@ def test_multiclass_targets_margins_layers(binary):
 def test_cnn_on_digit_images():
     data = training.load_task("digits", [3, 8], max_train=40, max_test=20, shape=(1, 8, 8))
     net = normalized.paper_cnn((1, 8, 8), channels=(4, 4, 4, 4), padding=1, hidden=16, rho_init=5.0)
-    run = training.train_square(net, data, epochs=3, lr=0.05, weight_decay=1e-3, progress=False)
+    run = training.train_square(net, data, epochs=3, lr=0.05, lam=1e-3, progress=False)
     assert len(run.history) == 4 and math.isfinite(run.final.loss)
 
 
 def test_nan_stops_with_a_clear_message(binary):
     net = normalized.mlp(64, [8], rho_init=1e3, seed=0)
     with pytest.raises(training.TrainingDiverged, match="Lower the learning rate") as err:
-        training.train_square(net, binary, epochs=20, lr=1e6, weight_decay=1e-3, progress=False,
+        training.train_square(net, binary, epochs=20, lr=1e6, lam=1e-3, progress=False,
                                      dtype=torch.float64)
     assert isinstance(err.value.history, pd.DataFrame) and len(err.value.history) >= 1
     net = normalized.mlp(64, [8], rho_init=1e3, seed=0)
-    run = training.train_square(net, binary, epochs=20, lr=1e6, weight_decay=1e-3, progress=False,
+    run = training.train_square(net, binary, epochs=20, lr=1e6, lam=1e-3, progress=False,
                                        on_nan="stop", dtype=torch.float64)
     assert run.stopped and "diverged" in run.stopped
 
@@ -79,22 +79,84 @@ def test_nan_stops_with_a_clear_message(binary):
 def test_input_validation(binary):
     net = normalized.mlp(64, [8])
     with pytest.raises(ValueError, match="expects"):
-        training.train_square(normalized.mlp(10, [4]), binary, epochs=1, lr=0.1, weight_decay=0.0, progress=False)
+        training.train_square(normalized.mlp(10, [4]), binary, epochs=1, lr=0.1, lam=0.0, progress=False)
     with pytest.raises(ValueError, match="batch_size"):
-        training.train_square(net, binary, epochs=1, lr=0.1, weight_decay=0.0, batch_size=0, progress=False)
+        training.train_square(net, binary, epochs=1, lr=0.1, lam=0.0, batch_size=61, progress=False)
+    with pytest.raises(ValueError, match="batch_size"):
+        training.SquareConfig(epochs=1, lr=0.1, batch_size=-1)
+    with pytest.raises(ValueError, match="min_lr"):
+        training.SquareConfig(epochs=1, lr=0.1, schedule="cosine", min_lr=0.2)
     with pytest.raises(ValueError, match="lambda"):
-        training.train_square(net, binary, epochs=1, lr=0.1, weight_decay=-1.0, progress=False)
+        training.train_square(net, binary, epochs=1, lr=0.1, lam=-1.0, progress=False)
     with pytest.raises(ValueError, match="-1, \\+1"):
         training.train_targets(torch.tensor([0, 1, 2]), 1)
     wrong = datasets.Dataset(binary.x_train, (binary.y_train + 1) // 2 * 3, binary.x_test, binary.y_test, 2, "x")
     with pytest.raises(ValueError, match="labels"):
-        training.train_square(net, wrong, epochs=1, lr=0.1, weight_decay=0.0, progress=False)
+        training.train_square(net, wrong, epochs=1, lr=0.1, lam=0.0, progress=False)
 
 
 def test_rho_stays_a_norm_when_a_step_crosses_zero():
     data = training.load_task("digits", [1, 2], max_train=70)
     net = normalized.mlp(64, [128], rho_init=100.0, seed=0)
-    run = training.train_square(net, data, epochs=150, lr=0.1, rho_lr=10.0, weight_decay=1e-4, log_every=50,
+    run = training.train_square(net, data, epochs=150, lr=0.1, rho_lr=10.0, lam=1e-4, log_every=50,
                                        dtype=torch.float64, progress=False, nc=False)
     assert run.config["rho_sign_flips"] >= 1  # this configuration overshoots through rho = 0 once
     assert (run.history.rho >= 0).all() and run.final.train_error == 0.0
+
+
+def test_cosine_lr_matches_torch_scheduler():
+    """The schedule against PyTorch's CosineAnnealingLR (an independent implementation)."""
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.03)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=40, eta_min=0.0299)
+    for step in range(41):
+        assert training.cosine_lr(step, 40, 0.03, 0.0299) == pytest.approx(opt.param_groups[0]["lr"], rel=1e-12)
+        opt.step()
+        sched.step()
+
+
+def test_config_object_and_keywords_agree(binary):
+    cfg = training.SquareConfig(epochs=5, lr=0.1, lam=1e-3, log_every=5, dtype="float64", nc=False)
+    a = training.train_square(normalized.mlp(64, [8], seed=3), binary, cfg, progress=False)
+    b = training.train_square(normalized.mlp(64, [8], seed=3), binary, epochs=5, lr=0.1, lam=1e-3, log_every=5,
+                              dtype=torch.float64, nc=False, progress=False)
+    pd.testing.assert_frame_equal(a.history, b.history)
+    assert a.config["lam"] == 1e-3 and a.config["rho_lr"] == pytest.approx(0.1)
+
+
+def test_train_network_builds_the_head_from_the_labels(binary):
+    run = training.train_network(binary, arch="mlp", arch_kwargs={"widths": [8]}, rho_init=2.0, epochs=2, lr=0.1,
+                                 progress=False, nc=False)
+    assert run.model.num_outputs == 1 and run.model.rho.detach() > 0
+    multi = training.load_task("digits", [0, 1, 2], max_train=30, max_test=10)
+    run = training.train_network(multi, arch="mlp", arch_kwargs={"widths": [8]}, epochs=1, lr=0.1, progress=False)
+    assert run.model.num_outputs == 3
+    two = training.train_network(binary, arch="mlp", arch_kwargs={"widths": [8]}, epochs=1, lr=0.1, num_outputs=2,
+                                 progress=False)
+    assert two.model.num_outputs == 2 and "nc1" in two.history
+
+
+def test_layer_ranks_against_numpy(binary):
+    """The logged numerical and stable ranks against numpy's SVD of the logged weights."""
+    import numpy as np
+
+    run = training.train_square(normalized.mlp(64, [12, 6], seed=0), binary, epochs=2, lr=0.1, track_layers=True,
+                                eps=0.3, dtype=torch.float64, progress=False, nc=False)
+    last = run.layers[run.layers.epoch == 2].set_index("layer")
+    for k, w in enumerate(run.model.weight_matrices(), 1):
+        s = np.linalg.svd(w.matrix.double().cpu().numpy(), compute_uv=False)
+        assert last.loc[k, "rank"] == int((s > 0.3 * s[0]).sum())
+        assert last.loc[k, "stable_rank"] == pytest.approx(float((s**2).sum() / s[0] ** 2), rel=1e-10)
+
+
+def test_nc_shuffled_and_convention_columns():
+    data = training.load_task("digits", [0, 1, 2], max_train=45, max_test=15)
+    run = training.train_network(data, arch="mlp", arch_kwargs={"widths": [8]}, epochs=2, lr=0.1, nc_shuffled=True,
+                                 nc_convention="paper", dtype="float64", progress=False)
+    h = run.history
+    assert {"shuffled_nc1", "shuffled_nc3", "nc2_equiangular_classifiers_fig9"} <= set(h.columns)
+    # the classifier is the same, so its own metrics agree; the class means differ
+    assert (h.nc2_equinorm_classifiers == h.shuffled_nc2_equinorm_classifiers).all()
+    assert (h.nc1 != h.shuffled_nc1).all()
+    with pytest.raises(ValueError, match="nc_convention"):
+        training.SquareConfig(epochs=1, lr=0.1, nc_convention="global")

@@ -24,6 +24,7 @@ __all__ = [
     "rank_k_error",
     "alignment",
     "principal_angles",
+    "orthonormal_basis",
     "conv_weight_as_matrix",
     "count_outliers",
     "leading_left_vectors",
@@ -79,6 +80,26 @@ def singular_values_by_shape(mats, *, dtype=None) -> list[torch.Tensor]:
     return out
 
 
+def _scale_free_singular_values(M, dtype) -> torch.Tensor:
+    """Singular values of `M` times a power of two per matrix, for the scale-free quantities (ranks).
+
+    A matrix whose largest entry is outside [tiny^(1/4), max^(1/4)] of the working dtype (e.g. 1e308
+    everywhere: its SVD overflows, its squared norms too) is first multiplied by the power of two
+    that brings that entry to [0.5, 1): exact in floating point, so the ratios of singular values
+    are those of `M`. Other matrices are left untouched (bit-identical to `singular_values`)."""
+    t = as_tensor(M, "M", dtype=None, min_ndim=2)
+    target = dtype if dtype is not None else t.dtype
+    info = torch.finfo(target)
+    big = t.abs().amax(dim=(-2, -1), keepdim=True)
+    outside = (big > info.max ** 0.25) | ((big < info.tiny ** 0.25) & (big > 0))
+    if outside.any():
+        _, exponent = torch.frexp(big.to(torch.float64))
+        shift = torch.where(outside, -exponent, torch.zeros_like(exponent)).to(torch.float64)
+        half = torch.trunc(shift / 2)  # in two steps: 2^shift alone over- or underflows for subnormals
+        t = torch.ldexp(torch.ldexp(t.to(torch.float64), half), shift - half)
+    return torch.linalg.svdvals(t.to(target))
+
+
 def _top_and_fro(s: torch.Tensor):
     top = s[..., 0]
     if (top == 0).any():
@@ -117,12 +138,13 @@ def numerical_rank(M, eps: float = 1e-3, scale: str = "spectral", *, dtype=torch
 
     scale="spectral" divides by the largest singular value; scale="frobenius" divides by the
     Frobenius norm (the paper's `||.||_2`, l.1034, and the authors' public code, which calls
-    `torch.linalg.matrix_rank(M / ||M||_F, tol=eps)`). A zero matrix raises.
+    `torch.linalg.matrix_rank(M / ||M||_F, tol=eps)`). Scale-free: right for any finite `M`, 1e308 or
+    1e-310 everywhere included. A zero matrix raises.
     """
     if not eps > 0:
         raise ValueError(f"eps must be positive, got {eps}")
     check_choice(scale, "scale", {"spectral", "frobenius"})
-    s = singular_values(M, dtype=dtype)
+    s = _scale_free_singular_values(M, dtype)
     _top_and_fro(s)
     return _out(rank_from_singular_values(s, eps, scale), s.ndim == 1)
 
@@ -154,15 +176,15 @@ def spectrum_stats(s: torch.Tensor, eps: float, fro: torch.Tensor | None = None)
 
 
 def stable_rank(M, *, dtype=torch.float64):
-    """`||M||_F^2 / ||M||_2^2`."""
-    s = singular_values(M, dtype=dtype)
+    """`||M||_F^2 / ||M||_2^2` (scale-free: finite for any finite non-zero `M`)."""
+    s = _scale_free_singular_values(M, dtype)
     top, fro = _top_and_fro(s)
     return _out(fro**2 / top**2, s.ndim == 1)
 
 
 def effective_rank(M, *, dtype=torch.float64):
     """Roy and Vetterli's effective rank: `exp(H(p))` with `p = s / sum(s)` and `0 log 0 = 0`."""
-    s = singular_values(M, dtype=dtype)
+    s = _scale_free_singular_values(M, dtype)
     _top_and_fro(s)
     p = s / s.sum(-1, keepdim=True)
     plogp = torch.where(p > 0, p * torch.log(torch.where(p > 0, p, 1.0)), 0.0)
@@ -198,13 +220,29 @@ def alignment(u, v):
     return _out(cos.clamp(max=1.0), cos.ndim == 0)
 
 
-def _orthonormal_basis(A: torch.Tensor, name: str) -> torch.Tensor:
+def orthonormal_basis(A, name: str = "A") -> torch.Tensor:
+    """An orthonormal basis of the column space of `A` (d x k), as the columns of a d x r matrix.
+
+    Parameters
+    ----------
+    A : matrix (d x k), NumPy or torch; computed in float64.
+    name : how errors call `A`.
+
+    Returns
+    -------
+    The left singular vectors of `A` whose singular values exceed `s_1 max(d, k) eps_mach` (the
+    numerical-rank cut of LAPACK's `matrix_rank`), d x r. Raises ValueError for a zero matrix.
+    """
+    A = _matrix(A, name)
     U, s, _ = torch.linalg.svd(A, full_matrices=False)
     tol = s[0] * max(A.shape) * torch.finfo(A.dtype).eps if s.numel() else 0
     r = int((s > tol).sum())
     if r == 0:
         raise ValueError(f"{name} has no column space (zero matrix)")
     return U[:, :r]
+
+
+_orthonormal_basis = orthonormal_basis  # the former private name
 
 
 def principal_angles(A, B) -> torch.Tensor:

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -78,7 +79,8 @@ __all__ = [
 
 LOSSES = frozenset({"ce", "mse"})
 RUN_KEYS = ("lr", "weight_decay", "momentum", "seed")
-CHECKPOINT_FORMAT = 3  # 3: EnsembleState payload, lr_decay; 2: per-member augmentation generators
+CHECKPOINT_FORMAT = 4  # 4: identity with model, data split, settings, code; 3: EnsembleState payload,
+# lr_decay; 2: per-member augmentation generators
 
 
 def loss_value(logits: torch.Tensor, y: torch.Tensor, loss: str) -> torch.Tensor:
@@ -449,31 +451,90 @@ def _sgd_epoch(ctx: dict, state: EnsembleState, lr: torch.Tensor):
     return finite.cpu().numpy()
 
 
-def _identity(runs, cfg: TrainConfig) -> dict:
+def _tensor_digest(*tensors) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().cpu().contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.numpy().tobytes() if t.dtype != torch.bfloat16 else t.float().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _code_digest() -> str:
+    """Hash of the shared layer's source (`lowrank/core/`: this loop, the nets, the data, spectral)."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    for f in sorted(root.rglob("*.py")):
+        h.update(f.relative_to(root).as_posix().encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _identity(runs, cfg: TrainConfig, model: nn.Module, data: Dataset) -> dict:
+    """What a checkpoint belongs to: the runs, the model (class, parameter and buffer shapes, its
+    name), the data split (hashes of the train and test tensors), the settings that shape the
+    result, and the code (`_code_digest`). Resuming with any of them changed is refused."""
+    shapes = [(k, tuple(v.shape)) for k, v in model.state_dict().items()]
     return {"runs": runs, "batch_size": cfg.batch_size, "loss": cfg.loss, "milestones": list(cfg.milestones),
-            "lr_decay": cfg.lr_decay}
+            "lr_decay": cfg.lr_decay, "eps": cfg.eps, "eval_every": cfg.eval_every,
+            "augment": cfg.augment is not None, "mixed_precision": cfg.mixed_precision,
+            "model": {"class": type(model).__name__, "shapes": shapes, "extra": dict(cfg.extra or {})},
+            "data": {"train": _tensor_digest(data.x_train, data.y_train), "test": _tensor_digest(data.x_test, data.y_test)},
+            "code": _code_digest()}
 
 
-def _resume(cfg: TrainConfig, runs, state: EnsembleState, dev) -> bool:
+def check_checkpoint_path(path) -> None:
+    """Refuse, before any training, a checkpoint path that is a folder or lies in a missing or
+    unwritable folder (training would otherwise fail at the first save, an epoch later)."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"checkpoint {p} is a folder; give a file path")
+    if not p.parent.is_dir():
+        raise ValueError(f"checkpoint {p}: folder {p.parent} does not exist")
+    if not os.access(p.parent, os.W_OK | os.X_OK):
+        raise ValueError(f"checkpoint {p}: folder {p.parent} is not writable")
+
+
+def _load_checkpoint(path: Path, dev) -> dict:
+    """The saved payload, or ValueError naming the file when it cannot be read."""
+    try:
+        saved = torch.load(path, map_location=dev, weights_only=False)
+    except Exception as err:  # pickle, zip and EOF errors of a truncated or foreign file
+        raise ValueError(f"checkpoint {path} is unreadable ({type(err).__name__}: "
+                         f"{' '.join(str(err).split())[:200]}); remove it or pass another path") from None
+    if not isinstance(saved, dict):
+        raise ValueError(f"checkpoint {path} does not hold a lowrank.core.train checkpoint; remove it")
+    return saved
+
+
+def _resume(cfg: TrainConfig, identity: dict, state: EnsembleState, dev) -> bool:
     """Restore `state` from `cfg.checkpoint` if the file exists; whether it did."""
     if cfg.checkpoint is None or not Path(cfg.checkpoint).is_file():
         return False
-    saved = torch.load(cfg.checkpoint, map_location=dev, weights_only=False)
+    saved = _load_checkpoint(Path(cfg.checkpoint), dev)
     if saved.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"checkpoint {cfg.checkpoint} was written by another version of lowrank.core.train "
                          f"(format {saved.get('format')}, this one reads {CHECKPOINT_FORMAT}); remove it")
-    if saved["identity"] != _identity(runs, cfg):
-        raise ValueError(f"checkpoint {cfg.checkpoint} belongs to other runs or another batch size; "
-                         "remove it or pass another path")
+    before = saved.get("identity") or {}
+    differ = [k for k in identity if before.get(k) != identity[k]]
+    if differ:
+        what = ", ".join("data split" if k == "data" else k.replace("_", " ") for k in differ)
+        raise ValueError(f"checkpoint {cfg.checkpoint} belongs to other {what}; remove it or pass another path")
     state.restore(saved, dev)
     return True
 
 
-def _save(cfg: TrainConfig, runs, state: EnsembleState):
+def _save(cfg: TrainConfig, identity: dict, state: EnsembleState):
     path = Path(cfg.checkpoint)
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save({"format": CHECKPOINT_FORMAT, "identity": _identity(runs, cfg), **state.payload()}, tmp)
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        torch.save({"format": CHECKPOINT_FORMAT, "identity": identity, **state.payload()}, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _build_members(model_fn, runs, dev):
@@ -515,6 +576,7 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, confi
     cfg = dataclasses.replace(config, **options) if config is not None else TrainConfig(**options)
     runs = _normalise_runs(runs)
     _check_data(data, cfg.batch_size)
+    check_checkpoint_path(cfg.checkpoint)
     from lowrank.core.device import get_device
 
     dev = torch.device(cfg.device) if cfg.device is not None else get_device()
@@ -532,7 +594,8 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, confi
            "run_cols": [{k: v for k, v in r.items() if k != "lr"} | {"lr0": float(r["lr"])} for r in runs],
            "seconds": {"train": 0.0, "evaluate": 0.0, "track_ranks": 0.0}}
     lr0 = torch.tensor([float(r["lr"]) for r in runs], device=dev)
-    if not _resume(cfg, runs, state, dev):
+    identity = _identity(runs, cfg, base, data) if cfg.checkpoint is not None else None
+    if not _resume(cfg, identity, state, dev):
         _monitor(ctx, state, 0, lr0.cpu().numpy())
     bar = None
     if cfg.progress:
@@ -551,7 +614,7 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, confi
         _monitor(ctx, state, epoch, lr.cpu().numpy())
         state.epoch = epoch
         if cfg.checkpoint is not None and (epoch % cfg.checkpoint_every == 0 or epoch == cfg.epochs):
-            _save(cfg, runs, state)
+            _save(cfg, identity, state)
         if bar is not None:
             bar.update(1)
     if bar is not None:

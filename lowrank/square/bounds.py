@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import math
 
+import torch
 
 from lowrank.core.validation import as_tensor, check_positive
+from lowrank.square import collapse
 
 __all__ = [
     "golowich_rademacher",
@@ -42,6 +44,9 @@ __all__ = [
     "dense_tree_rademacher",
     "theorem4_bound",
     "dense_tree_bound",
+    "toeplitz_exponent",
+    "trained_network_bounds",
+    "per_init_regression",
 ]
 
 
@@ -162,3 +167,72 @@ def dense_tree_bound(rho: float, X, depth: int, delta: float = 0.05, margins=Non
     r = dense_tree_rademacher(1.0, X, depth)
     n = as_tensor(X, "X", min_ndim=2).shape[0]
     return {"equation": "25", "L": depth, **error_bound(r, rho, n, delta, margins)}
+
+
+def toeplitz_exponent(model) -> float:
+    """`log2(prod_l sqrt(P_l))` over the conv layers of `model` (P_l its output positions,
+    `NormalizedNet.num_patches`): without padding, the product of the Toeplitz-matrix Frobenius norms
+    is `2^exponent` times the product of the filter norms. For the 1-D tree with kernel 2 and depth L,
+    `P_l = 2^(L-l)` and the exponent is `L(L-1)/4` (Eq. 25 as printed uses `prod_{l=1}^L sqrt(2^l)`,
+    i.e. `L(L+1)/4`)."""
+    return 0.5 * sum(math.log2(p) for p in model.num_patches())
+
+
+def trained_network_bounds(model, x_train, y_train, delta: float = 0.05, tree: bool | None = None) -> dict:
+    """Every bound of the page for one trained `NormalizedNet` on its training set.
+
+    Parameters
+    ----------
+    model : NormalizedNet (rho f_V); its product norm is taken with filter norms and with Toeplitz norms.
+    x_train, y_train : the training inputs (norm <= 1) and ±1 labels.
+    delta : confidence parameter.
+    tree : whether the network is Theorem 4's tree CNN (default: its name starts with "tree_cnn").
+
+    Returns
+    -------
+    dict: N, L, rho (filter norms), rho_toeplitz, radius_term `sqrt(sum ||x||^2) / N`, ramp (Eq. 13's
+    empirical ramp loss of `y_n f(x_n)`), and for a tree `eq19`, `eq19_complexity`, `eq19_confidence`,
+    `eq25`, `eq16_toeplitz`; for a dense network `eq16`, `eq16_complexity`, `eq16_confidence`. Bounds are
+    on the error probability (dimensionless).
+    """
+    X = torch.as_tensor(x_train).double()
+    p = next(model.parameters())
+    with torch.no_grad():
+        out = model.f_V(X.to(p.device, p.dtype)).double().cpu()
+    rho, n, L = model.product_norm(), X.shape[0], model.depth
+    row = {"N": n, "L": L, "rho": rho, "rho_toeplitz": model.product_norm("toeplitz"),
+           "radius_term": float(X.flatten(1).pow(2).sum().sqrt()) / n,
+           "ramp": ramp_loss(rho * collapse.margins(out, y_train))}
+    if model.name.startswith("tree_cnn") if tree is None else tree:
+        b19, b25 = theorem4_bound(rho, X, L, delta), dense_tree_bound(rho, X, L, delta)
+        row.update(eq19=b19["bound"], eq19_complexity=b19["complexity_term"], eq19_confidence=b19["confidence_term"],
+                   eq25=b25["bound"], eq16_toeplitz=theorem3_bound(row["rho_toeplitz"], n, L, delta)["bound"])
+    else:
+        b16 = theorem3_bound(rho, n, L, delta)
+        row.update(eq16=b16["bound"], eq16_complexity=b16["complexity_term"], eq16_confidence=b16["confidence_term"])
+    return row
+
+
+def per_init_regression(runs, x: str = "inv_rho", y: str = "test_accuracy", by: str = "rho_init") -> dict:
+    """Fig. 5's regression: the mean of `x` and of `y` per group `by` (one point per initialisation
+    scale, averaged over its runs), then least squares of `y` on `x`.
+
+    Parameters
+    ----------
+    runs : pandas DataFrame, one row per run, with columns `x`, `y` and `by`.
+
+    Returns
+    -------
+    dict: slope (units of y per unit of x), intercept, r2, p (two-sided, the slope's t-test with
+    `points - 2` degrees of freedom), points, and the per-group means `x_means`, `y_means`.
+    """
+    from scipy import stats
+
+    means = runs.groupby(by)[[x, y]].mean()
+    if len(means) < 3 or means[x].nunique() < 2:
+        nan = float("nan")
+        return {"slope": nan, "intercept": nan, "r2": nan, "p": nan, "points": len(means),
+                "x_means": means[x].tolist(), "y_means": means[y].tolist()}
+    fit = stats.linregress(means[x], means[y])
+    return {"slope": float(fit.slope), "intercept": float(fit.intercept), "r2": float(fit.rvalue**2),
+            "p": float(fit.pvalue), "points": len(means), "x_means": means[x].tolist(), "y_means": means[y].tolist()}

@@ -8,7 +8,8 @@ decisions as `sign(w . h + b)`.
 
 Definitions (Eq. 26-27 of the square-loss paper):
 
-- class means `mu_c`, global mean `mu_G = (1/C) sum_c mu_c` (the mean of the class means);
+- class means `mu_c`, global mean `mu_G = (1/C) sum_c mu_c` (the mean of the class means; see
+  `nc_metrics(convention=...)` for the other readings on unbalanced classes);
 - `Sigma_W = (1/N) sum_n (h_n - mu_{y_n})(h_n - mu_{y_n})^T` over all N samples (for balanced
   classes this is the paper's `(1/C) sum_c (1/N_c) sum_n ...`);
 - `Sigma_B = (1/C) sum_c (mu_c - mu_G)(mu_c - mu_G)^T`, `M = [mu_c - mu_G]` (p x C).
@@ -20,7 +21,9 @@ The metrics (all tend to 0 under neural collapse):
 - `nc2_equinorm_means`, `nc2_equinorm_classifiers`: coefficient of variation (std with Bessel's
   correction, as the original code, over mean) of `||mu_c - mu_G||` and of `||W_c||`;
 - `nc2_equiangular_means`, `nc2_equiangular_classifiers`: mean over pairs c != c' of
-  `|cos(., .) + 1/(C-1)|`;
+  `|cos(., .) + 1/(C-1)|`; `nc2_equiangular_means_fig9`, `nc2_equiangular_classifiers_fig9`: the
+  paper's Fig. 9 measure, the std of the pairwise cosines over their average (absolute value; the
+  population std over the C(C-1)/2 pairs, so 0 for C = 2 where there is one pair);
 - `nc3 = || W^T/||W||_F - M/||M||_F ||_F`, and `nc3_squared` (what the original code reports);
 - `nc4`: fraction of samples where `argmax_c (W h + b)_c` differs from `argmin_c ||h - mu_c||`.
 
@@ -28,7 +31,8 @@ Also returned: `classifier_cos_mean` and `means_cos_mean` (mean pairwise cosines
 `-1/(C-1)`), `classifier_global_mean_cos` (`max_c |cos(W_c, mu_G)|`) and
 `classifier_global_mean_ratio` (`||W mu_G|| / mean_c ||W (mu_c - mu_G)||`: the output the global mean
 produces against the class-specific part; both measure the paper's `V_L^c . mu_G -> 0`, the ratio is
-not already small for random W as the cosine is in high dimension), `tr_sigma_w`, `tr_sigma_b`,
+not already small for random W as the cosine is in high dimension), `classifier_row_norm_dev`
+(`max_c | ||W_c||^2 / ||W||_F^2 - 1/C |`, Eq. 43's `||V_L^c||^2 = 1/C` at unit `||V_L||_F`), `tr_sigma_w`, `tr_sigma_b`,
 `num_classes`.
 """
 
@@ -42,12 +46,14 @@ from lowrank.core.validation import as_tensor, check_positive
 
 __all__ = [
     "NC_KEYS",
+    "GLOBAL_MEAN_CONVENTIONS",
     "nc_metrics",
     "NCAccumulator",
     "nc_metrics_streaming",
     "centred_one_hot",
     "margins",
     "margin_stats",
+    "uncentred_means_cosine",
 ]
 
 NC_KEYS = (
@@ -95,21 +101,25 @@ def _cv(x: torch.Tensor) -> float:
     return float(x.std() / x.mean())
 
 
-def _equiangularity(V: torch.Tensor) -> tuple[float, float]:
-    """(mean over pairs of |cos + 1/(C-1)|, mean pairwise cosine) of the rows of V."""
+def _equiangularity(V: torch.Tensor) -> tuple[float, float, float]:
+    """Of the rows of V: (mean over pairs of |cos + 1/(C-1)|, mean pairwise cosine, Fig. 9's
+    std / |mean| of the pairwise cosines over the C(C-1)/2 pairs, population std: 0 for C = 2)."""
     C = V.shape[0]
     U = V / V.norm(dim=1, keepdim=True)
     G = U @ U.T
     off = ~torch.eye(C, dtype=torch.bool)
-    return float((G[off] + 1 / (C - 1)).abs().mean()), float(G[off].mean())
+    pairs = G[torch.triu(torch.ones(C, C, dtype=torch.bool), diagonal=1)]
+    mean = pairs.mean()
+    fig9 = float(pairs.std(correction=0) / mean.abs()) if mean != 0 else float("inf")
+    return float((G[off] + 1 / (C - 1)).abs().mean()), float(G[off].mean()), fig9
 
 
-def _metrics_from_stats(means, counts, Sigma_W, W, b, nc4: float) -> dict:
+def _metrics_from_stats(means, counts, Sigma_W, W, b, nc4: float, mu_G=None) -> dict:
     C, p = means.shape
     if (counts == 0).any():
         missing = torch.nonzero(counts == 0).flatten().tolist()
         raise ValueError(f"classes {missing} have no samples: every class of the classifier needs samples")
-    mu_G = means.mean(0)
+    mu_G = means.mean(0) if mu_G is None else mu_G
     M = (means - mu_G).T  # p x C
     Sigma_B = M @ M.T / C
     # Sigma_B^+ from the SVD of M / sqrt(C): rank <= C - 1.
@@ -122,8 +132,8 @@ def _metrics_from_stats(means, counts, Sigma_W, W, b, nc4: float) -> dict:
     tr_w_binv = float(torch.einsum("pk,pq,qk->k", U, Sigma_W, U).div(s**2).sum())
     mean_norms = M.norm(dim=0)
     W_norms = W.norm(dim=1)
-    eq_means, cos_means = _equiangularity(M.T)
-    eq_w, cos_w = _equiangularity(W)
+    eq_means, cos_means, fig9_means = _equiangularity(M.T)
+    eq_w, cos_w, fig9_w = _equiangularity(W)
     diff = W.T / W.norm() - M / M.norm()
     nc3 = float(diff.norm())
     g_norm = mu_G.norm()
@@ -137,6 +147,8 @@ def _metrics_from_stats(means, counts, Sigma_W, W, b, nc4: float) -> dict:
         "nc2_equinorm_classifiers": _cv(W_norms),
         "nc2_equiangular_means": eq_means,
         "nc2_equiangular_classifiers": eq_w,
+        "nc2_equiangular_means_fig9": fig9_means,
+        "nc2_equiangular_classifiers_fig9": fig9_w,
         "nc3": nc3,
         "nc3_squared": nc3**2,
         "nc4": nc4,
@@ -144,6 +156,7 @@ def _metrics_from_stats(means, counts, Sigma_W, W, b, nc4: float) -> dict:
         "means_cos_mean": cos_means,
         "classifier_global_mean_cos": w_g,
         "classifier_global_mean_ratio": w_g_ratio,
+        "classifier_row_norm_dev": float(((W_norms**2 / (W_norms**2).sum()) - 1 / C).abs().max()),
         "tr_sigma_w": float(torch.trace(Sigma_W)),
         "tr_sigma_b": float(torch.trace(Sigma_B)),
         "num_classes": C,
@@ -156,9 +169,27 @@ def _nearest_mean_disagreements(H, means, W, b) -> int:
     return int((logits.argmax(1) != dist.argmin(1)).sum())
 
 
-def nc_metrics(H, y, W, b=None) -> dict:
+GLOBAL_MEAN_CONVENTIONS = ("papyan", "zhu", "paper")
+
+
+def nc_metrics(H, y, W, b=None, convention: str = "papyan") -> dict:
     """Neural-collapse metrics of features `H` (N x p), integer labels `y` and classifier `W`
-    (C x p, or 1 x p for a binary classifier), optional bias `b`. See the module docstring."""
+    (C x p, or 1 x p for a binary classifier), optional bias `b`. See the module docstring.
+
+    Parameters
+    ----------
+    convention : how unbalanced classes are averaged (all three agree on balanced classes):
+        "papyan": `mu_G` = mean of the class means, `Sigma_W` = (1/N) sum over all samples (Papyan, Han
+        and Donoho's code); "zhu": `mu_G` = mean of all samples (Zhu et al. 2021), `Sigma_W` as papyan;
+        "paper": Eqs. 26-27 of the square-loss paper read for unbalanced classes, `mu_G` = mean of the
+        class means and `Sigma_W` = mean over classes of the class covariances `(1/N_c) sum_n ...`.
+
+    Returns
+    -------
+    dict of the metrics (dimensionless; see the module docstring).
+    """
+    if convention not in GLOBAL_MEAN_CONVENTIONS:
+        raise ValueError(f"convention must be one of {GLOBAL_MEAN_CONVENTIONS}, got {convention!r}")
     H = as_tensor(H, "H", min_ndim=2)
     if H.ndim != 2:
         raise ValueError(f"H must be N x p, got shape {tuple(H.shape)}")
@@ -169,9 +200,14 @@ def nc_metrics(H, y, W, b=None) -> dict:
     sums = torch.zeros(C, H.shape[1], dtype=H.dtype).index_add_(0, idx, H)
     means = sums / counts.clamp(min=1).unsqueeze(1)
     centred = H - means[idx]
-    Sigma_W = centred.T @ centred / H.shape[0]
+    if convention == "paper":
+        weights = (1.0 / (C * counts.clamp(min=1)))[idx]  # (1/C) (1/N_c) per sample
+        Sigma_W = (centred * weights.unsqueeze(1)).T @ centred
+    else:
+        Sigma_W = centred.T @ centred / H.shape[0]
     nc4 = _nearest_mean_disagreements(H, means, W, b) / H.shape[0]
-    return _metrics_from_stats(means, counts, Sigma_W, W, b, nc4)
+    mu_G = H.mean(0) if convention == "zhu" else None
+    return _metrics_from_stats(means, counts, Sigma_W, W, b, nc4, mu_G=mu_G)
 
 
 class NCAccumulator:
@@ -303,3 +339,14 @@ def margin_stats(fbar, rho: float, weight_decay: float, second_moment=None) -> d
         "margin_max": float(f.max()),
         "fraction_positive": float((f > 0).to(torch.float64).mean()),
     }
+
+
+def uncentred_means_cosine(H, y) -> float:
+    """`cos(mu_a, mu_b)` of the two class means of features `H` (N x p) with two classes (labels ±1 or
+    0/1), not centred. Theorem 5 (binary) has `mu_+ = -mu_-`, i.e. cosine -1; for ReLU features
+    (non-negative) the cosine is >= 0, so that reading can hold only if a mean is 0."""
+    H = as_tensor(H, "H", min_ndim=2)
+    idx = _labels(y, H.shape[0], 2)
+    a, b = H[idx == 0].mean(0), H[idx == 1].mean(0)
+    denom = a.norm() * b.norm()
+    return float(a @ b / denom) if denom > 0 else float("nan")

@@ -12,11 +12,18 @@ unit sphere after every step, the Lagrange-multiplier model, so that the step si
 once per `log_every` epochs, one row of a tidy table: rho, the margin statistics (mu, M, sigma^2),
 the predictions `rho_eq = mu / (M + lambda)` and the gap `(sigma^2 + lambda) / (mu^2 + sigma^2 +
 lambda)`, the loss and Lemma 4's right-hand side, train and test error and the neural-collapse
-metrics of the last-layer features.
+metrics of the last-layer features. The loop is a few lines over named pieces: the state
+(`_State`), one step (`_step`), one epoch (`_epoch`), the evaluation of a logged row (`evaluate`)
+and the per-layer monitor (`_layer_rows`); `SquareConfig` holds every option.
+
+Vocabulary: `lam` is the paper's lambda, the penalty `lam * rho^2` (on rho only); "square loss" is
+`(1/N) sum_n ||rho f_V(x_n) - t_n||^2` (summed over outputs, averaged over samples); `eps` is the
+rank threshold relative to the largest singular value (spectral normalisation).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -26,10 +33,11 @@ import torch
 from lowrank.square import collapse
 from lowrank.core import spectral
 from lowrank.core import datasets
-from lowrank.core.datasets import Dataset
+from lowrank.core.datasets import DEFAULT_DATA_ROOT, Dataset
 from lowrank.core.device import get_device
 
-__all__ = ["TrainingDiverged", "SquareRun", "prepare", "load_task", "train_targets", "train_square"]
+__all__ = ["TrainingDiverged", "SquareConfig", "SquareRun", "prepare", "load_task", "train_targets", "cosine_lr",
+           "evaluate", "train_square", "train_network"]
 
 
 class TrainingDiverged(FloatingPointError):
@@ -75,8 +83,9 @@ def prepare(ds: Dataset, shape=None, unit_ball: bool = True, center: bool = Fals
     return Dataset(x_tr, ds.y_train, x_te, ds.y_test, ds.num_classes, ds.name)
 
 
-def load_task(dataset: str, classes, data_root: str = "", max_train: int | None = None,
-              max_test: int | None = None, shape=None, unit_ball: bool = True, seed: int = 0) -> Dataset:
+def load_task(dataset: str, classes, data_root: str = DEFAULT_DATA_ROOT, max_train: int | None = None,
+              max_test: int | None = None, shape=None, unit_ball: bool = True, seed: int = 0,
+              num_samples: int | None = None) -> Dataset:
     """A classification task of the square-loss notebooks, inputs in the unit ball.
 
     Two classes give ±1 labels (`datasets.binary_subset`: `classes[0] -> -1`, `classes[1] -> +1`);
@@ -85,14 +94,20 @@ def load_task(dataset: str, classes, data_root: str = "", max_train: int | None 
     "mnist1d" are generated locally (`seed` sets the digits split) and centred by the training mean,
     not standardised per feature (per-feature scaling blows up rare pixels, and then dividing by the
     largest norm leaves most inputs far inside the unit ball); "mnist" and "cifar10" are read from
-    `data_root` with their usual per-channel normalisation.
+    `data_root` (default `lowrank.core.datasets.DEFAULT_DATA_ROOT`) with their usual per-channel
+    normalisation. `num_samples`: how many MNIST-1D signals to generate (train + test, 80/20; default 5000).
+
+    Returns
+    -------
+    Dataset with inputs of norm <= 1 (with `unit_ball`) and labels ±1 (two classes) or 0..k-1.
     """
     if dataset in ("mnist", "cifar10"):
-        ds, center = datasets.load(dataset, root=data_root or None), False
+        ds, center = datasets.load(dataset, root=data_root or DEFAULT_DATA_ROOT), False
     elif dataset == "digits":
         ds, center = datasets.digits(seed=seed, standardize=False), True
     else:
-        ds, center = datasets.load(dataset, standardize=False), True
+        extra = {} if num_samples is None else {"num_samples": int(num_samples)}
+        ds, center = datasets.load(dataset, standardize=False, **extra), True
     classes = [int(c) for c in classes]
     if len(classes) == 2:
         ds = datasets.binary_subset(ds, tuple(classes), max_train, max_test)
@@ -132,10 +147,132 @@ def train_targets(y: torch.Tensor, num_outputs: int) -> tuple[torch.Tensor, torc
     return collapse.centred_one_hot(idx, num_outputs), idx
 
 
-def _lr_at(step: int, total: int, lr: float, schedule: str, min_lr: float) -> float:
-    if schedule == "constant":
-        return lr
+@dataclass(frozen=True)
+class SquareConfig:
+    """Every option of `train_square`; checked on construction (one-line errors before any work).
+
+    Parameters
+    ----------
+    epochs : int
+        Passes over the training set.
+    lr : float
+        Step size of the directions `v_k` (the paper's eta).
+    lam : float
+        The paper's lambda: the penalty `lam * rho^2` added to the square loss (rho only, Eq. 1).
+    batch_size : int or None
+        Minibatch size; None or 0 is full-batch gradient descent (one step per epoch).
+    rho_lr : float or None
+        rho's own step size (default `lr`, the paper's single step size). A larger one rescales time in
+        rho's gradient flow only: the critical points (Eq. 7) and Lemma 4, with rho_dot measured in
+        rho's time, are unchanged.
+    momentum : float
+        SGD momentum (the same for rho and the `v_k`).
+    schedule : str
+        "constant", or "cosine": annealed per step from `lr` to `min_lr` (`cosine_lr`).
+    min_lr : float
+        The cosine schedule's last step size (Fig. 3 ends at 0.0299 for lr 0.03, l.1044).
+    log_every : int
+        Epochs between logged rows (plus epoch 0, every epoch of `margin_epochs` and the last).
+    nc : bool
+        Log the neural-collapse metrics of the last-layer features (`collapse.nc_metrics`).
+    nc_convention : str
+        Global mean and Sigma_W for unbalanced classes: "papyan", "zhu" or "paper" (Eqs. 26-27);
+        see `collapse.nc_metrics`.
+    nc_shuffled : bool
+        Also log the NC metrics of the same features and classifier under a fixed random permutation
+        of the training labels (columns `shuffled_<metric>`): the null model of no class structure.
+    track_layers : bool
+        Log per layer the numerical rank (threshold `eps`, spectral), stable rank and update norm.
+    eps : float
+        Rank threshold: singular values above `eps` times the largest count.
+    margin_epochs : tuple of int
+        Epochs whose per-sample margins are kept (`SquareRun.margins`).
+    project : bool
+        Put every `v_k` back on the unit sphere after each step (the Lagrange-multiplier model).
+    seed : int
+        Seed of the minibatch order.
+    dtype : torch.dtype or str
+        Training dtype ("float32", "float64" or a torch dtype).
+    on_nan : str
+        "raise" (`TrainingDiverged`) or "stop" (`SquareRun.stopped` set) on a non-finite loss.
+    eval_batch_size : int
+        Samples per forward pass when evaluating a logged row.
+    """
+
+    epochs: int
+    lr: float
+    lam: float = 0.0
+    batch_size: int | None = None
+    rho_lr: float | None = None
+    momentum: float = 0.0
+    schedule: str = "constant"
+    min_lr: float = 0.0
+    log_every: int = 1
+    nc: bool = True
+    nc_convention: str = "papyan"
+    nc_shuffled: bool = False
+    track_layers: bool = False
+    eps: float = 1e-3
+    margin_epochs: tuple = ()
+    project: bool = True
+    seed: int = 0
+    dtype: object = torch.float32
+    on_nan: str = "raise"
+    eval_batch_size: int = 4096
+
+    def __post_init__(self):
+        for name in ("epochs", "log_every", "eval_batch_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
+        if not self.lam >= 0:
+            raise ValueError(f"lam (the paper's lambda, penalty lam * rho^2) must be non-negative, got {self.lam}")
+        if self.rho_lr is not None and not self.rho_lr > 0:
+            raise ValueError(f"rho_lr must be positive, got {self.rho_lr}")
+        if self.batch_size is not None and (not isinstance(self.batch_size, int) or self.batch_size < 0):
+            raise ValueError(f"batch_size must be a positive integer (0 or None: full batch), got {self.batch_size!r}")
+        if self.schedule not in ("constant", "cosine"):
+            raise ValueError(f"schedule must be 'constant' or 'cosine', got {self.schedule!r}")
+        if not 0 <= self.min_lr <= self.lr:
+            raise ValueError(f"min_lr must be in [0, lr={self.lr}], got {self.min_lr}")
+        if self.nc_convention not in collapse.GLOBAL_MEAN_CONVENTIONS:
+            raise ValueError(f"nc_convention must be one of {collapse.GLOBAL_MEAN_CONVENTIONS}, got {self.nc_convention!r}")
+        if self.on_nan not in ("raise", "stop"):
+            raise ValueError(f"on_nan must be 'raise' or 'stop', got {self.on_nan!r}")
+        if not self.eps > 0:
+            raise ValueError(f"eps must be positive, got {self.eps}")
+        dtype = getattr(torch, self.dtype) if isinstance(self.dtype, str) else self.dtype
+        if dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"dtype must be float32 or float64, got {self.dtype!r}")
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "margin_epochs", tuple(int(e) for e in self.margin_epochs))
+
+    @property
+    def rho_scale(self) -> float:
+        """rho's step over the `v_k` step (1 with the paper's single step size)."""
+        return 1.0 if self.rho_lr is None else float(self.rho_lr) / self.lr
+
+
+def cosine_lr(step: int, total: int, lr: float, min_lr: float = 0.0) -> float:
+    """Cosine annealing per step: `min_lr + (lr - min_lr) (1 + cos(pi step / total)) / 2`.
+
+    Parameters
+    ----------
+    step : steps done (0-based); clipped at `total`.
+    total : steps of the whole run.
+    lr, min_lr : the first and the last step size.
+
+    Returns
+    -------
+    The step size of step `step` (PyTorch's `CosineAnnealingLR` with `T_max = total`, `eta_min = min_lr`).
+    """
     return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(step, total) / max(total, 1)))
+
+
+def _lr_at(config: SquareConfig, step: int, total: int) -> float:
+    return config.lr if config.schedule == "constant" else cosine_lr(step, total, config.lr, config.min_lr)
 
 
 @torch.no_grad()
@@ -149,207 +286,283 @@ def _forward_all(model, x, batch: int):
 
 
 def _errors(out: torch.Tensor, labels: torch.Tensor) -> float:
-    if out.ndim == 1:
-        pred = torch.where(out > 0, 1, -1)
-    else:
-        pred = out.argmax(1)
+    pred = torch.where(out > 0, 1, -1) if out.ndim == 1 else out.argmax(1)
     return float((pred != labels).to(torch.float64).mean())
 
 
-def train_square(model, ds: Dataset, *, epochs: int, lr: float, weight_decay: float, batch_size: int | None = None,
-                 rho_lr: float | None = None, momentum: float = 0.0, schedule: str = "constant",
-                 min_lr: float = 0.0, log_every: int = 1, nc: bool = True, track_layers: bool = False,
-                 rank_eps: float = 1e-3, margin_epochs=(), project: bool = True, seed: int = 0, device=None,
-                 dtype=torch.float32, progress: bool = True, on_nan: str = "raise", eval_batch_size: int = 4096,
-                 desc: str | None = None) -> SquareRun:
-    """Train `model` (a `NormalizedNet`) on `ds` with the square loss and weight decay `lambda` on rho.
+@dataclass
+class _Data:
+    """The training and test tensors on the training device, targets and labels as `train_targets`."""
 
-    `batch_size=None` is full-batch gradient descent (one step per epoch). `rho_lr` (default `lr`)
-    is rho's own step size: a larger one rescales time in rho's gradient flow only (the critical
-    points, Eq. 7 and Lemma 4 with rho_dot measured in rho's time are unchanged) and lets rho keep up
-    with the small outputs of the normalised network. `schedule` is "constant" or "cosine" (annealed
-    per step from `lr` to `min_lr`). Rows are logged at epoch 0 (the initialisation), every
-    `log_every` epochs, at every epoch of `margin_epochs` and at the last epoch. The margins and their
-    statistics are those of `f_V` (with frozen scales g != 1, of the network that includes them; the
-    paper's product norm is then `product_norm = rho prod_k g_k`). `rho_dot_step` is the measured
-    `(rho_{t+1} - rho_t) / rho_lr` of the step that follows the logged state (the gradient flow's
-    `rho_dot` for plain GD), and `lemma4_rhs = c - rho (rho_dot_step / 2 + mu)` with `c` the mean
-    squared target (1 for ±1 labels), which Lemma 4 says equals the loss.
+    x_train: torch.Tensor
+    targets: torch.Tensor
+    labels_train: torch.Tensor
+    x_test: torch.Tensor
+    labels_test: torch.Tensor
+    labels_shuffled: torch.Tensor | None = None  # a fixed permutation of labels_train (NC's null model)
 
-    rho is kept non-negative, as a norm: when a step takes it below 0, rho and the last layer change
-    sign together (the function, and the loss, are unchanged); `config["rho_sign_flips"]` counts them.
+    @property
+    def n(self) -> int:
+        return self.x_train.shape[0]
 
-    `track_layers` adds, per layer and logged epoch, the numerical rank (singular values of `V_k`
-    above `rank_eps` times the largest), the stable rank and the mean per-step update norm
-    `||V_k(t+1) - V_k(t)||_F / lr` since the previous row (Eq. 53's `||V_k dot||`).
+    @property
+    def target_sq(self) -> float:
+        """c = mean ||t_n||^2 (1 for ±1 targets, C/(C-1) for centred one-hot)."""
+        return float((self.targets**2).reshape(self.n, -1).sum(1).mean())
 
-    A NaN or infinite loss raises `TrainingDiverged` (`on_nan="raise"`) or ends training with
-    `SquareRun.stopped` set (`on_nan="stop"`).
+
+def _to_device(model, ds: Dataset, device, dtype) -> _Data:
+    x_tr = ds.x_train.to(device=device, dtype=dtype)
+    if tuple(x_tr.shape[1:]) != tuple(model.in_shape):
+        raise ValueError(f"inputs have shape {tuple(x_tr.shape[1:])}, the network expects {model.in_shape} "
+                         "(use lowrank.square.training.prepare(ds, shape=...))")
+    t_tr, lab_tr = train_targets(ds.y_train, model.num_outputs)
+    _, lab_te = train_targets(ds.y_test, model.num_outputs)
+    return _Data(x_tr, t_tr.to(device=device, dtype=dtype), lab_tr.to(device),
+                 ds.x_test.to(device=device, dtype=dtype), lab_te.to(device))
+
+
+def _nc_columns(h, labels, W, convention: str, prefix: str = "") -> dict:
+    try:
+        return {prefix + k: v for k, v in collapse.nc_metrics(h, labels, W, convention=convention).items()
+                if k != "num_classes"}
+    except ValueError as err:  # e.g. a class collapsed to zero features at initialisation
+        return {prefix + "nc_error": str(err)}
+
+
+def evaluate(model, data: _Data, lam: float, *, nc: bool = True, nc_convention: str = "papyan",
+             eval_batch_size: int = 4096):
+    """One logged row: rho, the margin statistics and predictions (`collapse.margin_stats`), the loss
+    `(1/N) sum ||rho f_V - t||^2 + lam rho^2`, Eq. 11's form of it, the flow's rho_dot (Eq. 6), train and
+    test error, and (with `nc`) the neural-collapse metrics (and, when `data.labels_shuffled` is set,
+    the same under shuffled labels, prefixed `shuffled_`). Returns `(row, fbar)`, or `(None, None)`
+    when an output is not finite."""
+    out_tr, h = _forward_all(model, data.x_train, eval_batch_size)
+    out_te, _ = _forward_all(model, data.x_test, eval_batch_size)
+    if not (bool(torch.isfinite(out_tr).all()) and bool(torch.isfinite(out_te).all())):
+        return None, None
+    rho = float(model.rho.detach())
+    fbar = collapse.margins(out_tr, data.labels_train)
+    second = None if out_tr.ndim == 1 else float((out_tr.double() ** 2).sum(1).mean())
+    stats = collapse.margin_stats(fbar.double().cpu(), rho, lam, second_moment=second)
+    loss = float(((rho * out_tr.double() - data.targets.double()) ** 2).reshape(data.n, -1).sum(1).mean()) + lam * rho**2
+    row = {**stats, "product_norm": model.product_norm(), "loss": loss,
+           "loss_eq11": data.target_sq - 2 * rho * stats["mu"] + rho**2 * (stats["M"] + lam),
+           "rho_dot_gf": 2 * (stats["mu"] - rho * (stats["M"] + lam)),
+           "rho_dot_step": float("nan"), "lemma4_rhs": float("nan"),
+           "train_error": _errors(out_tr, data.labels_train), "test_error": _errors(out_te, data.labels_test)}
+    if nc:
+        W, h = model.classifier().detach().double().cpu(), h.double().cpu()
+        row.update(_nc_columns(h, data.labels_train.cpu(), W, nc_convention))
+        if data.labels_shuffled is not None:
+            row.update(_nc_columns(h, data.labels_shuffled.cpu(), W, nc_convention, prefix="shuffled_"))
+    return row, fbar
+
+
+def _layer_rows(model, epoch: int, eps: float, update_sums: list[float], steps: int) -> list[dict]:
+    """Per layer: numerical rank (`spectral.numerical_rank`, spectral, threshold `eps`), stable rank and
+    the mean per-step update norm `||V_k(t+1) - V_k(t)||_F / lr` over the `steps` since the last row."""
+    rows = []
+    for k, w in enumerate(model.weight_matrices(), 1):
+        mat = w.matrix.double().cpu()
+        stable = spectral.stable_rank(mat)
+        rows.append({"epoch": epoch, "layer": k, "classifier": w.classifier, "shape": "x".join(map(str, mat.shape)),
+                     "rank": int(spectral.numerical_rank(mat, eps)), "stable_rank": float(stable),
+                     "top_singular_share": 1.0 / float(stable),
+                     "update_norm": update_sums[k - 1] / steps if steps else float("nan")})
+    return rows
+
+
+@dataclass
+class _State:
+    """What changes during training (and what a checkpoint would hold)."""
+
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+    generator: torch.Generator
+    step: int = 0
+    flips: int = 0  # rho sign flips (rho kept >= 0)
+    pending_rho: tuple | None = None  # (row index, rho at that row): its rho_dot comes from the next step
+    update_sums: list = field(default_factory=list)  # per layer, sum of ||dV_k|| / lr since the last row
+    update_steps: int = 0
+
+
+def _step(state: _State, config: SquareConfig, xb, tb, cur_lr: float, track: bool) -> tuple[torch.Tensor, float]:
+    """One SGD step on the minibatch (xb, tb); projects, keeps rho >= 0 and accumulates update norms.
+    Returns the minibatch loss and rho as the step left it (before a sign flip)."""
+    model, opt = state.model, state.opt
+    opt.param_groups[0]["lr"] = cur_lr * config.rho_scale
+    opt.param_groups[1]["lr"] = cur_lr
+    before = [v.detach().clone() for v in model.directions()] if track else None
+    opt.zero_grad(set_to_none=True)
+    loss = ((model(xb) - tb) ** 2).reshape(xb.shape[0], -1).sum(1).mean() + config.lam * model.rho**2
+    loss.backward()
+    opt.step()
+    if config.project:
+        model.project_()
+    state.step += 1
+    rho_after = float(model.rho.detach())
+    if model.canonicalize_():  # rho crossed 0: flip (rho, V_L), and their momentum, to keep rho >= 0
+        state.flips += 1
+        for p in (model.rho, model.head.v):
+            buf = opt.state.get(p, {}).get("momentum_buffer")
+            if buf is not None:
+                buf.neg_()
+    if track:
+        with torch.no_grad():
+            state.update_sums = [s + float((a - b).norm()) / cur_lr
+                                 for s, a, b in zip(state.update_sums, model.directions(), before)]
+        state.update_steps += 1
+    return loss.detach(), rho_after
+
+
+def _fill_rho_dot(state: _State, rows: list, rho_after: float, step_lr: float, target_sq: float) -> None:
+    """The measured rho_dot `(rho_{t+1} - rho_t) / step_lr` and Lemma 4's `c - rho (rho_dot / 2 + mu)` of
+    the last logged row (rho_after is read before a sign flip, as the step left it)."""
+    if state.pending_rho is None:
+        return
+    i, rho_before = state.pending_rho
+    rho_dot = (rho_after - rho_before) / step_lr
+    rows[i]["rho_dot_step"] = rho_dot
+    rows[i]["lemma4_rhs"] = target_sq - rho_before * (rho_dot / 2 + rows[i]["mu"])
+    state.pending_rho = None
+
+
+def _epoch(state: _State, config: SquareConfig, data: _Data, rows: list, total_steps: int) -> float:
+    """One pass over the training set; returns the mean minibatch loss (float64)."""
+    n, bs = data.n, config.batch_size or data.n
+    perm = torch.randperm(n, generator=state.generator).to(data.x_train.device) if bs < n else None
+    total = torch.zeros((), device=data.x_train.device, dtype=torch.float64)
+    steps = math.ceil(n / bs)
+    for b in range(steps):
+        idx = perm[b * bs:(b + 1) * bs] if perm is not None else None
+        xb = data.x_train if idx is None else data.x_train[idx]
+        tb = data.targets if idx is None else data.targets[idx]
+        cur_lr = _lr_at(config, state.step, total_steps)
+        loss, rho_after = _step(state, config, xb, tb, cur_lr, config.track_layers)
+        total += loss.double()
+        _fill_rho_dot(state, rows, rho_after, cur_lr * config.rho_scale, data.target_sq)
+    return float(total) / steps
+
+
+def _diverged(state: _State, config: SquareConfig, epoch: int, mean_loss: float, finite: bool, n: int) -> str:
+    rho = float(state.model.rho.detach())
+    return (f"training diverged at epoch {epoch} (step {state.step}): loss={mean_loss:.3g}, rho={rho:.3g}"
+            f"{'' if finite else ', outputs or weights not finite'} with lr={config.lr:g}, lam={config.lam:g}, "
+            f"batch_size={config.batch_size or n}. Lower the learning rate (the rho update scales with "
+            "lr * (M + lam)) or use a smaller rho_init.")
+
+
+def _log(state: _State, config: SquareConfig, data: _Data, tables: dict, epoch: int, total_steps: int) -> dict | None:
+    """Evaluate and append one row (and its margins and layer rows); None when an output is not finite."""
+    row, fbar = evaluate(state.model, data, config.lam, nc=config.nc, nc_convention=config.nc_convention,
+                         eval_batch_size=config.eval_batch_size)
+    if row is None:
+        return None
+    row = {"epoch": epoch, "step": state.step, "lr": _lr_at(config, state.step, total_steps), **row}
+    tables["history"].append(row)
+    if epoch in config.margin_epochs:
+        tables["margins"].extend({"epoch": epoch, "sample": i, "margin": float(v)}
+                                 for i, v in enumerate(fbar.double().cpu().numpy()))
+    if config.track_layers:
+        tables["layers"].extend(_layer_rows(state.model, epoch, config.eps, state.update_sums, state.update_steps))
+        state.update_sums, state.update_steps = [0.0] * state.model.depth, 0
+    state.pending_rho = (len(tables["history"]) - 1, row["rho"])
+    return row
+
+
+def train_square(model, ds: Dataset, config: SquareConfig | None = None, *, device=None, progress: bool = True,
+                 desc: str | None = None, **options) -> SquareRun:
+    """Train `model` (a `NormalizedNet`) on `ds` with the square loss and the penalty `lam * rho^2`.
+
+    Parameters
+    ----------
+    model : NormalizedNet (`lowrank.core.nets.normalized`), moved to `device` and `config.dtype`.
+    ds : Dataset with inputs of the network's `in_shape` and labels ±1 (one output) or 0..C-1.
+    config : SquareConfig; or its fields as keyword `options` (which also override a given config).
+    device : torch device (default `lowrank.core.device.get_device()`).
+    progress, desc : a tqdm bar and its label.
+
+    Returns
+    -------
+    SquareRun. `history` has one row at epoch 0 (the initialisation), every `log_every` epochs, at
+    every epoch of `margin_epochs` and at the last epoch. The margins and their statistics are those of
+    `f_V` (with frozen scales g != 1, of the network that includes them; the paper's product norm is
+    then `product_norm = rho prod_k g_k`). `rho_dot_step` is the measured `(rho_{t+1} - rho_t) / rho_lr`
+    of the step that follows the logged state (the gradient flow's `rho_dot` for plain GD), and
+    `lemma4_rhs = c - rho (rho_dot_step / 2 + mu)` with `c` the mean squared target (1 for ±1 labels),
+    which Lemma 4 says equals the loss. rho is kept non-negative, as a norm: when a step takes it
+    below 0, rho and the last layer change sign together (the function and the loss are unchanged);
+    `config["rho_sign_flips"]` counts them. A NaN or infinite loss raises `TrainingDiverged`
+    (`on_nan="raise"`) or ends training with `SquareRun.stopped` set (`on_nan="stop"`).
     """
-    for name, v in (("epochs", epochs), ("log_every", log_every)):
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    if not lr > 0:
-        raise ValueError(f"lr must be positive, got {lr}")
-    if not weight_decay >= 0:
-        raise ValueError(f"weight_decay (lambda) must be non-negative, got {weight_decay}")
-    if schedule not in ("constant", "cosine"):
-        raise ValueError(f"schedule must be 'constant' or 'cosine', got {schedule!r}")
-    if on_nan not in ("raise", "stop"):
-        raise ValueError(f"on_nan must be 'raise' or 'stop', got {on_nan!r}")
+    config = SquareConfig(**options) if config is None else dataclasses.replace(config, **options)
     if not hasattr(model, "outputs_and_features"):
         raise TypeError("model must be a lowrank.core.nets.normalized.NormalizedNet")
     device = torch.device(device) if device is not None else get_device()
-    model = model.to(device=device, dtype=dtype)
-    lam = float(weight_decay)
-
-    x_tr = ds.x_train.to(device=device, dtype=dtype)
-    x_te = ds.x_test.to(device=device, dtype=dtype)
-    if tuple(x_tr.shape[1:]) != tuple(model.in_shape):
-        raise ValueError(f"inputs have shape {tuple(x_tr.shape[1:])}, the network expects {model.in_shape} "
-                         "(use square_training.prepare(ds, shape=...))")
-    t_tr, lab_tr = train_targets(ds.y_train, model.num_outputs)
-    _, lab_te = train_targets(ds.y_test, model.num_outputs)
-    t_tr = t_tr.to(device=device, dtype=dtype)
-    lab_tr, lab_te = lab_tr.to(device), lab_te.to(device)
-    n = x_tr.shape[0]
-    target_sq = float((t_tr**2).reshape(n, -1).sum(1).mean())
-    bs = n if batch_size is None else int(batch_size)
-    if not 1 <= bs <= n:
-        raise ValueError(f"batch_size must be between 1 and N={n}, got {batch_size}")
-    steps_per_epoch = math.ceil(n / bs)
-    total_steps = epochs * steps_per_epoch
+    model = model.to(device=device, dtype=config.dtype)
+    data = _to_device(model, ds, device, config.dtype)
+    if config.nc_shuffled:
+        perm = torch.randperm(data.n, generator=torch.Generator().manual_seed(config.seed + 1))
+        data.labels_shuffled = data.labels_train[perm.to(data.labels_train.device)]
+    if config.batch_size and config.batch_size > data.n:
+        raise ValueError(f"batch_size must be between 1 and N={data.n}, got {config.batch_size}")
+    total_steps = config.epochs * math.ceil(data.n / (config.batch_size or data.n))
     groups = model.parameter_groups()
-    rho_scale = 1.0 if rho_lr is None else float(rho_lr) / lr  # rho's step = rho_scale * the V step
-    if not rho_scale > 0:
-        raise ValueError(f"rho_lr must be positive, got {rho_lr}")
-    opt = torch.optim.SGD([{"params": groups["rho"]}, {"params": groups["V"]}], lr=lr, momentum=momentum)
-    gen = torch.Generator().manual_seed(seed)
-    margin_epochs = set(int(e) for e in margin_epochs)
-
-    rows, layer_rows, margin_rows = [], [], []
-    update_sums = None
-
-    def layer_directions():
-        return [v.detach().clone() for v in model.directions()]
-
-    def log(epoch: int, step: int):
-        nonlocal update_sums
-        out_tr, h = _forward_all(model, x_tr, eval_batch_size)
-        out_te, _ = _forward_all(model, x_te, eval_batch_size)
-        if not (bool(torch.isfinite(out_tr).all()) and bool(torch.isfinite(out_te).all())):
-            return None
-        rho = float(model.rho.detach())
-        fbar = collapse.margins(out_tr, lab_tr)
-        second = None if out_tr.ndim == 1 else float((out_tr.double() ** 2).sum(1).mean())
-        stats = collapse.margin_stats(fbar.double().cpu(), rho, lam, second_moment=second)
-        pred = rho * out_tr.double()
-        loss = float(((pred - t_tr.double()) ** 2).reshape(n, -1).sum(1).mean()) + lam * rho**2
-        row = {"epoch": epoch, "step": step, "lr": _lr_at(step, total_steps, lr, schedule, min_lr), **stats,
-               "product_norm": model.product_norm(), "loss": loss,
-               "loss_eq11": target_sq - 2 * rho * stats["mu"] + rho**2 * (stats["M"] + lam),
-               "rho_dot_gf": 2 * (stats["mu"] - rho * (stats["M"] + lam)),
-               "rho_dot_step": float("nan"), "lemma4_rhs": float("nan"),
-               "train_error": _errors(out_tr, lab_tr), "test_error": _errors(out_te, lab_te)}
-        if nc:
-            W = model.classifier().detach().double().cpu()
-            try:
-                row.update({k: v for k, v in collapse.nc_metrics(h.double().cpu(), lab_tr.cpu(), W).items()
-                            if k != "num_classes"})
-            except ValueError as err:  # e.g. a class collapsed to zero features at initialisation
-                row["nc_error"] = str(err)
-        rows.append(row)
-        if epoch in margin_epochs:
-            f = fbar.double().cpu().numpy()
-            margin_rows.extend({"epoch": epoch, "sample": i, "margin": float(v)} for i, v in enumerate(f))
-        if track_layers:
-            steps_done = update_sums[1] if update_sums else 0
-            for k, w in enumerate(model.weight_matrices(), 1):
-                mat = w.matrix.double().cpu()
-                s = spectral.singular_values(mat)
-                layer_rows.append({
-                    "epoch": epoch, "layer": k, "classifier": w.classifier, "shape": "x".join(map(str, mat.shape)),
-                    "rank": int((s > rank_eps * s[0]).sum()), "stable_rank": float((s**2).sum() / s[0] ** 2),
-                    "top_singular_share": float(s[0] ** 2 / (s**2).sum()),
-                    "update_norm": float(update_sums[0][k - 1] / steps_done) if steps_done else float("nan"),
-                })
-            update_sums = ([0.0] * model.depth, 0)
-        return row
-
-    def bad(value: float) -> bool:
-        return not math.isfinite(value)
-
+    opt = torch.optim.SGD([{"params": groups["rho"]}, {"params": groups["V"]}], lr=config.lr, momentum=config.momentum)
+    state = _State(model, opt, torch.Generator().manual_seed(config.seed), update_sums=[0.0] * model.depth)
+    tables = {"history": [], "layers": [], "margins": []}
+    if _log(state, config, data, tables, 0, total_steps) is None:
+        raise TrainingDiverged("the network's outputs at initialisation are not finite (check the inputs and rho_init)")
     from tqdm.auto import tqdm
 
-    if log(0, 0) is None:
-        raise TrainingDiverged("the network's outputs at initialisation are not finite (check the inputs and rho_init)")
-    pending_rho = (0, float(model.rho.detach()))  # the row whose rho_dot_step the next step fills in
-    stopped, step, flips = None, 0, 0
-    bar = tqdm(range(1, epochs + 1), desc=desc or f"{model.name} lambda={lam:g}", disable=not progress, leave=False,
-               mininterval=2.0)
+    stopped = None
+    bar = tqdm(range(1, config.epochs + 1), desc=desc or f"{model.name} lam={config.lam:g}", disable=not progress,
+               leave=False, mininterval=2.0)
     for epoch in bar:
         model.train()
-        perm = torch.randperm(n, generator=gen).to(device) if bs < n else None
-        epoch_loss = torch.zeros((), device=device, dtype=torch.float64)
-        for b in range(steps_per_epoch):
-            idx = perm[b * bs:(b + 1) * bs] if perm is not None else None
-            xb = x_tr if idx is None else x_tr[idx]
-            tb = t_tr if idx is None else t_tr[idx]
-            cur_lr = _lr_at(step, total_steps, lr, schedule, min_lr)
-            opt.param_groups[0]["lr"] = cur_lr * rho_scale
-            opt.param_groups[1]["lr"] = cur_lr
-            before = layer_directions() if track_layers else None
-            opt.zero_grad(set_to_none=True)
-            out = model(xb)
-            loss = ((out - tb) ** 2).reshape(xb.shape[0], -1).sum(1).mean() + lam * model.rho**2
-            loss.backward()
-            opt.step()
-            if project:
-                model.project_()
-            step += 1
-            epoch_loss += loss.detach().double()
-            if pending_rho is not None:
-                row_i, rho_before = pending_rho
-                rho_dot = (float(model.rho.detach()) - rho_before) / (cur_lr * rho_scale)
-                rows[row_i]["rho_dot_step"] = rho_dot
-                rows[row_i]["lemma4_rhs"] = target_sq - rho_before * (rho_dot / 2 + rows[row_i]["mu"])
-                pending_rho = None
-            if model.canonicalize_():  # rho crossed 0: flip (rho, V_L), and their momentum, to keep rho >= 0
-                flips += 1
-                for p in (model.rho, model.head.v):
-                    buf = opt.state.get(p, {}).get("momentum_buffer")
-                    if buf is not None:
-                        buf.neg_()
-            if track_layers:
-                with torch.no_grad():
-                    after = model.directions()
-                    sums, count = update_sums
-                    update_sums = ([s + float((a - bf).norm()) / cur_lr for s, a, bf in zip(sums, after, before)],
-                                   count + 1)
-        mean_loss = float(epoch_loss) / steps_per_epoch
-        rho_now = float(model.rho.detach())
-        finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
-        row = None
-        if not (bad(mean_loss) or bad(rho_now) or not finite) and (
-                epoch % log_every == 0 or epoch == epochs or epoch in margin_epochs):
-            row = log(epoch, step)
+        mean_loss = _epoch(state, config, data, tables["history"], total_steps)
+        finite = math.isfinite(mean_loss) and math.isfinite(float(model.rho.detach())) and all(
+            bool(torch.isfinite(p).all()) for p in model.parameters())
+        if finite and (epoch % config.log_every == 0 or epoch == config.epochs or epoch in config.margin_epochs):
+            row = _log(state, config, data, tables, epoch, total_steps)
             finite = row is not None
-        if bad(mean_loss) or bad(rho_now) or not finite:
-            msg = (f"training diverged at epoch {epoch} (step {step}): loss={mean_loss:.3g}, rho={rho_now:.3g}"
-                   f"{'' if finite else ', outputs or weights not finite'} with "
-                   f"lr={lr:g}, lambda={lam:g}, batch_size={bs}. Lower the learning rate (the rho update "
-                   f"scales with lr * (M + lambda)) or use a smaller rho_init.")
-            if on_nan == "raise":
-                raise TrainingDiverged(msg, pd.DataFrame(rows))
-            stopped = msg
+            if finite:
+                bar.set_postfix(rho=f"{row['rho']:.3g}", loss=f"{row['loss']:.3g}", refresh=False)
+        if not finite:
+            stopped = _diverged(state, config, epoch, mean_loss, finite, data.n)
+            if config.on_nan == "raise":
+                raise TrainingDiverged(stopped, pd.DataFrame(tables["history"]))
             break
-        if row is not None:
-            pending_rho = (len(rows) - 1, row["rho"])
-            bar.set_postfix(rho=f"{row['rho']:.3g}", loss=f"{row['loss']:.3g}", test_err=f"{row['test_error']:.3f}",
-                            refresh=False)
     bar.close()
-    config = {"epochs": epochs, "lr": lr, "rho_lr": lr * rho_scale, "weight_decay": lam, "batch_size": batch_size,
-              "momentum": momentum,
-              "schedule": schedule, "min_lr": min_lr, "project": project, "seed": seed, "dtype": str(dtype),
-              "device": str(device), "model": model.name, "N": n, "rho_sign_flips": flips}
-    return SquareRun(pd.DataFrame(rows), pd.DataFrame(layer_rows), pd.DataFrame(margin_rows), model, config, stopped)
+    record = {**dataclasses.asdict(config), "dtype": str(config.dtype), "rho_lr": config.lr * config.rho_scale,
+              "weight_decay": config.lam, "device": str(device), "model": model.name, "N": data.n,
+              "rho_sign_flips": state.flips}
+    return SquareRun(pd.DataFrame(tables["history"]), pd.DataFrame(tables["layers"]), pd.DataFrame(tables["margins"]),
+                     model, record, stopped)
+
+
+def train_network(data: Dataset, *, arch: str, arch_kwargs: dict | None = None, rho_init: float = 1.0, seed: int = 0,
+                  device=None, progress: bool = True, desc: str | None = None, **options) -> SquareRun:
+    """Build `normalized.make(arch, ...)` for `data` (one output for ±1 labels, else one per class) and
+    train it: the setup every Part III page repeats.
+
+    Parameters
+    ----------
+    data : Dataset from `load_task`.
+    arch, arch_kwargs : the architecture and its keyword arguments (`lowrank.core.nets.normalized.make`).
+    rho_init : the initial product norm rho_0 (the paper's initialisation scale s gives rho_0 = s^L).
+    seed : seeds the network's initialisation and the minibatch order.
+    options : the fields of `SquareConfig` (`epochs`, `lr`, `lam`, ...), `num_outputs` to override.
+
+    Returns
+    -------
+    SquareRun of `train_square`.
+    """
+    from lowrank.core.nets import normalized
+
+    binary = bool(((data.y_train == 1) | (data.y_train == -1)).all())
+    num_outputs = options.pop("num_outputs", 1 if binary else data.num_classes)
+    model = normalized.make(arch, data.x_train.shape[1:], num_outputs=num_outputs, rho_init=rho_init, seed=seed,
+                            **(arch_kwargs or {}))
+    return train_square(model, data, seed=seed, device=device, progress=progress, desc=desc, **options)

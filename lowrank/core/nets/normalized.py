@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lowrank.core.nets.conv import num_patches
 from lowrank.core.spectral import conv_weight_as_matrix
 
 __all__ = [
@@ -194,14 +195,15 @@ class NormalizedNet(nn.Module):
         return math.prod(self.layer_norms(conv))
 
     def num_patches(self) -> list[int]:
-        """Output positions of every body layer (1 for a linear layer)."""
+        """Output positions of every body layer (1 for a linear layer): the product over spatial axes
+        of the per-axis count of `lowrank.core.nets.conv.num_patches` (which counts a square input)."""
         out = []
         for layer, shape in zip(self.body, self._layer_in_shapes):
             if layer.kind == "linear":
                 out.append(1)
             else:
-                spatial = [(s + 2 * layer.padding - layer.kernel_size) // layer.stride + 1 for s in shape[1:]]
-                out.append(math.prod(spatial))
+                out.append(math.prod(math.isqrt(num_patches(s, layer.kernel_size, layer.stride, layer.padding))
+                                     for s in shape[1:]))
         return out
 
     def weight_matrices(self) -> list[NormalizedWeight]:
