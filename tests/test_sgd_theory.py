@@ -98,6 +98,15 @@ def test_theorem_holds_and_the_unrolled_difference_has_low_rank(norm):
     assert table["holds"].all()
     full = table[table["rank_budget"] >= table["min_dim"]]
     assert len(full) and (full["lhs"] == 0).all()
+    # the left side is Eckart-Young's tail, as spectral.rank_k_error computes it from the matrix
+    torch.manual_seed(5)
+    norms_, snaps_, _ = theory.plain_sgd(mlp.MLP(20, 3, 2, 24), x, y, keep=[30], **kw)
+    row = table[(table["layer"] == "features.2.weight") & (table["t"] == 30) & (table["k"] == 6)].iloc[0]
+    W = snaps_[("features.2.weight", 30)]
+    W = W / (torch.linalg.matrix_norm(W) if norm == "fro" else torch.linalg.matrix_norm(W, ord=2))
+    assert row["lhs"] == pytest.approx(spectral.rank_k_error(W, 12, norm=norm), rel=1e-9, abs=1e-15)
+    assert row["lhs_quarter_budget"] == pytest.approx(spectral.rank_k_error(W, 3, norm=norm), rel=1e-9, abs=1e-15)
+    assert (table["lhs_quarter_budget"] >= table["lhs"] - 1e-15).all() and (table["rhs_lambda_x4"] <= table["rhs"]).all()
     # the proof's decomposition: W_t - (1 - 2 mu lambda)^k W_{t-k} has rank <= B k (fully connected: N = 1)
     torch.manual_seed(5)
     _, snaps, _ = theory.plain_sgd(mlp.MLP(20, 3, 2, 24), x, y, keep=[7, 10], **kw)

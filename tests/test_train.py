@@ -106,7 +106,7 @@ def test_augmented_member_trains_as_it_would_alone():
     y = (x.mean((1, 2, 3)) > 0).long()
     data = datasets.Dataset(x[:32], y[:32], x[32:], y[32:], 2, "tiny images")
     model_fn = lambda: mlp.MLP(36, 2, 2, 8)  # noqa: E731
-    aug = lambda xb, gen: train.augment_images(xb, gen, padding=1, rotation_step=0)  # noqa: E731
+    aug = lambda xb, gen: train.augment_images(xb, gen, padding=1, rotation="none")  # noqa: E731
     kw = dict(batch_size=8, epochs=2, augment=aug, progress=False)
     both = train.train_ensemble(model_fn, data, [{"lr": 0.1, "seed": 4}, {"lr": 0.1, "seed": 9}], **kw)
     alone = train.train_ensemble(model_fn, data, [{"lr": 0.1, "seed": 9}], **kw)
@@ -243,13 +243,24 @@ def test_augment_images():
     g = torch.Generator().manual_seed(0)
     x = torch.arange(2 * 1 * 6 * 6, dtype=torch.float32).reshape(2, 1, 6, 6)
     # crop only, with no padding, no flip, no rotation: the identity
-    torch.testing.assert_close(train.augment_images(x, g, padding=0, flip=False, rotation_step=0), x)
+    torch.testing.assert_close(train.augment_images(x, g, padding=0, flip=False, rotation="none"), x)
     # flips and crops only move pixels: each output pixel is an input pixel or the zero padding
-    out = train.augment_images(x, g, padding=2, flip=True, rotation_step=0)
+    out = train.augment_images(x, g, padding=2, flip=True, rotation="none")
     assert out.shape == x.shape
     assert set(out.unique().tolist()) <= set(x.unique().tolist()) | {0.0}
     # a rotation by 360 degrees (k * 15 with step 15 includes k = 24) keeps the shape
-    assert train.augment_images(x, g, padding=0, flip=False).shape == x.shape
+    assert train.augment_images(x, g, padding=0, flip=False, rotation="multiples").shape == x.shape
+    # a quarter turn through the rotation helper is torch.rot90 (an independent computation)
+    sq = torch.arange(16.0).reshape(1, 1, 4, 4)
+    torch.testing.assert_close(train._rotate(sq, torch.tensor([math.pi / 2])), torch.rot90(sq, 1, (2, 3)), atol=1e-4, rtol=0)
+    # uniform rotations within +-15 degrees: the centre pixel of a symmetric blob moves little; angles drawn in range
+    big = torch.zeros(64, 1, 9, 9)
+    big[:, :, 4, :] = 1.0  # a horizontal bar: rotated by at most 15 degrees it stays mostly in the middle rows
+    out = train.augment_images(big, torch.Generator().manual_seed(1), padding=0, flip=False, rotation="uniform")
+    assert (out[:, 0, 3:6, :].sum((-1, -2)) > 0.9 * out[:, 0].sum((-1, -2))).all()
+    assert not torch.allclose(out[0], out[1])  # each image its own angle
+    with pytest.raises(ValueError, match="rotation"):
+        train.augment_images(x, g, rotation="spin")
     # reproducible from the generator
     a = train.augment_images(x, torch.Generator().manual_seed(3))
     b = train.augment_images(x, torch.Generator().manual_seed(3))

@@ -82,6 +82,19 @@ def cmd_sweep(args) -> int:
     from lowrank.book import sweeps
 
     spec = sweeps.load_spec(args.spec, output=args.output)
+    if args.dry_run:
+        p = sweeps.plan(spec)
+        print(f"{spec.path}: {p['runs']} runs of {spec.target} ({p['finished']} already finished)"
+              f"{', trained as ensembles' if p['ensemble'] else ''}")
+        for k, values in p["grid"].items():
+            print(f"  {k}: {values}")
+        hours = p["estimated_seconds"] / 3600
+        print(f"estimated cost: {hours:.3g} h of training (measured seconds per epoch, {', '.join(p['measured_on']) or 'no measurement'}"
+              f"{'; runs costed one by one, an upper bound for ensembles' if p['ensemble'] else ''})"
+              + (f"; no measured time for {len(p['unmeasured'])} (model, dataset, batch size): {', '.join(p['unmeasured'])}"
+                 if p["unmeasured"] else ""))
+        print(f"results go to {p['output']}; nothing was run")
+        return 0
     if args.collect:
         table = sweeps.collect(spec)
         print(f"collected {table['run'].nunique()} runs of {len(spec.points)} into {spec.output / 'collected.csv'}")
@@ -188,6 +201,7 @@ def main(argv=None) -> int:
                       "divided by the spec's num_cpus)")
     p_sw.add_argument("--output", help="sweep folder (default runs/sweeps/<spec name>)")
     p_sw.add_argument("--collect", action="store_true", help="gather finished runs into collected.csv")
+    p_sw.add_argument("--dry-run", action="store_true", help="print the runs, grid, estimated cost and output folder; run nothing")
     p_gold = sub.add_parser("goldens", help="measure golden verdicts over seeds (tests/golden_verdicts.yaml)")
     gold_sub = p_gold.add_subparsers(dest="action", required=True)
     p_meas = gold_sub.add_parser("measure", help="execute over seed offsets and write (or --check) the golden entries")

@@ -111,13 +111,25 @@ def lr_at(lr0, epoch: int, milestones=(), lr_decay: float = 0.1):
     return lr0 * lr_decay ** sum(1 for m in milestones if epoch > m)
 
 
+ROTATIONS = frozenset({"uniform", "multiples", "none"})
+
+
 def augment_images(x: torch.Tensor, generator: torch.Generator, *, padding: int = 4, flip: bool = True,
-                   rotation_step: float = 15.0) -> torch.Tensor:
+                   rotation: str = "uniform", max_degrees: float = 15.0, rotation_step: float = 15.0) -> torch.Tensor:
     """The paper's training augmentation for a batch of images `(n, C, H, W)`: a random crop after
-    zero-padding by `padding`, a random horizontal flip, and a rotation by `rotation_step * k` degrees,
-    `k` uniform in {1, ..., 24} (as the paper writes it; `rotation_step=0`
-    turns rotations off). Randomness comes from `generator` only, drawn on its device (a generator on
-    the images' GPU avoids host-to-device copies per batch)."""
+    zero-padding by `padding`, a random horizontal flip, and a random rotation.
+
+    Parameters
+    ----------
+    rotation : "uniform": an angle uniform in [-max_degrees, max_degrees] (the authors' code,
+        `RandomRotation(15)`); "multiples": `rotation_step * k` degrees with k uniform in {1, ..., 24}
+        (a literal reading of the paper's text, l.1290); "none" (the authors' logged runs used none).
+    max_degrees, rotation_step : degrees.
+
+    Randomness comes from `generator` only, drawn on its device (a generator on the images' GPU
+    avoids host-to-device copies per batch).
+    """
+    check_choice(rotation, "rotation", ROTATIONS)
     if x.ndim != 4:
         raise ValueError(f"augment_images takes images (n, C, H, W), got shape {tuple(x.shape)}")
     n, _, h, w = x.shape
@@ -133,15 +145,22 @@ def augment_images(x: torch.Tensor, generator: torch.Generator, *, padding: int 
     if flip:
         mask = (torch.rand(n, **draw) < 0.5).to(dev)
         x = torch.where(mask[:, None, None, None], x.flip(-1), x)
-    if rotation_step:
-        k = torch.randint(1, 25, (n,), **draw).to(dev)
-        theta = torch.deg2rad(rotation_step * k.to(x.dtype))
-        cos, sin = torch.cos(theta), torch.sin(theta)
-        zero = torch.zeros_like(cos)
-        A = torch.stack([torch.stack([cos, -sin, zero], -1), torch.stack([sin, cos, zero], -1)], 1)
-        grid = nn.functional.affine_grid(A, list(x.shape), align_corners=False)
-        x = nn.functional.grid_sample(x, grid, align_corners=False)
-    return x
+    if rotation == "none" or (rotation == "uniform" and not max_degrees) or (rotation == "multiples" and not rotation_step):
+        return x
+    if rotation == "uniform":
+        degrees = ((2 * torch.rand(n, **draw) - 1) * max_degrees).to(dev, x.dtype)
+    else:
+        degrees = (rotation_step * torch.randint(1, 25, (n,), **draw)).to(dev, x.dtype)
+    return _rotate(x, torch.deg2rad(degrees))
+
+
+def _rotate(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """Rotate each image of `x` (n, C, H, W) by `theta` (n,) radians about its centre (zeros outside)."""
+    cos, sin = torch.cos(theta), torch.sin(theta)
+    zero = torch.zeros_like(cos)
+    A = torch.stack([torch.stack([cos, -sin, zero], -1), torch.stack([sin, cos, zero], -1)], 1)
+    grid = nn.functional.affine_grid(A, list(x.shape), align_corners=False)
+    return nn.functional.grid_sample(x, grid, align_corners=False)
 
 
 def _check_positive_int(value, name):
@@ -640,7 +659,8 @@ def sweep(model_fn: Callable[[], nn.Module], data: Dataset, grid, *, epochs: int
 
 def train_point(*, model: str, dataset: str, batch_size: int, lr: float, epochs: int, weight_decay: float = 0.0,
                 momentum: float = 0.0, milestones=(), lr_decay: float = 0.1, eps: float = 1e-3, loss: str = "ce",
-                augment: bool = False, seed: int = 0, data_root: str = DEFAULT_DATA_ROOT, cnn_width: float = 1.0,
+                augment: bool = False, rotation: str = "uniform", seed: int = 0, data_root: str = DEFAULT_DATA_ROOT,
+                cnn_width: float = 1.0,
                 vit_dim: int = 512, vit_depth: int = 6, checkpoint: str = "", checkpoint_every: int = 10,
                 eval_every: int = 1, mixed_precision: bool = False) -> pd.DataFrame:
     """One training run named by plain values (a sweep point, see `lowrank.book.sweeps`): the model by
@@ -689,7 +709,7 @@ def train_points(points: list[dict]) -> list[pd.DataFrame]:
     data = load(name, root=shared["data_root"] or None) if name in ("mnist", "cifar10") else load(name)
     make, data = zoo.for_data(shared["model"], data, cnn_width=shared["cnn_width"], vit_dim=shared["vit_dim"],
                               vit_depth=shared["vit_depth"])
-    augmenter = (lambda x, g: augment_images(x, g)) if shared["augment"] else None
+    augmenter = (lambda x, g: augment_images(x, g, rotation=shared["rotation"])) if shared["augment"] else None
     table = train_ensemble(make, data, members, batch_size=shared["batch_size"], epochs=shared["epochs"],
                            milestones=list(shared["milestones"]), lr_decay=shared["lr_decay"], eps=shared["eps"],
                            loss=shared["loss"], augment=augmenter, progress=False, extra={"model": shared["model"]},

@@ -15,7 +15,9 @@ from scipy.stats import spearmanr
 
 from lowrank.core.validation import check_choice
 
-__all__ = ["RANK_COLUMNS", "average_rank", "final_values", "rank_tables", "rank_trend", "TrendResult"]
+__all__ = ["RANK_COLUMNS", "average_rank", "final_values", "rank_tables", "rank_trend", "TrendResult",
+           "spearman_critical", "authors_layers", "RankSweep", "summarise", "rank_sweep", "rank_bound",
+           "spearman_with_permutation_null"]
 
 # the per-layer monitor columns of `lowrank.core.train` (averaged or dropped when layers are averaged)
 _LAYER_COLUMNS = ("layer", "layer_index", "classifier", "shape", "rank", "rank_frobenius", "stable_rank",
@@ -69,6 +71,30 @@ def rank_tables(table: pd.DataFrame, *, by=("run", "epoch"), layers=None) -> pd.
     return avg.merge(alt[list(by) + ["avg_rank"]].rename(columns={"avg_rank": "avg_rank_spectral"}), on=list(by))
 
 
+def spearman_critical(n: int, alpha: float = 0.05) -> float:
+    """The smallest Spearman rho whose one-sided exact p-value (the share of the n! orderings with a
+    rho at least as large) is at most `alpha`; +inf when even a perfect ordering is not that rare
+    (n <= 3 at 5 %). Exact enumeration, for n <= 9."""
+    import itertools
+    import math
+
+    if not isinstance(n, int) or not 2 <= n <= 9:
+        raise ValueError(f"n must be an integer in [2, 9], got {n!r}")
+    d = np.arange(n)
+    rhos = np.sort([1 - 6 * np.sum((d - np.array(p)) ** 2) / (n * (n * n - 1)) for p in itertools.permutations(d)])[::-1]
+    total = math.factorial(n)
+    for i, r in enumerate(rhos):
+        if np.sum(rhos >= r - 1e-12) / total > alpha:
+            return float(rhos[i - 1]) if i else float("inf")
+    return float(rhos[-1])
+
+
+def authors_layers(name: str) -> bool:
+    """Whether the authors' average counts the layer `name`: every weight matrix but ResNet-18's 1x1
+    shortcut convolutions (their ResNet code averages the 3x3 convolutions and linear layers)."""
+    return "shortcut" not in name
+
+
 class TrendResult(dict):
     """`rank_trend`'s result: `worst` (the least favourable per-group correlation, signed so that the
     paper's direction is positive), `per_group`, `excluded`, `total`, `final` (the runs used)."""
@@ -98,8 +124,10 @@ def rank_trend(final: pd.DataFrame, x: str, *, by: str, sign: int, column: str =
     kept = final[~bad]
     per_group = {}
     for key, g in kept.groupby(by):
-        if len(g) < min_points or g[column].nunique() < 2 or g[x].nunique() < 2:
+        if len(g) < min_points or g[x].nunique() < 2:
             per_group[key] = float("nan")
+        elif g[column].nunique() < 2:
+            per_group[key] = 0.0  # the same rank for every x: no trend
         else:
             per_group[key] = float(sign * spearmanr(g[x], g[column]).statistic)
     finite = [v for v in per_group.values() if np.isfinite(v)]
@@ -141,3 +169,35 @@ def rank_sweep(*, model: str, dataset: str, grid, epochs: int, data_root=None, c
     augmenter = (lambda x, g: train.augment_images(x, g)) if augment else None
     table = train.sweep(make, data, list(grid), epochs=epochs, augment=augmenter, **train_options)
     return summarise(table, layers=layers)
+
+
+def rank_bound(final: pd.DataFrame, *, eps: float, patches: int = 1, column_lr: str = "lr0") -> pd.DataFrame:
+    """Theorem 3.2's bound on the rank of a weight matrix at the end of training (l.1143),
+    `N B log(1/eps) / (2 mu lambda)`, for each run of `final` (columns `batch_size`, `lr0`, `weight_decay`).
+
+    The paper's lambda is the coefficient of `lambda ||W||^2`; a run's `weight_decay` (PyTorch's
+    coupled decay, the gradient of `weight_decay/2 ||W||^2`) is `2 lambda`, so `2 mu lambda` is
+    `lr0 * weight_decay`. Runs without weight decay get an infinite bound. `patches`: N (1 for a
+    fully-connected layer). Returns `final` with a column `bound`.
+    """
+    if not 0 < eps < 1:
+        raise ValueError(f"eps must be in (0, 1), got {eps}")
+    if not isinstance(patches, int) or patches < 1:
+        raise ValueError(f"patches must be a positive integer, got {patches!r}")
+    out = final.copy()
+    rate = out[column_lr].to_numpy(float) * out["weight_decay"].to_numpy(float)
+    with np.errstate(divide="ignore"):
+        out["bound"] = np.where(rate > 0, patches * out["batch_size"].to_numpy(float) * np.log(1 / eps) / rate, np.inf)
+    return out
+
+
+def spearman_with_permutation_null(x, y, *, seed: int = 0, permutations: int = 1000) -> tuple[float, float]:
+    """Spearman's rho of `x` and `y`, and the 5th percentile of rho when `x` is shuffled (a null model
+    for a negative correlation: a trivial predictor reaches this value one time in twenty).
+    Fewer than 3 points or a constant input: rho 0 (no trend) and null 0."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(x) < 3 or np.unique(x).size < 2 or np.unique(y).size < 2:
+        return 0.0, 0.0
+    rng = np.random.default_rng(seed)
+    null = [spearmanr(rng.permutation(x), y).statistic for _ in range(permutations)]
+    return float(spearmanr(x, y).statistic), float(np.nanpercentile(null, 5))

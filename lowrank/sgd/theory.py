@@ -207,7 +207,12 @@ def rank_bound_check(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, lr: 
                      seed: int = 0, layers=None) -> pd.DataFrame:
     """Theorem 3.2 along `plain_sgd`: one row per layer, checked step `t` (in `check_at`) and `k`
     (in `ks`, `k < t`) with both sides, the rank budget `N B k` and `holds = lhs <= rhs` (up to
-    1e-12 relative round-off). `norm` is "fro" or "spectral", used for every norm of the statement."""
+    1e-12 relative round-off). `norm` is "fro" or "spectral", used for every norm of the statement.
+
+    Negative controls on the same snapshots: `lhs_quarter_budget` (the left side with a quarter of
+    the rank budget, `N B k // 4`) against the true right side, and `rhs_lambda_x4` (the right side
+    with lambda four times too large) against the true left side; `quarter_budget_holds` and
+    `lambda_x4_holds` say whether those wrong bounds happen to hold (a sharp check violates them)."""
     check_choice(norm, "norm", {"fro", "spectral"})
     check_at = sorted(set(int(t) for t in check_at))
     ks = sorted(set(int(k) for k in ks))
@@ -217,17 +222,27 @@ def rank_bound_check(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, lr: 
     norms, snaps, _ = plain_sgd(model, x, y, lr=lr, lam=lam, batch_size=batch_size, steps=steps, loss=loss,
                                 seed=seed, layers=layers, keep=check_at)
     col = 0 if norm == "fro" else 1
-    factor = 1 - 2 * lr * lam
+    factor, wrong_factor = 1 - 2 * lr * lam, max(0.0, 1 - 2 * lr * (4 * lam))
     rows = []
     for (name, t), W in snaps.items():
         nt = norms[name][t, col]
+        s = spectral.singular_values(W / nt)
+
+        def tail(r):  # min over rank <= r of ||W_t/||W_t|| - A|| (Eckart-Young), in the chosen norm
+            r = min(r, s.shape[0])
+            return float(torch.linalg.vector_norm(s[r:])) if norm == "fro" else (float(s[r]) if r < s.shape[0] else 0.0)
+
         for k in ks:
             if k >= t:
                 continue
             budget = counts[name] * batch_size * k
-            lhs = spectral.rank_k_error(W / nt, min(budget, min(W.shape)), norm=norm)
-            rhs = factor**k * norms[name][t - k, col] / nt
+            lhs, lhs_quarter = tail(budget), tail(budget // 4)
+            past = norms[name][t - k, col] / nt
+            rhs, rhs_wrong = factor**k * past, wrong_factor**k * past
             rows.append({"layer": name, "t": t, "k": k, "patches": counts[name], "batch_size": batch_size,
                          "rank_budget": budget, "min_dim": min(W.shape), "lhs": lhs, "rhs": rhs,
-                         "holds": bool(lhs <= rhs * (1 + 1e-12) + 1e-15)})
+                         "holds": bool(lhs <= rhs * (1 + 1e-12) + 1e-15),
+                         "lhs_quarter_budget": lhs_quarter, "rhs_lambda_x4": rhs_wrong,
+                         "quarter_budget_holds": bool(lhs_quarter <= rhs * (1 + 1e-12) + 1e-15),
+                         "lambda_x4_holds": bool(lhs <= rhs_wrong * (1 + 1e-12) + 1e-15)})
     return pd.DataFrame(rows)

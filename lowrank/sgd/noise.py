@@ -1,0 +1,60 @@
+"""Part II, Section 4: with weight decay, SGD converges to zero or never converges (the SGD-noise
+proposition). The per-run classification the page reads: collapsed, still moving, or neither.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["log_slope", "moving_table"]
+
+
+def log_slope(epochs, values) -> float:
+    """Least-squares slope of `log(values)` against `epochs` (per epoch); NaN if a value is not positive."""
+    v = np.asarray(values, float)
+    e = np.asarray(epochs, float)
+    if len(v) < 2 or not (v > 0).all():
+        return float("nan")
+    return float(np.polyfit(e, np.log(v), 1)[0])
+
+
+def moving_table(avg: pd.DataFrame, *, trend_epochs: int, collapse_tol: float, moving_fraction: float) -> pd.DataFrame:
+    """One row per run at its last epoch, classified.
+
+    Parameters
+    ----------
+    avg : per run and epoch (`lowrank.sgd.ranks.average_rank`): `run`, `epoch`, `loss`, `weight_decay`,
+        `dist` (d(W_{t+1}, W_t), averaged over layers), `weight_norm`.
+    trend_epochs : the last epochs over which the slopes of log d and log ||W|| are fitted.
+    collapse_tol : a run collapsed when its final weight norm is below this times its initial one.
+    moving_fraction : a run keeps moving when its log-d slope is above `moving_fraction` times the
+        slope of the lambda = 0 run with the same loss (which must fall: slope < 0); i.e. its d
+        falls at most that fraction as fast.
+
+    Returns
+    -------
+    Columns of `avg` at the last epoch plus `norm_ratio`, `log_d_slope`, `log_norm_slope`,
+    `d_over_zero` (final d over the lambda = 0 run's), `collapsed`, `moving`.
+    """
+    if not (isinstance(trend_epochs, int) and trend_epochs >= 2):
+        raise ValueError(f"trend_epochs must be an integer >= 2, got {trend_epochs!r}")
+    if not 0 <= moving_fraction <= 1:
+        raise ValueError(f"moving_fraction must be in [0, 1], got {moving_fraction}")
+    rows = []
+    for run, r in avg.sort_values("epoch").groupby("run"):
+        tail = r[r["epoch"] > r["epoch"].max() - trend_epochs]
+        last = r.iloc[-1].to_dict()
+        last["norm_ratio"] = last["weight_norm"] / r["weight_norm"].iloc[0]
+        last["log_d_slope"] = log_slope(tail["epoch"], tail["dist"])
+        last["log_norm_slope"] = log_slope(tail["epoch"], tail["weight_norm"])
+        rows.append(last)
+    out = pd.DataFrame(rows)
+    zero = out[out["weight_decay"] == 0].set_index("loss")
+    if zero.index.duplicated().any() or not set(out["loss"]) <= set(zero.index):
+        raise ValueError("moving_table needs exactly one lambda = 0 run per loss")
+    out["d_over_zero"] = out["dist"] / out["loss"].map(zero["dist"])
+    out["collapsed"] = out["norm_ratio"] < collapse_tol
+    zero_slope = out["loss"].map(zero["log_d_slope"])
+    out["moving"] = ~out["collapsed"] & (zero_slope < 0) & (out["log_d_slope"] > moving_fraction * zero_slope)
+    return out
