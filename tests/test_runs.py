@@ -239,6 +239,23 @@ def test_kernels_start_without_the_tcp_warning(tmp_path, monkeypatch, capfd):
     assert "without encryption" in capfd.readouterr().err
 
 
+def test_kernels_started_at_once_in_one_folder_get_sockets_of_their_own(tmp_path, monkeypatch):
+    """Two executions of the same notebook at once (the goldens' seeds, the build's two jobs) each
+    get their own IPC sockets, none of them in the notebook's folder (jupyter_client's default puts
+    "kernel-ipc-N" there, and two kernels starting together then pick the same ones)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    root = Path(__file__).parent / "fixtures" / "notebooks"
+    monkeypatch.setattr(notebooks, "NOTEBOOK_ROOT", root)
+    with ThreadPoolExecutor(2) as pool:
+        done = list(pool.map(lambda k: notebooks.execute("fixture/tiny", tmp_path / f"{k}.ipynb"), range(2)))
+    assert len(done) == 2 and all((tmp_path / f"{k}.ipynb").is_file() for k in range(2))
+    assert not list((root / "fixture").glob("kernel-ipc*"))
+    manager = notebooks._kernel_manager_class()()
+    assert manager.transport == "ipc" and manager.ip != notebooks._kernel_manager_class()().ip
+
+
 def test_path_parameters_are_made_absolute(tmp_path, monkeypatch):
     """A `{path: file}` parameter names an existing file, relative to the caller's folder; the kernel
     (which runs in the notebook's folder) gets it as an absolute path."""

@@ -71,3 +71,15 @@ def test_excluded_runs_are_counted_and_the_record_is_json():
     with pytest.raises(ValueError):
         V.Excluded(9, 8, "diverged")
     assert "control constant predictor: 0.1" in v.rounded() and v.rounded().endswith("(agrees)")
+
+
+def test_a_check_whose_wrong_version_also_holds_is_loose():
+    thr = V.Threshold("<=", 0, "Theorem 3.2: no violation")
+    tight = V.check("violations", claim="II-2", measured=0, threshold=thr, expected="0", scale="ci",
+                    controls=[V.Control("a quarter of the rank budget", 7)])
+    loose = V.check("violations", claim="II-2", measured=0, threshold=thr, expected="0", scale="ci",
+                    controls=[V.Control("a quarter of the rank budget", 0)])
+    broken = V.check("violations", claim="II-2", measured=3, threshold=thr, expected="0", scale="ci",
+                     controls=[V.Control("a quarter of the rank budget", 0)])
+    assert (tight.outcome, loose.outcome, broken.outcome) == ("holds", "loose", "fails")
+    assert loose.controls[0]["passes"] and not tight.controls[0]["passes"]

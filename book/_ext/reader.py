@@ -295,7 +295,7 @@ class FoldLongCode(SphinxPostTransform):
 # --- verdict rows --------------------------------------------------------------------------------
 
 _BADGE = {"agrees": "good", "holds": "good", "disagrees": "bad", "fails": "bad", "uninformative": "weak",
-          "needs paper scale": "pending"}
+          "needs paper scale": "pending", "loose": "weak"}
 
 
 def _executed_verdicts(name: str) -> dict:

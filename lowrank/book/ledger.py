@@ -33,9 +33,9 @@ PARTS = {"I": "Part I: rank-two gradients", "II": "Part II: SGD and weight decay
 # badge class of each outcome (book/_ext/static/reader.css): green, red, amber, blue
 # how a count reads: "12 agree", "3 checks hold"
 LABEL = {"agrees": "agree", "disagrees": "disagree", "uninformative": "uninformative",
-         "needs paper scale": "need paper scale", "holds": "hold", "fails": "fail"}
+         "needs paper scale": "need paper scale", "holds": "hold", "fails": "fail", "loose": "loose"}
 OUTCOME_STYLE = {"agrees": "good", "holds": "good", "disagrees": "bad", "fails": "bad", "uninformative": "weak",
-                 "needs paper scale": "pending"}
+                 "needs paper scale": "pending", "loose": "weak"}
 
 
 def _paper_result(name: str, results_root: Path | None) -> dict | None:

@@ -157,19 +157,28 @@ class _work_folder:
 
 
 def _kernel_manager_class():
-    """jupyter_client's kernel manager with the kernel's sockets on local IPC (Unix sockets in the
-    Jupyter runtime folder, readable by this user only) instead of TCP on localhost: the kernel
-    then has no reason to warn "Kernel is running over TCP without encryption" at every start."""
+    """jupyter_client's kernel manager with the kernel's sockets on local IPC (Unix sockets, readable
+    by this user only) instead of TCP on localhost: the kernel then has no reason to warn "Kernel is
+    running over TCP without encryption" at every start. Each kernel's sockets get a path of their
+    own in the temporary folder: jupyter_client's default ("kernel-ipc-N" in the working folder)
+    makes two kernels started at once in the same folder pick the same sockets."""
+    import tempfile
+    import uuid
+
     from jupyter_client import AsyncKernelManager
     from traitlets import default
 
     class IPCKernelManager(AsyncKernelManager):
         @default("transport")
         def _transport_default(self):
-            from jupyter_core.paths import jupyter_runtime_dir
+            # a Unix socket path holds at most 107 bytes: in a deep temporary folder, keep TCP
+            return "ipc" if len(tempfile.gettempdir()) < 64 else "tcp"
 
-            # a Unix socket path holds at most 107 bytes: in a deep runtime folder, keep TCP
-            return "ipc" if len(jupyter_runtime_dir()) < 48 else "tcp"
+        @default("ip")
+        def _ip_default(self):
+            if self.transport == "ipc":
+                return os.path.join(tempfile.gettempdir(), f"lowrank-kernel-{uuid.uuid4().hex}")
+            return super()._ip_default()
 
     return IPCKernelManager
 

@@ -3,7 +3,10 @@
 Two kinds, kept apart in the ledger:
 
 - a **check** must hold whatever the data (an identity, a closed form against autograd, a theorem's
-  inequality). Outcome `holds` or `fails`; a failure is a bug.
+  inequality). Outcome `holds` or `fails`; a failure is a bug. A check may carry negative controls of
+  its own: the same statistic for a deliberately wrong version (a smaller budget, a wrong factor), which
+  the check should reject. When a control holds too, the check is `loose`: it holds, but at these sizes
+  it could catch only gross errors.
 - a **claim** is an empirical statement of a paper that could come out either way. It is measured
   beside a negative control: the same statistic for a trivial predictor or null model (a constant
   predictor, shuffled labels, the untrained network, a wrong budget, the reversed ordering), judged
@@ -33,7 +36,7 @@ __all__ = ["Threshold", "Control", "Excluded", "Verdict", "check", "claim", "sho
            "OUTCOMES", "CHECK_OUTCOMES", "CLAIM_OUTCOMES", "record"]
 
 GLUE_PREFIX = "verdict."
-CHECK_OUTCOMES = ("holds", "fails")
+CHECK_OUTCOMES = ("holds", "fails", "loose")
 CLAIM_OUTCOMES = ("agrees", "disagrees", "uninformative", "needs paper scale")
 OUTCOMES = CHECK_OUTCOMES + CLAIM_OUTCOMES
 _OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
@@ -150,12 +153,25 @@ def _finite(name: str, measured) -> float:
     return m
 
 
-def check(name, *, claim, measured, threshold: Threshold, expected, scale, description="", note="",
+def _controls(name, controls, threshold: Threshold) -> list[dict]:
+    controls = [controls] if isinstance(controls, Control) else list(controls or [])
+    if not all(isinstance(c, Control) for c in controls):
+        raise ValueError(f"verdict {name}: controls must be Control objects")
+    return [{"name": c.name, "value": c.value, "passes": threshold.met(c.value)} for c in controls]
+
+
+def check(name, *, claim, measured, threshold: Threshold, expected, scale, controls=(), description="", note="",
           details=None) -> Verdict:
-    """A statement that must hold whatever the data; `threshold.origin` says which identity or theorem."""
+    """A statement that must hold whatever the data; `threshold.origin` says which identity or theorem.
+
+    controls: optional Control(s), the statistic for a deliberately wrong version the check should
+    reject; if the check holds and a control holds too, the outcome is "loose".
+    """
     m = _finite(name, measured)
-    v = Verdict(name, claim, "check", m, expected, asdict(threshold), "holds" if threshold.met(m) else "fails",
-                scale, [], None, description, note, dict(details or {}))
+    recorded = _controls(name, controls, threshold)
+    outcome = "fails" if not threshold.met(m) else "loose" if any(c["passes"] for c in recorded) else "holds"
+    v = Verdict(name, claim, "check", m, expected, asdict(threshold), outcome, scale, recorded, None,
+                description, note, dict(details or {}))
     return _glue(v)
 
 
@@ -167,10 +183,9 @@ def claim(name, *, claim, measured, threshold: Threshold, controls, expected, sc
     at its own sizes, so at ci scale the outcome is "needs paper scale" whatever the number.
     """
     m = _finite(name, measured)
-    controls = [controls] if isinstance(controls, Control) else list(controls)
-    if not controls or not all(isinstance(c, Control) for c in controls):
+    recorded = _controls(name, controls, threshold)
+    if not recorded:
         raise ValueError(f"claim {name} needs at least one Control (a trivial predictor or null model)")
-    recorded = [{"name": c.name, "value": c.value, "passes": threshold.met(c.value)} for c in controls]
     if paper_scale_only and scale != "paper":
         outcome = "needs paper scale"
     elif not threshold.met(m):
