@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: book test reproduce env clean
+.PHONY: book test reproduce diff paper env clean browser
 
 # The environment: a venv with the pinned stack, rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -20,8 +20,15 @@ book: $(STAMP)
 
 # Unit tests, golden verdicts, figures, ledger and the browser check, all on the build's executed
 # notebooks: in `make test` every notebook is executed exactly once (by `make book`).
-test: book
+test: browser book
 	$(VENV)/bin/python -m pytest
+
+# tests/test_html.py reads the book in Debian's Chromium (driven by playwright, no browser download).
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  echo "make test needs Chromium for the browser check of the book (tests/test_html.py)."; \
+	  echo "Install it with:  sudo apt-get install -y chromium   (Debian/Ubuntu; .ci/run does this)"; \
+	  exit 1; }
 
 # nbval: a fresh kernel re-runs each executed notebook and must print the same rounded verdict
 # summary (cells tagged nbval-check-output). It executes every notebook a second time, so it is a
@@ -29,6 +36,16 @@ test: book
 reproduce: book
 	OMP_NUM_THREADS=1 LOWRANK_FIGURE_DIR=$(CURDIR)/_build/nbval-figures $(VENV)/bin/python -m pytest -p no:cacheprovider \
 		--nbval-lax --nbval-current-env -o testpaths= $$($(VENV)/bin/python -m lowrank.book.build --list-executed)
+
+# The verdicts of the built notebooks that differ from tests/golden_verdicts.yaml (also within tolerance).
+diff: book
+	$(VENV)/bin/lowrank diff -o _build/verdict-diff.md
+
+# Every notebook at paper scale (params/paper/) on the best device present (a GPU when there is one:
+# hours; some notebooks need `lowrank data fetch mnist|cifar10` first, else they are skipped with a
+# message), results with provenance into results/paper/, the paper-scale book into _build/paper/_build/html.
+paper: $(STAMP)
+	$(VENV)/bin/python -m lowrank.book.build --scale paper
 
 clean:
 	rm -rf _build

@@ -9,10 +9,11 @@ NB = "gradients/decomposition"
 
 def test_sources_follow_imports_transitively():
     used = {p.relative_to(build.PACKAGE).as_posix() for p in build.lowrank_sources(
-        "from lowrank import gradients, plotting")}
-    assert {"gradients.py", "data.py", "spectral.py", "nets/two_layer.py", "_checks.py", "plotting.py",
-            "__init__.py", "nets/__init__.py"} <= used
-    assert not used & {"ledger.py", "runs.py", "cli.py", "build.py", "verdicts.py"}
+        "from lowrank.gradients import decomposition\nfrom lowrank.book import plotting")}
+    assert {"gradients/decomposition.py", "core/data.py", "core/spectral.py", "core/nets/two_layer.py",
+            "core/validation.py", "book/plotting.py", "__init__.py", "core/__init__.py", "core/nets/__init__.py",
+            "gradients/__init__.py", "book/__init__.py"} <= used
+    assert not used & {"book/ledger.py", "book/runs.py", "book/cli.py", "book/build.py", "book/verdicts.py"}
 
 
 def test_key_changes_with_used_code_only(tmp_path, monkeypatch):
@@ -20,9 +21,9 @@ def test_key_changes_with_used_code_only(tmp_path, monkeypatch):
     shutil.copytree(build.PACKAGE, pkg, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(build, "PACKAGE", pkg)
     before = build.execution_key(NB)
-    (pkg / "ledger.py").write_text((pkg / "ledger.py").read_text() + "\n# unrelated change\n")
+    (pkg / "book" / "ledger.py").write_text((pkg / "book" / "ledger.py").read_text() + "\n# unrelated change\n")
     assert build.execution_key(NB) == before
-    (pkg / "spectral.py").write_text((pkg / "spectral.py").read_text() + "\n# used change\n")
+    (pkg / "core" / "spectral.py").write_text((pkg / "core" / "spectral.py").read_text() + "\n# used change\n")
     assert build.execution_key(NB) != before
 
 
@@ -78,7 +79,7 @@ def test_changed_function_shows_up_in_rebuilt_book(tmp_path):
 
     page, plain_stamp = build_book()
     assert "stable rank 1.5625" in page  # (9 + 16) / 16
-    spectral = root / "lowrank" / "spectral.py"
+    spectral = root / "lowrank" / "core" / "spectral.py"
     spectral.write_text(spectral.read_text().replace("return _out(fro**2 / top**2", "return _out(2 * fro**2 / top**2"))
     page, plain_again = build_book()
     assert "stable rank 3.125" in page, "the rebuilt book shows a stale output"

@@ -52,26 +52,28 @@ def test_loglog_slope_rejects_bad_input(x, y, match):
         gd.loglog_slope(x, y)
 
 
-def test_residue_alignment_and_beta_hat_closed_form():
+def test_residue_alignment_and_its_beta_closed_form():
     g = torch.Generator().manual_seed(0)
     z = torch.randn(100, generator=g, dtype=torch.float64)
     r = torch.randn(100, generator=g, dtype=torch.float64)
     c = abs(float(z @ r)) / (10 * float(r.norm()))
-    assert gd.residue_alignment(z, r) == pytest.approx(c)
-    assert gd.beta_hat(z, r, 400) == pytest.approx(-2 * math.log(c) / math.log(400))
+    assert decomposition.residue_alignment(z, r) == pytest.approx(c)
+    assert decomposition.residue_alignment_beta(z, r, 400) == pytest.approx(-2 * math.log(c) / math.log(400))
     # r = z: the alignment is ||z|| / sqrt(n), close to 1
-    assert gd.residue_alignment(z, z) == pytest.approx(float(z.norm()) / 10)
+    assert decomposition.residue_alignment(z, z) == pytest.approx(float(z.norm()) / 10)
+    assert gd.residue_alignment is decomposition.residue_alignment  # one implementation
+    assert not hasattr(gd, "beta_hat")
 
 
 def test_residue_alignment_bad_inputs():
     with pytest.raises(ValueError, match="one length"):
-        gd.residue_alignment(torch.ones(3), torch.ones(4))
+        decomposition.residue_alignment(torch.ones(3), torch.ones(4))
     with pytest.raises(ValueError, match="zero vector"):
-        gd.residue_alignment(torch.ones(3), torch.zeros(3))
+        decomposition.residue_alignment(torch.ones(3), torch.zeros(3))
     with pytest.raises(ValueError, match="d must be"):
-        gd.beta_hat(torch.ones(3), torch.ones(3), 1)
-    with pytest.raises(ValueError, match="infinite"):
-        gd.beta_hat(torch.tensor([1.0, -1.0]), torch.tensor([1.0, 1.0]), 10)
+        decomposition.residue_alignment_beta(torch.ones(3), torch.ones(3), 1)
+    # z^T r = 0: smaller than any power of d, beta = inf (documented)
+    assert decomposition.residue_alignment_beta(torch.tensor([1.0, -1.0]), torch.tensor([1.0, 1.0]), 10) == math.inf
 
 
 # --------------------------------------------------------------------------- norms
@@ -94,7 +96,7 @@ def test_term_norms_match_full_svd():
                    ("norm_G", dec.G)]:
         assert row[key] == pytest.approx(float(torch.linalg.svdvals(M)[0]), rel=1e-10), key
     assert row["r_rms"] == pytest.approx(float(dec.r.norm()) / math.sqrt(len(dec.r)))
-    assert row["residue_alignment"] == pytest.approx(gd.residue_alignment(p.data.z, dec.r))
+    assert row["residue_alignment"] == pytest.approx(decomposition.residue_alignment(p.data.z, dec.r))
     with pytest.raises(TypeError, match="Decomposition"):
         gd.term_norms((1, 2))
 
@@ -281,3 +283,49 @@ def test_initial_alignments_mf_residue_is_minus_target():
     assert out == gd.initial_alignments(60, 80, 100, scaling="mf", seed=3)
     with pytest.raises(ValueError, match="scaling"):
         gd.initial_alignments(60, 80, 100, scaling="lazy")
+
+
+def test_median_gap_interval_resolves_a_clear_gap_and_not_a_null():
+    rng = np.random.default_rng(0)
+    groups = {"relu": rng.normal(0.2, 0.05, 30), "elu": rng.normal(0.5, 0.05, 30), "silu": rng.normal(0.6, 0.05, 30)}
+    g = gd.median_gap_interval(groups, "relu", seed=1)
+    assert g.gap == pytest.approx(np.median(groups["relu"]) - np.median(groups["elu"]))
+    assert g.low <= g.gap <= g.high < 0
+    same = {"a": rng.normal(0, 1, 8), "b": rng.normal(0, 1, 8)}
+    n = gd.median_gap_interval(same, "a", seed=1)
+    assert n.low < 0 < n.high  # no difference: not resolved
+    assert gd.median_gap_interval(same, "a", seed=1) == n  # deterministic
+    with pytest.raises(ValueError, match="at least one other"):
+        gd.median_gap_interval({"a": [1.0]}, "a")
+
+
+def test_direction_switch_on_a_planted_trace():
+    import pandas as pd
+
+    lead = [-0.5, -0.4, -0.1, 0.3, 0.6, 0.7, 0.8, 0.8]
+    loss = [1.0, 0.9, 0.8, 2.4, 0.5, 0.4, 0.3, 0.2]
+    trace = pd.DataFrame({"step": range(8), "loss": loss, "align_q": [0.5 + v / 2 for v in lead],
+                          "align_residue": [0.5 - v / 2 for v in lead]})
+    out = gd.direction_switch(trace)
+    assert out["switched"] and out["switch_step"] == 3
+    assert out["loss_jump"] == pytest.approx(3.0) and out["loss_after"] == 0.5
+    back = gd.direction_switch(trace, source="align_q", target="align_residue")
+    assert not back["switched"] and back["switch_step"] is None
+    with pytest.raises(ValueError, match="consecutive"):
+        gd.direction_switch(trace.iloc[[0, 2, 3]])
+
+
+def test_relu_sign_structure_for_a_huge_spike_and_a_planted_case():
+    # a spike that dominates every pre-activation: sigma'(x_i^T w_j) = 1[z_i (w_j^T q) > 0] exactly,
+    # whose centred form is 1/2 sign(z) sign(Wq)^T up to the column means
+    g = torch.Generator().manual_seed(0)
+    n, d, m = 200, 20, 30
+    z = torch.randn(n, generator=g, dtype=torch.float64)
+    q = torch.zeros(d, dtype=torch.float64)
+    q[0] = 1.0
+    W = normalize_rows(torch.randn(m, d, generator=g, dtype=torch.float64))
+    X = 1e-6 * torch.randn(n, d, generator=g, dtype=torch.float64) + 1e3 * torch.outer(z, q)
+    out = gd.relu_sign_structure(X, W, z, q)
+    assert out["align_left"] > 0.99 and out["align_right"] > 0.99 and out["relative_error"] < 0.2
+    with pytest.raises(ValueError, match="z must have"):
+        gd.relu_sign_structure(X, W, z[:-1], q)

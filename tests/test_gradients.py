@@ -102,24 +102,59 @@ def test_residue_matches_autograd_of_loss():
         torch.testing.assert_close(L.residue(f.detach(), y), g)
 
 
-def test_mu_quadrature_against_scipy_and_closed_form():
+def _mu_reference(activation, s):
+    """E[sigma'(s g)], g ~ N(0, 1), by adaptive scipy quadrature, split where sigma'(s g) changes."""
+    df = nets.activation(activation).df
+
+    def f(t):
+        return float(df(torch.tensor(s * t, dtype=torch.float64))) * math.exp(-t * t / 2) / math.sqrt(2 * math.pi)
+
+    cuts = sorted({0.0, *(c / s for c in (1, 10, 40) if c / s < 40), 40.0})
+    total = 0.0
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        for a, b in ((lo, hi), (-hi, -lo)):
+            v, _ = scipy.integrate.quad(f, a, b, epsabs=0, epsrel=1e-12, limit=500)
+            total += v
+    return total
+
+
+@pytest.mark.parametrize("activation", sorted(nets.ACTIVATIONS))
+def test_mu_quadrature_accurate_over_six_decades_of_scale(activation):
+    ss = np.geomspace(1e-3, 1e3, 13)
+    W = torch.as_tensor(np.stack([ss, np.zeros_like(ss)], 1))  # w_j = (s_j, 0): s_j = ||Sigma^(1/2) w_j||
+    mu = decomposition.mu_quadrature(W, torch.eye(2, dtype=torch.float64), activation).numpy()
+    ref = np.array([_mu_reference(activation, s) for s in ss])
+    np.testing.assert_allclose(mu, ref, rtol=1e-8, atol=0)
+
+
+def test_mu_quadrature_closed_forms_and_sample_mean():
     rng = np.random.default_rng(0)
     d = 6
     A = rng.standard_normal((d, d))
     Sigma = torch.as_tensor(A @ A.T / d + np.eye(d))
     W = nets.sphere_rows(4, d, seed=1)
-    mu = decomposition.mu_quadrature(W, Sigma, "tanh").numpy()
-    for j in range(4):
-        s = math.sqrt(float(W[j] @ Sigma @ W[j]))
-        ref, _ = scipy.integrate.quad(lambda t: (1 - np.tanh(s * t) ** 2) * np.exp(-t * t / 2) / np.sqrt(2 * np.pi),
-                                      -np.inf, np.inf)
-        assert mu[j] == pytest.approx(ref, abs=1e-6)  # 80 nodes: ~1e-7 for tanh
-    np.testing.assert_allclose(decomposition.mu_quadrature(W, Sigma, "relu").numpy(), 0.5, atol=1e-12)
+    # ReLU, softplus (sigma' = logistic), SiLU and GELU have sigma'(x) + sigma'(-x) = 1: mu = 1/2 exactly
+    for act in ("relu", "softplus", "silu", "gelu"):
+        np.testing.assert_allclose(decomposition.mu_quadrature(W, Sigma, act).numpy(), 0.5, rtol=1e-12)
     # the sample mean converges to it
     D = data.spiked_gaussian(20000, d, 0.0, 0.2, seed=2)
     Sig = D.Sigma_hat + D.zeta**2 * torch.outer(D.q, D.q)
     np.testing.assert_allclose(decomposition.mu_sample(D.X, W, "sigmoid").numpy(),
                                decomposition.mu_quadrature(W, Sig, "sigmoid").numpy(), atol=0.01)
+    with pytest.raises(ValueError, match="Sigma must be"):
+        decomposition.mu_quadrature(W, torch.eye(3), "tanh")
+
+
+def test_spike_norms_closed_form_against_svd():
+    p = decomposition.spiked_problem(40, 30, 50, alpha=0.3, nu=0.375, activation="tanh", seed=3)
+    dec = decomposition.decompose_problem(p)
+    norms = dec.spike_norms()
+    for k in ("S1", "S12", "S2"):
+        assert norms[f"norm_{k}"] == pytest.approx(float(torch.linalg.svdvals(getattr(dec, k))[0]), rel=1e-12)
+        u, v = dec.factors[k]
+        torch.testing.assert_close(torch.outer(u, v), getattr(dec, k))
+    jp = decomposition.jacobian_penalty_problem(p, 2.0)
+    assert jp.norm_S3() == pytest.approx(float(torch.linalg.svdvals(jp.S3)[0]), rel=1e-12)
 
 
 def test_spike_summary_on_a_small_problem():

@@ -150,3 +150,13 @@ def test_rule_of_thumb_flags_and_boundaries():
                                                                     "nu = (1 - alpha)/2"))
         assert decomposition.rule_of_thumb(low - 1e-3, al, 1.0) == "residue"
         assert decomposition.rule_of_thumb(low + 1e-3, al, 1.0) != "residue"
+
+
+def test_conv1d_measure_row():
+    row, dec, r2, w = decomposition.conv1d_measure(40, 30, 5, nu=0.75, activation="tanh", scaling="ntk", seed=2)
+    assert row["fold_vs_autograd"] < 1e-12  # the fold is the chain rule
+    assert row["eps2_subspace"] <= row["eps1"] + 1e-12  # s1 c1 lies in span(c1, c2): the projection is closer
+    assert row["eps2_plus_w"] <= row["eps2_subspace"] + 1e-12  # a larger span is closer
+    assert 0 <= row["residual_along_w"] <= 1 and 0 <= row["residual_along_random"] <= 1
+    torch.testing.assert_close(r2.g, decomposition.conv1d_filter_gradient(dec.G, 5))
+    assert w.shape == (5,)

@@ -133,7 +133,7 @@ def test_residue_alignment_beta_closed_form():
     r2 = torch.zeros(n, dtype=torch.float64)
     r2[0], r2[1] = 1.0, -1.0
     assert decomposition.residue_alignment_beta(z, r2, d) == math.inf
-    with pytest.raises(ValueError, match="residue is zero"):
+    with pytest.raises(ValueError, match="zero vector"):
         decomposition.residue_alignment_beta(z, torch.zeros(n, dtype=torch.float64), d)
 
 

@@ -1,35 +1,21 @@
 """Every notebook: executed at ci scale (once, by the build), verdicts against golden values,
 figures present, paper-scale parameters valid."""
 
-from pathlib import Path
 
-import math
 
 import nbformat
 import pytest
 import yaml
 
-from lowrank.book import build, notebooks
+from lowrank.book import build, goldens, notebooks
 
-GOLDEN = yaml.safe_load((Path(__file__).with_name("golden_verdicts.yaml")).read_text())
+GOLDEN = goldens.load()
 NAMES = build.book_notebooks()
 
 
 def test_every_notebook_is_in_the_book():
     assert "gradients/decomposition" in NAMES
     assert sorted(NAMES) == notebooks.list_notebooks(), "a notebook under notebooks/ is missing from _toc.yml"
-
-
-def _within(value, want) -> bool:
-    """`value` meets a golden entry: `value` with `abs` and/or `rel` tolerance, and/or `max` / `min`."""
-    ok = math.isfinite(value)
-    if "max" in want:
-        ok &= value <= want["max"]
-    if "min" in want:
-        ok &= value >= want["min"]
-    if "value" in want:
-        ok &= abs(value - want["value"]) <= want.get("abs", 0.0) + want.get("rel", 0.0) * abs(want["value"])
-    return bool(ok)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -44,10 +30,10 @@ def test_verdicts_match_golden(name, executed_notebooks):
         got = found[key]
         assert got["scale"] == "ci"
         assert got["outcome"] == want["outcome"], f"{name}.{key}: outcome {got['outcome']}, golden {want['outcome']}"
-        assert _within(got["measured"], want), f"{name}.{key} = {got['measured']}, golden {want}"
+        assert goldens.within(got["measured"], want), f"{name}.{key} = {got['measured']}, golden {want}"
         if got["kind"] == "claim":
             assert "control" in want, f"{name}.{key}: a claim's golden entry records its control"
-            assert _within(got["controls"][0]["value"], want["control"]), \
+            assert goldens.within(got["controls"][0]["value"], want["control"]), \
                 f"{name}.{key}: control {got['controls'][0]['value']}, golden {want['control']}"
 
 

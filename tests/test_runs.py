@@ -34,11 +34,11 @@ def test_every_notebook_parameter_cell_is_readable():
         ({"n": 3.5}, "'n': 3.5 is not an int"),
         ({"n": "many"}, "'n': 'many' is not an int"),
         ({"mu": "median"}, "'mu': 'median' is not allowed"),
-        ({"nus": [0.1, 5.0]}, "'nus': 5.0 is above the maximum"),
+        ({"nus": [0.1, 5.0]}, "'nus': element 5.0 is above the maximum"),
         ({"nus": []}, "not a non-empty list"),
-        ({"nus": 0.1}, "is not a non-empty list"),
+        ({"nus": 0.1}, "0.1 is not a list"),
         ({"activations": ["swish"]}, "element 'swish' is not allowed"),
-        ({"losses": ["mse", 3]}, "element 3 has the wrong type"),
+        ({"losses": ["mse", 3]}, "element 3 is not a string"),
         ({"scale": "paper"}, "set it with --scale"),
         ({"alignment_threshold": 1.5}, "above the maximum"),
         ({"seed": -1}, "below the minimum"),
@@ -120,3 +120,155 @@ def test_same_parameters_give_identical_verdicts(tmp_path):
     assert (first / "verdicts.json").read_text() == (second / "verdicts.json").read_text()
     assert (first / "figures" / "decomposition_outlier_counts.csv").read_bytes() == \
         (second / "figures" / "decomposition_outlier_counts.csv").read_bytes()
+
+
+def _fake_execute(calls):
+    """A stand-in for `notebooks.execute` that writes what a notebook run writes, and counts runs."""
+    from lowrank.book.verdicts import GLUE_PREFIX
+
+    def execute(name, output, parameters=None, figure_dir=None, **kwargs):
+        calls.append(parameters)
+        output.write_text('{"cells": []}')
+        figure_dir.mkdir(parents=True)
+        (figure_dir / "fig.png").write_bytes(b"png")
+        return {GLUE_PREFIX + "v": {"measured": 1.0, "outcome": "agrees", "expected": "1", "claim": "X", "kind": "check"}}
+
+    return execute
+
+
+@pytest.mark.parametrize("tamper, why", [
+    (lambda f: (f / "verdicts.json").write_text("{}"), "verdicts.json changed"),
+    (lambda f: (f / "verdicts.json").write_text('{"v": {"meas'), "verdicts.json changed"),
+    (lambda f: (f / "figures" / "fig.png").unlink(), "figures/fig.png missing"),
+    (lambda f: (f / "notebook.ipynb").write_text(""), "notebook.ipynb changed"),
+    (lambda f: (f / "manifest.json").unlink(), "no readable manifest.json"),
+])
+def test_a_changed_run_folder_is_run_again_and_said(tmp_path, monkeypatch, capsys, tamper, why):
+    calls = []
+    monkeypatch.setattr(notebooks, "execute", _fake_execute(calls))
+    params = runs.resolve_parameters(NB, overrides=TINY)
+    folder, reused = runs.run(NB, params, runs_root=tmp_path)
+    assert not reused and runs.manifest_problems(folder) == []
+    assert runs.run(NB, params, runs_root=tmp_path) == (folder, True) and len(calls) == 1
+    tamper(folder)
+    again, reused = runs.run(NB, params, runs_root=tmp_path)
+    assert again == folder and not reused and len(calls) == 2
+    assert why in capsys.readouterr().err and runs.manifest_problems(folder) == []
+
+
+def test_the_run_key_covers_the_code(tmp_path, monkeypatch):
+    """The folder name changes with the hash of the code (the build's execution key), not only with
+    the notebook and parameters; the key is the build's own."""
+    from lowrank.book import build
+
+    params = runs.resolve_parameters(NB, overrides=TINY)
+    assert runs.code_key(NB) == build.execution_key(NB)
+    before = runs.run_hash(NB, params)
+    monkeypatch.setattr(build, "execution_key", lambda name: "edited lowrank/")
+    assert runs.run_hash(NB, params) != before
+    assert runs.run_hash(NB, params) == runs.run_hash(NB, params, code="edited lowrank/")
+
+
+def test_stale_partial_folders_of_dead_processes_are_cleaned(tmp_path, monkeypatch):
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    calls = []
+    monkeypatch.setattr(notebooks, "execute", _fake_execute(calls))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    params = runs.resolve_parameters(NB, overrides=TINY)
+    parent = tmp_path / NB
+    parent.mkdir(parents=True)
+    stale = [parent / f".abc.partial-{dead}", parent / f".abc.partial-{socket.gethostname()}-{dead}"]
+    alive = parent / f".abc.partial-{os.getpid()}"  # this process: alive, kept
+    other_host = parent / f".abc.partial-elsewhere-{dead}"  # another machine's process: not ours to judge
+    for p in (*stale, alive, other_host):
+        p.mkdir()
+    runs.run(NB, params, runs_root=tmp_path)
+    assert not any(p.exists() for p in stale) and alive.exists() and other_host.exists()
+
+
+def test_files_are_readable_by_all(tmp_path, monkeypatch):
+    """Figures and reports are 0644 (mkstemp's 0600 would hide them from a web server)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from lowrank.book import plotting
+    from lowrank.book.report import write_atomically
+
+    monkeypatch.setenv("LOWRANK_FIGURE_DIR", str(tmp_path / "figs"))
+    fig, ax = plt.subplots()
+    ax.plot([0, 1])
+    paths = plotting.save_figure(fig, "f", pd.DataFrame({"x": [0, 1]}))
+    out = write_atomically(tmp_path / "r.html", "<html></html>")
+    for p in [*paths.values(), out]:
+        assert p.stat().st_mode & 0o777 == 0o644, p
+    assert sorted(q.name for q in tmp_path.rglob("*") if q.is_file()) == ["f.csv", "f.png", "f.svg", "r.html"]
+
+
+def test_report_temporary_file_is_removed_on_error(tmp_path, monkeypatch):
+    from lowrank.book import report
+
+    def boom(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(report.os, "replace", boom)
+    with pytest.raises(OSError, match="disk full"):
+        report.write_atomically(tmp_path / "r.html", "x")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_kernels_start_without_the_tcp_warning(tmp_path, monkeypatch, capfd):
+    """The kernel's sockets are local IPC, so it no longer prints "Kernel is running over TCP
+    without encryption"; with jupyter_client's default (TCP) manager the same run prints it."""
+    from pathlib import Path
+
+    from jupyter_client import AsyncKernelManager
+
+    monkeypatch.setattr(notebooks, "NOTEBOOK_ROOT", Path(__file__).parent / "fixtures" / "notebooks")
+    notebooks.execute("fixture/tiny", tmp_path / "ipc.ipynb")
+    assert "without encryption" not in capfd.readouterr().err
+    monkeypatch.setattr(notebooks, "_kernel_manager_class", lambda: AsyncKernelManager)
+    notebooks.execute("fixture/tiny", tmp_path / "tcp.ipynb")
+    assert "without encryption" in capfd.readouterr().err
+
+
+def test_path_parameters_are_made_absolute(tmp_path, monkeypatch):
+    """A `{path: file}` parameter names an existing file, relative to the caller's folder; the kernel
+    (which runs in the notebook's folder) gets it as an absolute path."""
+    from pathlib import Path
+
+    monkeypatch.setattr(notebooks, "NOTEBOOK_ROOT", Path(__file__).parent / "fixtures" / "notebooks")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.csv").write_text("x\n1\n")
+    assert runs.resolve_parameters("fixture/tiny", overrides={"table": "t.csv"})["table"] == str(tmp_path / "t.csv")
+    assert runs.resolve_parameters("fixture/tiny")["table"] == ""
+
+
+def test_execute_leaves_no_work_folder_and_cleans_dead_ones(tmp_path, monkeypatch):
+    """`notebooks.execute` works in `.NAME.partial-HOST-PID` next to its output: removed when the
+    kernel fails, and removed by the next execution when its process was killed."""
+    import socket
+    import subprocess
+    import sys
+
+    import papermill
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    stale = tmp_path / f".nb.partial-{socket.gethostname()}-{dead}"
+    stale.mkdir()
+
+    def kernel_dies(*args, **kwargs):
+        raise RuntimeError("kernel died")
+
+    monkeypatch.setattr(papermill, "execute_notebook", kernel_dies)
+    with pytest.raises(RuntimeError, match="kernel died"):
+        notebooks.execute(NB, tmp_path / "nb.ipynb")
+    assert list(tmp_path.iterdir()) == []

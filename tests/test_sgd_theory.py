@@ -110,8 +110,8 @@ def test_bad_inputs():
     net = mlp.MLP(10, 4, 1, 6)
     with pytest.raises(ValueError, match="numbers of samples"):
         theory.per_sample_gradients(net, x, y[:3])
-    with pytest.raises(ValueError, match="tol"):
-        theory.gradient_ranks(net, x, y, tol=0)
+    with pytest.raises(ValueError, match="eps"):
+        theory.gradient_ranks(net, x, y, eps=0)
     with pytest.raises(ValueError, match="below 1"):
         theory.plain_sgd(net, x, y, lr=1.0, lam=1.0, batch_size=2, steps=1)
     with pytest.raises(ValueError, match="check_at"):

@@ -165,3 +165,43 @@ def test_monitor_dtype_resolves_eps():
     dtype = spectral.monitor_dtype(eps)
     assert dtype == torch.float32 and spectral.monitor_dtype(1e-6) == torch.float64
     assert spectral.numerical_rank(M.to(dtype), eps, dtype=None) == spectral.numerical_rank(M, eps) == 12
+
+
+@pytest.mark.parametrize("value", [1e308, -1e308, 1e200, 1e-200, 1e-310, 5e-324])
+def test_rank_quantities_at_the_edges_of_float64(value):
+    """A constant matrix has rank one, stable rank one and effective rank one whatever its scale,
+    up to the float64 limit (1e308, where the SVD and the squared norms overflow) and down to the
+    subnormals (1e-310, 5e-324)."""
+    M = np.full((5, 4), value)
+    assert spectral.numerical_rank(M) == 1
+    assert spectral.numerical_rank(M, scale="frobenius") == 1
+    assert spectral.stable_rank(M) == pytest.approx(1.0, rel=1e-12)
+    assert spectral.effective_rank(M) == pytest.approx(1.0, rel=1e-6)
+    assert spectral.numerical_rank(M, dtype=torch.float32) == 1
+
+
+def test_scaling_keeps_the_singular_value_ratios():
+    """Near the float limit the ranks are those of the same spectrum at scale one (an independent
+    construction: the planted spectrum divided by 1e300)."""
+    s = np.array([1.0, 0.5, 1e-2, 1e-5])
+    M = planted(8, 6, s, seed=3)
+    for scale in (1e300, 1e-300):
+        big = M * scale
+        assert spectral.numerical_rank(big, eps=1e-3) == spectral.numerical_rank(M, eps=1e-3) == 3
+        assert spectral.stable_rank(big) == pytest.approx(np.sum(s**2) / s[0] ** 2, rel=1e-10)
+        assert spectral.effective_rank(big) == pytest.approx(spectral.effective_rank(M), rel=1e-10)
+
+
+def test_ordinary_matrices_are_computed_exactly_as_before():
+    """No scaling inside the normal range: the results are bit-identical to the unscaled formulas."""
+    M = np.random.default_rng(4).standard_normal((9, 7))
+    s = torch.linalg.svdvals(torch.as_tensor(M))
+    assert spectral.stable_rank(M) == (torch.linalg.vector_norm(s) ** 2 / s[0] ** 2).item()
+    assert spectral.numerical_rank(M, eps=0.3) == int((s > 0.3 * s[0]).sum())
+
+
+def test_complex_input_is_refused():
+    with pytest.raises(TypeError, match="M is complex"):
+        spectral.numerical_rank(np.eye(3) * 1j)
+    with pytest.raises(TypeError, match="M is complex"):
+        spectral.singular_values(torch.eye(3, dtype=torch.complex64))

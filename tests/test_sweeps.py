@@ -196,3 +196,54 @@ def test_repository_sweep_specs_are_valid():
     for path in specs:
         spec = sweeps.load_spec(path)
         assert spec.points, path
+
+
+def test_points_never_share_a_checkpoint(tmp_path):
+    """A `checkpoint:` in the base is shared by every point as written: each point (each ensemble,
+    with `ensemble: true`) gets its own file, in the given folder, and points that name their own
+    file keep it."""
+    base = {"model": "MLP-2-8", "dataset": "digits", "batch_size": 8, "lr": 0.1, "epochs": 1,
+            "checkpoint": str(tmp_path / "ckpt.pt")}
+    body = {"function": "lowrank.core.train:train_point", "base": base, "grid": {"eps": [0.3, 0.001]}}
+    spec = sweeps.load_spec(write_spec(tmp_path, body), output=tmp_path / "out")
+    paths = [p["checkpoint"] for p in spec.points]
+    assert len(set(paths)) == 2 and all(Path(p).parent == tmp_path and Path(p).suffix == ".pt" for p in paths)
+    ens = sweeps.load_spec(write_spec(tmp_path, body | {"ensemble": True, "grid": {"eps": [0.3, 0.001],
+                                                                                   "seed": [0, 1]}}, "ens"))
+    by_eps = {}
+    for p in ens.points:
+        by_eps.setdefault(p["eps"], set()).add(p["checkpoint"])
+    assert all(len(v) == 1 for v in by_eps.values()) and len(set.union(*by_eps.values())) == 2
+    own = sweeps.load_spec(write_spec(tmp_path, {"function": "lowrank.core.train:train_point", "base": base,
+                                                 "points": [{"seed": 0}]}, "own"))
+    assert own.points[0]["checkpoint"] == str(tmp_path / "ckpt.pt")
+
+
+def test_a_restarted_sweep_cleans_dead_partials_and_checks_manifests(tmp_path, capsys):
+    import socket
+    import subprocess
+    import sys
+
+    from lowrank.book import runs
+
+    spec = sweeps.load_spec(fixture_spec(tmp_path), output=tmp_path / "out")
+    assert len(sweeps.run_sweep(spec, "local", jobs=1, progress=False)["done"]) == 4
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    debris = spec.output / f".abc.partial-{socket.gethostname()}-{dead}"
+    debris.mkdir()
+    first = spec.run_folder(spec.points[0])
+    (first / "results.json").write_text('{"rank": 99}')
+    again = sweeps.run_sweep(spec, "local", jobs=1, progress=False)
+    assert again["done"] == [str(first)] and len(again["skipped"]) == 3
+    assert "results.json changed" in capsys.readouterr().err
+    assert not debris.exists() and runs.manifest_problems(first) == []
+
+
+def test_jobs_default_and_refusals():
+    assert sweeps.check_jobs(None, threads=1) == max(1, os.cpu_count() or 1)
+    assert sweeps.check_jobs(None, threads=10**6) == 1
+    assert sweeps.check_jobs(3) == 3
+    for bad in (-1, 0, 1.5, True, "2"):
+        with pytest.raises(sweeps.SweepError, match="--jobs must be a positive number"):
+            sweeps.check_jobs(bad)

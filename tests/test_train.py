@@ -10,6 +10,7 @@ import torch
 
 from lowrank.core import datasets, spectral, train
 from lowrank.core.nets import mlp
+from lowrank.sgd import ranks
 
 
 def _tiny(n=96, d=6, c=3, seed=0):
@@ -19,12 +20,12 @@ def _tiny(n=96, d=6, c=3, seed=0):
     return datasets.Dataset(x[:64], y[:64], x[64:], y[64:], c, "tiny")
 
 
-def _reference(model_fn, data, run, *, batch_size, epochs, loss, milestones, gamma):
+def _reference(model_fn, data, run, *, batch_size, epochs, loss, milestones, lr_decay):
     """One run with torch.optim.SGD + MultiStepLR and the same batch order as train_ensemble."""
     torch.manual_seed(run["seed"])
     net = model_fn()
     opt = torch.optim.SGD(net.parameters(), lr=run["lr"], momentum=run["momentum"], weight_decay=run["weight_decay"])
-    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=list(milestones), gamma=gamma)
+    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=list(milestones), gamma=lr_decay)
     gen = torch.Generator().manual_seed(10_007 * run["seed"] + 17)
     n = data.x_train.shape[0]
     for _ in range(epochs):
@@ -45,7 +46,7 @@ def test_ensemble_equals_independent_torch_sgd(kind, loss):
     model_fn = lambda: mlp.mlp(kind, 2, 8, 6, 3)  # noqa: E731
     runs = [{"lr": 0.1, "weight_decay": 1e-2, "momentum": 0.9, "seed": 3},
             {"lr": 0.05, "weight_decay": 0.0, "momentum": 0.0, "seed": 5}]
-    kw = dict(batch_size=16, epochs=3, loss=loss, milestones=(1, 2), gamma=0.5)
+    kw = dict(batch_size=16, epochs=3, loss=loss, milestones=(1, 2), lr_decay=0.5)
     table = train.train_ensemble(model_fn, data, runs, progress=False, device="cpu", **kw)
     for k, run in enumerate(runs):
         ref = _reference(model_fn, data, run, **kw).eval()
@@ -71,7 +72,7 @@ def test_conv_ensemble_through_vmap_equals_independent_torch_sgd():
     model_fn = lambda: conv.VGG((4, "M", 8), in_channels=1, num_classes=3, image_size=8)  # noqa: E731
     assert not hasattr(model_fn(), "forward_stacked")
     runs = [{"lr": 0.05, "weight_decay": 1e-2, "momentum": 0.9, "seed": 1}, {"lr": 0.1, "seed": 2}]
-    kw = dict(batch_size=8, epochs=2, loss="ce", milestones=(1,), gamma=0.5)
+    kw = dict(batch_size=8, epochs=2, loss="ce", milestones=(1,), lr_decay=0.5)
     table = train.train_ensemble(model_fn, data, runs, progress=False, device="cpu", **kw)
     for k, run in enumerate(runs):
         ref = _reference(model_fn, data, {"momentum": 0.0, "weight_decay": 0.0, **run}, **kw).eval()
@@ -147,15 +148,43 @@ def test_table_is_tidy_and_distances_are_right():
         assert col in table
 
 
-def test_spectrum_stats_matches_spectral():
+def test_spectrum_stats_matches_numpy_matrix_rank():
+    """Both rank conventions against numpy's matrix_rank with an absolute tolerance (an independent
+    computation: the authors' code calls matrix_rank(M / ||M||_F, tol=eps))."""
     g = torch.Generator().manual_seed(0)
     M = torch.randn(4, 7, 5, generator=g, dtype=torch.float64) @ torch.diag(torch.logspace(0, -5, 5, dtype=torch.float64))
-    st = train.spectrum_stats(torch.linalg.svdvals(M), 1e-3)
+    st = spectral.spectrum_stats(torch.linalg.svdvals(M), 1e-3)
+    A = M.numpy()
+    fro = [np.linalg.matrix_rank(a / np.linalg.norm(a), tol=1e-3) for a in A]
+    spec = [np.linalg.matrix_rank(a / np.linalg.norm(a, 2), tol=1e-3) for a in A]
+    assert st["rank_frobenius"].tolist() == fro and st["rank"].tolist() == spec
     assert st["rank"].tolist() == spectral.numerical_rank(M, 1e-3).tolist()
     assert st["rank_frobenius"].tolist() == spectral.numerical_rank(M, 1e-3, scale="frobenius").tolist()
-    torch.testing.assert_close(st["stable_rank"], spectral.stable_rank(M))
-    zero = train.spectrum_stats(torch.zeros(1, 3, dtype=torch.float64), 1e-3)
-    assert zero["rank"].item() == 0 and math.isnan(zero["stable_rank"].item())
+    np.testing.assert_allclose(st["stable_rank"].numpy(), [np.linalg.norm(a) ** 2 / np.linalg.norm(a, 2) ** 2 for a in A])
+    zero = spectral.spectrum_stats(torch.zeros(1, 3, dtype=torch.float64), 1e-3)
+    assert zero["rank"].item() == 0 and zero["rank_frobenius"].item() == 0 and math.isnan(zero["stable_rank"].item())
+
+
+def test_a_weight_normalised_net_is_refused_with_a_one_line_error():
+    """It has weight_matrices() but not weight_specs(): a ValueError before training, not an AttributeError."""
+    from lowrank.core.nets import normalized
+
+    make = lambda: normalized.mlp(6, (8,), 3)  # noqa: E731
+    with pytest.raises(ValueError, match="weight_specs"):
+        train.train_ensemble(make, _tiny(), [{"lr": 0.1}], batch_size=8, epochs=1, progress=False)
+
+
+def test_config_object_and_keywords_agree():
+    data = _tiny()
+    runs = [{"lr": 0.1, "weight_decay": 1e-2, "seed": 1}]
+    cfg = train.TrainConfig(batch_size=16, epochs=2, milestones=[1], lr_decay=0.5, progress=False)
+    a = train.train_ensemble(lambda: mlp.MLP(6, 3, 1, 8), data, runs, cfg)
+    b = train.train_ensemble(lambda: mlp.MLP(6, 3, 1, 8), data, runs, batch_size=16, epochs=2, milestones=[1],
+                             lr_decay=0.5, progress=False)
+    import pandas as pd
+
+    pd.testing.assert_frame_equal(a, b)
+    assert a[a.epoch == 2]["lr"].iloc[0] == pytest.approx(train.lr_at(0.1, 2, [1], 0.5))
 
 
 def test_lr_at():
@@ -185,15 +214,16 @@ def test_sweep_groups_by_batch_size_and_keeps_grid_order():
     by_run = table.groupby("run").first()
     assert by_run["batch_size"].tolist() == [16, 8, 16]
     assert by_run["lr0"].tolist() == [0.1, 0.1, 0.05]
-    avg = train.average_rank(table, include_classifier=False)
+    avg = ranks.average_rank(table, include_classifier=False)
     assert len(avg) == 3 * 2
-    fin = train.final_values(table, convention="frobenius")
+    fin = ranks.final_values(table, convention="frobenius")
     assert fin["epoch"].tolist() == [1, 1, 1]
 
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"batch_size": 0}, "batch_size"), ({"epochs": 0}, "epochs"), ({"loss": "hinge"}, "loss"),
-    ({"eps": 0}, "eps"), ({"batch_size": 1000}, "larger than the training set")])
+    ({"eps": 0}, "eps"), ({"batch_size": 1000}, "larger than the training set"), ({"lr_decay": 0}, "lr_decay"),
+    ({"eval_every": 0}, "eval_every")])
 def test_bad_arguments(kwargs, match):
     base = dict(batch_size=8, epochs=1, progress=False)
     with pytest.raises(ValueError, match=match):
@@ -207,9 +237,6 @@ def test_bad_runs(runs, match):
         train.train_ensemble(lambda: mlp.MLP(6, 3, 1, 4), _tiny(), runs, batch_size=8, epochs=1, progress=False)
 
 
-def test_average_rank_convention():
-    with pytest.raises(ValueError, match="convention"):
-        train.average_rank(None, convention="nuclear")
 
 
 def test_augment_images():

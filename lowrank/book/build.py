@@ -1,6 +1,7 @@
 """Build the book: execute every notebook at ci scale (once, cached), then Jupyter Book.
 
     python -m lowrank.book.build [--jobs N] [--no-html] [--force]
+    python -m lowrank.book.build --scale paper [--only PART/NAME ...] [--no-html] [--force]   (`make paper`)
 
 Each notebook is executed by papermill into `_build/executed/<part>/<name>.ipynb`, keyed by a
 hash of its source *and of every module of `lowrank/` it imports, directly or not*: jupyter-cache
@@ -8,6 +9,13 @@ alone does not notice a change in imported code, so a change in the package re-e
 the notebooks that use the changed module. The executed
 outputs are then handed to jupyter-cache, so that Jupyter Book renders them without executing
 anything again; the tests read the same executed notebooks.
+
+`--scale paper` executes every notebook with its paper file (`params/paper/<part>/<name>.yaml`) on the
+best device present (CUDA when available) into `_build/paper/executed/`, one at a time, skipping with
+a one-line message each notebook whose data set is not in its `data_root` (`lowrank data fetch`);
+stores each result with its provenance in `results/paper/<part>/<name>/`; and renders the
+paper-scale book from that folder alone into `_build/paper/_build/html/` (its own jupyter-cache and
+table of contents: the executed notebooks and the prose pages).
 """
 
 from __future__ import annotations
@@ -143,29 +151,38 @@ def execute_all(names, jobs: int, force: bool = False) -> dict:
     return done
 
 
-def fill_jupyter_cache(names) -> None:
+def fill_jupyter_cache(names, cache_dir: Path = CACHE, executed_at=None) -> None:
     """Put the executed outputs into jupyter-cache under the hash Jupyter Book will look up.
 
     The notebook is read exactly as myst-nb reads it (so the code-cell hash matches), and the
-    outputs are copied over cell by cell from the papermill run.
+    outputs are copied over cell by cell from the papermill run (`executed_at(name)`, default
+    `executed_path`). A cell papermill injected with the run's parameters (the paper scale) has no
+    counterpart in the source: its text is shown as the output of the parameters cell instead.
     """
     import nbformat
     from jupyter_cache import get_cache
     from jupyter_cache.base import CacheBundleIn
     from myst_nb.core.read import read_myst_markdown_notebook
 
-    cache = get_cache(str(CACHE))
+    cache = get_cache(str(cache_dir))
     cache.clear_cache()
     for name in names:
         src = source_path(name)
         nb = read_myst_markdown_notebook(src.read_text("utf8"), add_source_map=True, path=str(src))
-        executed = nbformat.read(executed_path(name), as_version=4)
+        executed = nbformat.read((executed_at or executed_path)(name), as_version=4)
         code = [c for c in nb.cells if c.cell_type == "code"]
-        done = [c for c in executed.cells if c.cell_type == "code"]
+        done, injected = [], None
+        for c in executed.cells:
+            if c.cell_type == "code" and "injected-parameters" in c.metadata.get("tags", []):
+                injected = c.source
+            elif c.cell_type == "code":
+                done.append(c)
         if len(code) != len(done):
             raise RuntimeError(f"{name}: {len(code)} code cells in the source, {len(done)} executed")
         for i, (c, e) in enumerate(zip(code, done), 1):
             c.outputs = e.outputs
+            if injected is not None and "parameters" in c.metadata.get("tags", []):
+                c.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"{injected}\n")] + list(e.outputs)
             c.execution_count = i
         cache.cache_notebook_bundle(CacheBundleIn(nb, str(src), data={"execution_seconds":
                                     executed.metadata.get("lowrank", {}).get("wall_s")}),
@@ -197,32 +214,69 @@ def book_notebooks() -> list[str]:
 
 def write_ledger(names) -> Path:
     from lowrank.book.ledger import write_ledger as write
-    from lowrank.book.runs import RUNS
 
-    return write(REPO_ROOT / "book" / "ledger.md", {n: executed_path(n) for n in names}, RUNS, toc_files())
+    return write(REPO_ROOT / "book" / "ledger.md", {n: executed_path(n) for n in names}, toc_files())
 
 
-def build_html(rebuild_all: bool = False) -> Path:
-    """Jupyter Book with warnings as errors. Sphinx re-reads only pages whose *source* changed, so
-    when a notebook was re-executed (new outputs, same source) every page is rebuilt (`--all`)."""
+def build_html(rebuild_all: bool = False, *, output: Path = REPO_ROOT, extra: tuple = (), strict: bool = True,
+               figures: Path = FIGURES) -> Path:
+    """Jupyter Book with warnings as errors (`strict`). Sphinx re-reads only pages whose *source* changed,
+    so when a notebook was re-executed (new outputs, same source) every page is rebuilt (`--all`).
+    The HTML goes to `output/_build/html`; `extra` adds options (the paper build's --config, --toc)."""
     jb = Path(sys.executable).with_name("jupyter-book")
-    cmd = [str(jb), "build", str(REPO_ROOT), "--path-output", str(REPO_ROOT), "-W", "-n", "--keep-going"]
+    cmd = [str(jb), "build", str(REPO_ROOT), "--path-output", str(output), *extra, "-n", "--keep-going"]
+    if strict:
+        cmd.append("-W")
     if rebuild_all:
         cmd.append("--all")
     print("building HTML:", " ".join(cmd[1:]), flush=True)
     result = subprocess.run(cmd, cwd=REPO_ROOT)
     if result.returncode != 0:
         raise SystemExit(f"jupyter-book failed (exit {result.returncode}); see the warnings above")
-    publish_figures()
-    return BUILD / "html" / "index.html"
+    html = Path(output) / "_build" / "html"
+    publish_figures(figures, html / "figures")
+    if figures == FIGURES:  # the ci book: its executed notebooks, for download and Colab
+        publish_notebooks(book_notebooks(), html)
+    return html / "index.html"
 
 
-def publish_figures() -> None:
+def repository_url() -> str:
+    """`repository.url` of _config.yml: the one place the book names its repository."""
+    import yaml
+
+    return yaml.safe_load((REPO_ROOT / "_config.yml").read_text()).get("repository", {}).get("url", "").rstrip("/")
+
+
+SETUP_SOURCE = """# On Colab or Binder: install the book's package when it is missing (a clone with `make book` has it).
+import importlib.util, subprocess, sys
+if importlib.util.find_spec("lowrank") is None:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "lowrank[book] @ git+{url}"], check=True)"""
+
+
+def publish_notebooks(names, html: Path = BUILD / "html") -> list[Path]:
+    """Publish each executed notebook for download and Colab, as `_sources/notebooks/<name>.ipynb`
+    (where the page's download button points), with a first cell that installs the package."""
+    import nbformat
+
+    url = repository_url()
+    written = []
+    for name in names:
+        nb = nbformat.read(executed_path(name), as_version=4)
+        setup = nbformat.v4.new_code_cell(SETUP_SOURCE.format(url=url), metadata={"tags": ["colab-setup"]})
+        nb.cells.insert(0, setup)
+        nb.metadata.get("lowrank", {})["published_from"] = "executed at ci scale by `make book`"
+        out = html / "_sources" / "notebooks" / f"{name}.ipynb"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, out)
+        written.append(out)
+    return written
+
+
+def publish_figures(source: Path = FIGURES, target: Path = BUILD / "html" / "figures") -> None:
     """Copy every figure's files (PNG, SVG, CSV) next to the HTML, where the pages link to them."""
-    target = BUILD / "html" / "figures"
     shutil.rmtree(target, ignore_errors=True)
-    if FIGURES.is_dir():
-        shutil.copytree(FIGURES, target)
+    if source.is_dir():
+        shutil.copytree(source, target)
 
 
 def main(argv=None) -> None:
@@ -232,7 +286,14 @@ def main(argv=None) -> None:
     ap.add_argument("--no-html", action="store_true", help="execute only; skip Jupyter Book")
     ap.add_argument("--only", nargs="+", metavar="PART/NAME", help="execute just these notebooks (always), nothing else")
     ap.add_argument("--list-executed", action="store_true", help="print the executed notebooks of the book and exit")
+    ap.add_argument("--scale", choices=["ci", "paper"], default="ci",
+                    help="paper: every notebook with its paper file on the best device, into _build/paper/")
     args = ap.parse_args(argv)
+    if args.scale == "paper":
+        from lowrank.book import paper_build
+
+        paper_build.main(args.only, force=args.force, html=not args.no_html)
+        return
     if args.list_executed:
         print(" ".join(str(executed_path(n).relative_to(REPO_ROOT)) for n in book_notebooks()))
         return

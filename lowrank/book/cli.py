@@ -4,6 +4,10 @@
     lowrank run PART/NAME [-p NAME VALUE ...] [--params FILE.yaml] [--scale ci|paper] [--force]
     lowrank report RUN_FOLDER [RUN_FOLDER ...] [-o report.html]
     lowrank sweep SPEC.yaml [--executor local|ray] [--address HOST:PORT] [--jobs N] [--collect]
+    lowrank goldens measure PART/NAME [PART/NAME ...] [--seeds 0-4] [--check]
+    lowrank diff [-o FILE.md] [--strict]
+    lowrank data fetch mnist|cifar10 [--root DIR]
+    lowrank results store RUN_FOLDER [RUN_FOLDER ...] | lowrank results list
 """
 
 from __future__ import annotations
@@ -43,8 +47,18 @@ def cmd_list(args) -> int:
     return 0
 
 
+def _overrides(pairs) -> dict:
+    """`-p NAME VALUE` pairs as a mapping; a name given twice is refused (which one was meant?)."""
+    out = {}
+    for k, v in pairs or []:
+        if k in out:
+            raise runs.ParameterError(f"-p {k} is given twice ({out[k]!r} and {_parse_value(v)!r}); give it once")
+        out[k] = _parse_value(v)
+    return out
+
+
 def cmd_run(args) -> int:
-    overrides = {k: _parse_value(v) for k, v in args.p or []}
+    overrides = _overrides(args.p)
     params = runs.resolve_parameters(args.name, scale=args.scale, params_file=args.params, overrides=overrides)
     folder, reused = runs.run(args.name, params, force=args.force)
     print(f"{'reused' if reused else 'wrote'} {folder}")
@@ -56,9 +70,9 @@ def cmd_run(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from lowrank.book.report import render
+    from lowrank.book.report import check_output, render
 
-    out = Path(args.output)
+    out = check_output(args.output)  # before reading any folder
     render([runs.load_run(f) for f in args.folders], out)
     print(f"wrote {out}")
     return 0
@@ -81,6 +95,77 @@ def cmd_sweep(args) -> int:
     return 1 if result["failed"] else 0
 
 
+def cmd_goldens(args) -> int:
+    from lowrank.book import build, goldens
+
+    seeds = goldens.parse_seeds(args.seeds)
+    for name in args.names:
+        notebooks.source_path(name)  # a clear error for a wrong name, before any work
+        goldens.seed_overrides(name, 0)
+    recorded, stale = goldens.load(), 0
+    for name in args.names:
+        print(f"{name}: executing {len(seeds)} seed offsets ({args.seeds}), {args.jobs} at a time", flush=True)
+        fresh = goldens.entries_from_runs(goldens.measure(name, seeds, jobs=args.jobs), goldens._commit())
+        if args.check:
+            for row in goldens.compare_spread(recorded.get(name, {}), fresh):
+                stale += row["stale"]
+                print(f"  {row['verdict']}: {'STALE (' + row['why'] + ')' if row['stale'] else 'matches'}")
+        else:
+            goldens.write_block(name, fresh, order=build.book_notebooks())
+            for key, e in fresh.items():
+                print(f"  {key}: {e['value']:.4g} ± {e['abs']:.2g} ({e['outcome']}; {e['spread']})")
+    return 1 if stale else 0
+
+
+def cmd_diff(args) -> int:
+    from lowrank.book import build, goldens
+
+    executed = {n: build.executed_path(n) for n in build.book_notebooks()}
+    missing = [n for n, p in executed.items() if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"not executed yet: {', '.join(missing)} (run `make book` first)")
+    rows = goldens.verdict_diff(executed)
+    text = goldens.diff_markdown(rows)
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(text + f"\n(written to {out})")
+    return 1 if args.strict and any(not r["within"] for r in rows) else 0
+
+
+def cmd_data(args) -> int:
+    """`lowrank data fetch NAME`: download, check the published md5 sums, unpack (resumable)."""
+    from lowrank.core import datasets
+
+    try:
+        root = datasets.fetch(args.dataset, args.root)
+    except datasets.FetchError as err:
+        print(f"lowrank: error: {err}", file=sys.stderr)
+        return 2
+    print(f"{args.dataset} is in {root.resolve()} (data_root: {args.root or datasets.DEFAULT_DATA_ROOT})")
+    return 0
+
+
+def cmd_results(args) -> int:
+    """`lowrank results store FOLDER...`: keep paper-scale runs' verdicts and provenance in results/paper/;
+    `lowrank results list`: each stored result, current or stale."""
+    from lowrank.book import paper_results as pr
+
+    if args.action == "store":
+        for folder in args.folders:
+            print(f"stored {pr.store_run(folder)}")
+        return 0
+    if not pr.stored_names():
+        print(f"no paper-scale results in {pr.RESULTS} (`make paper`, or `lowrank results store RUN_FOLDER`)")
+    for name in pr.stored_names():
+        r = pr.paper_results(name)
+        p = r["provenance"]
+        state = f"STALE ({r['stale_reason']})" if r["stale"] else "current"
+        print(f"{name}: {len(r['verdicts'])} verdicts, {p.get('wall_s')} s on {p.get('device')}, "
+              f"commit {str((p.get('git') or {}).get('commit'))[:10]}: {state}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="lowrank", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -99,16 +184,41 @@ def main(argv=None) -> int:
     p_sw.add_argument("spec")
     p_sw.add_argument("--executor", choices=["local", "ray"], default="local")
     p_sw.add_argument("--address", help="Ray cluster address (default: a local Ray instance)")
-    p_sw.add_argument("--jobs", type=int, help="local executor: runs at once (default: CPU count)")
+    p_sw.add_argument("--jobs", type=int, help="local executor: runs at once, a positive number (default: CPU count "
+                      "divided by the spec's num_cpus)")
     p_sw.add_argument("--output", help="sweep folder (default runs/sweeps/<spec name>)")
     p_sw.add_argument("--collect", action="store_true", help="gather finished runs into collected.csv")
+    p_gold = sub.add_parser("goldens", help="measure golden verdicts over seeds (tests/golden_verdicts.yaml)")
+    gold_sub = p_gold.add_subparsers(dest="action", required=True)
+    p_meas = gold_sub.add_parser("measure", help="execute over seed offsets and write (or --check) the golden entries")
+    p_meas.add_argument("names", nargs="+", metavar="PART/NAME")
+    p_meas.add_argument("--seeds", default="0-4", help="seed offsets, 0 first (default 0-4)")
+    p_meas.add_argument("--jobs", type=int, default=2, choices=range(1, 65), metavar="N", help="executions at once")
+    p_meas.add_argument("--check", action="store_true", help="compare with the recorded entries, write nothing")
+    p_diff = sub.add_parser("diff", help="verdicts of the built notebooks that differ from their golden entries")
+    p_diff.add_argument("-o", "--output", default="_build/verdict-diff.md")
+    p_diff.add_argument("--strict", action="store_true", help="exit 1 when a verdict is outside its tolerance")
+    p_data = sub.add_parser("data", help="real data sets: fetch MNIST / CIFAR-10 into the data root")
+    p_data_sub = p_data.add_subparsers(dest="action", required=True)
+    p_fetch = p_data_sub.add_parser("fetch", help="download from the canonical address, check md5, resume")
+    p_fetch.add_argument("dataset", choices=["mnist", "cifar10"])
+    p_fetch.add_argument("--root", help="data folder (default: DEFAULT_DATA_ROOT below the repository root)")
+    p_res = sub.add_parser("results", help="paper-scale results kept in results/paper/ with their provenance")
+    p_res_sub = p_res.add_subparsers(dest="action", required=True)
+    p_store = p_res_sub.add_parser("store", help="store finished `lowrank run NAME --scale paper` folders")
+    p_store.add_argument("folders", nargs="+")
+    p_res_sub.add_parser("list", help="every stored result: current, or stale when its parameters changed")
     args = ap.parse_args(argv)
     from lowrank.book.sweeps import SweepError
 
     try:
-        return {"list": cmd_list, "run": cmd_run, "report": cmd_report, "sweep": cmd_sweep}[args.command](args)
-    except (runs.ParameterError, FileNotFoundError, SweepError) as err:
-        print(f"lowrank: error: {err}", file=sys.stderr)
+        commands = {"list": cmd_list, "run": cmd_run, "report": cmd_report, "sweep": cmd_sweep,
+                    "goldens": cmd_goldens, "diff": cmd_diff,
+                    "data": cmd_data, "results": cmd_results}
+        return commands[args.command](args)
+    except (notebooks.InputError, SweepError, FileNotFoundError, ValueError) as err:
+        message = " ".join(str(err).split())  # one line, whatever the exception's text
+        print(f"lowrank: error: {message}", file=sys.stderr)
         return 2
 
 

@@ -1,13 +1,19 @@
-"""The claims ledger: every claim of the book with the verdicts its notebook glued.
+"""The claims ledger: every claim of the book with the verdicts its notebook glued, as a dashboard.
 
 Written by the book build (`book/ledger.md`, generated, not committed) from the executed ci-scale
-notebooks and, where they exist, paper-scale run folders under `runs/`. It reads only what the
+notebooks and, where they exist, the stored paper-scale results under `results/paper/`. It reads only what the
 notebooks glued. Claims and checks are counted apart: the headline counts claims only, and a claim
 whose negative control also meets its threshold is "uninformative", never agreement.
+
+The page opens with the summary (claims by outcome, checks, unconverted verdicts; by part and by
+scale) and the list of claims that disagree, then one table per part. Each verdict links to its
+row on its page (anchor `verdict-<name>`, set by book/_ext/reader.py). The same summary is written
+for the landing page (`summary_html`, included by book/intro.md).
 """
 
 from __future__ import annotations
 
+import html
 import json
 from collections import Counter
 from pathlib import Path
@@ -15,32 +21,44 @@ from pathlib import Path
 import nbformat
 import yaml
 
+from lowrank.book.paper_results import paper_results
 from lowrank.book.notebooks import REPO_ROOT, list_notebooks, verdicts
 from lowrank.book.verdicts import CHECK_OUTCOMES, CLAIM_OUTCOMES
 
-__all__ = ["CLAIMS", "PARTS", "ledger_rows", "ledger_counts", "ledger_markdown", "write_ledger"]
+__all__ = ["CLAIMS", "PARTS", "OUTCOME_STYLE", "ledger_rows", "ledger_counts", "counts_by_part", "ledger_markdown",
+           "summary_html", "write_ledger"]
 
 CLAIMS = REPO_ROOT / "book" / "claims.yaml"
 PARTS = {"I": "Part I: rank-two gradients", "II": "Part II: SGD and weight decay", "III": "Part III: square loss"}
+# badge class of each outcome (book/_ext/static/reader.css): green, red, amber, blue
+# how a count reads: "12 agree", "3 checks hold"
+LABEL = {"agrees": "agree", "disagrees": "disagree", "uninformative": "uninformative",
+         "needs paper scale": "need paper scale", "holds": "hold", "fails": "fail"}
+OUTCOME_STYLE = {"agrees": "good", "holds": "good", "disagrees": "bad", "fails": "bad", "uninformative": "weak",
+                 "needs paper scale": "pending"}
 
 
-def _paper_runs(runs_root: Path, name: str) -> dict | None:
-    """Verdicts of the newest complete paper-scale run folder of `name`, with its date."""
-    best = None
-    for prov_path in (runs_root / name).glob("*/provenance.json"):
-        prov = json.loads(prov_path.read_text())
-        if prov.get("parameters", {}).get("scale") != "paper":
-            continue
-        if best is None or prov["end"] > best[0]["end"]:
-            best = (prov, json.loads((prov_path.parent / "verdicts.json").read_text()))
-    return None if best is None else {"date": best[0]["end"][:10], "verdicts": best[1]}
+def _paper_result(name: str, results_root: Path | None) -> dict | None:
+    """The stored paper-scale result of `name` (results/paper/, `lowrank results store`), with its date
+    and whether its parameters still match the notebook's paper file."""
+    found = paper_results(name, results_root)
+    if found is None:
+        return None
+    return {"date": found["provenance"].get("end", "")[:10], "verdicts": found["verdicts"], "stale": found["stale"]}
 
 
-def ledger_rows(executed: dict[str, Path], runs_root: Path) -> list[dict]:
-    """One row per (claim, verdict); claims without a notebook yet get one row saying so."""
+def ledger_rows(executed: dict[str, Path], results_root: Path | None = None) -> list[dict]:
+    """One row per (claim, verdict); claims without a notebook yet get one row saying so.
+
+    A verdict whose claim id is not the notebook's row in claims.yaml is listed too (under its own
+    id), so that the ledger counts every glued verdict.
+    """
     claims = yaml.safe_load(CLAIMS.read_text())
     existing = set(list_notebooks())
-    rows = []
+    rows, seen = [], set()
+    by_notebook: dict[str, list[str]] = {}
+    for c in claims:
+        by_notebook.setdefault(c["notebook"], []).append(c["claim"])
     for c in claims:
         name = c["notebook"]
         path = executed.get(name)
@@ -48,12 +66,20 @@ def ledger_rows(executed: dict[str, Path], runs_root: Path) -> list[dict]:
             rows.append({"claim": c["claim"], "notebook": name, "exists": name in existing, "verdict": None})
             continue
         nb = nbformat.read(path, as_version=4)
-        paper = _paper_runs(runs_root, name)
-        found = [v for v in verdicts(nb).values() if v["claim"] == c["claim"]] or [None]
-        for v in found:
+        paper = _paper_result(name, results_root)
+        found_all = verdicts(nb)
+        found = [v for v in found_all.values() if v["claim"] == c["claim"]]
+        if c["claim"] == by_notebook[name][-1]:  # the notebook's last claims.yaml row takes the unlisted ones
+            found += [v for v in found_all.values() if v["claim"] not in by_notebook[name]]
+        for v in found or [None]:
+            if v is not None:
+                if (name, v["name"]) in seen:
+                    continue
+                seen.add((name, v["name"]))
             pv = paper["verdicts"].get(v["name"]) if paper and v else None
-            rows.append({"claim": c["claim"], "notebook": name, "exists": True, "verdict": v,
-                         "paper": pv, "paper_date": paper["date"] if pv else None})
+            rows.append({"claim": v["claim"] if v else c["claim"], "notebook": name, "exists": True, "verdict": v,
+                         "paper": pv, "paper_date": paper["date"] if pv else None,
+                         "paper_stale": bool(pv and paper["stale"])})
     return rows
 
 
@@ -67,27 +93,161 @@ def ledger_counts(rows: list[dict], scale: str = "ci") -> dict[str, Counter]:
     return counts
 
 
-def _cell(text) -> str:
-    """Table-safe text: pipes would split a Markdown table cell."""
-    return str(text).replace("|", "\\|")
+def _part(row: dict) -> str:
+    return row["claim"].split("-")[0]
 
 
-def _outcome(v) -> str:
-    if v is None:
-        return ""
-    good = v["outcome"] in ("agrees", "holds")
-    return f"{v['measured']:.3g} ({v['outcome'] if good else '**' + v['outcome'] + '**'})"
+def counts_by_part(rows: list[dict], scale: str = "ci") -> dict[str, dict[str, Counter]]:
+    """`{part: {kind: Counter(outcome)}}`, parts as in PARTS."""
+    return {p: ledger_counts([r for r in rows if _part(r) == p], scale) for p in PARTS}
 
 
-def _summary(counts: dict[str, Counter]) -> list[str]:
+# --- HTML pieces (the page is Markdown with raw HTML blocks, so that tables can have sticky headers,
+# badges, and a card layout on a phone) ------------------------------------------------------------
+
+def _e(text) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def badge(outcome: str | None, text: str | None = None) -> str:
+    style = OUTCOME_STYLE.get(outcome or "", "none")
+    return f'<span class="outcome-badge outcome-{style}">{_e(text if text is not None else outcome or "—")}</span>'
+
+
+def verdict_url(row: dict, base: str) -> str:
+    """Link to the verdict's row on its page (`base` is the relative path from the linking page to the root)."""
+    v = row["verdict"]
+    frag = f"verdict-{v['name']}" if v else "verdict"
+    return f"{base}notebooks/{row['notebook']}.html#{frag}"
+
+
+def _cards(counts: dict[str, Counter], scale: str) -> str:
     claims, checks, legacy = counts["claim"], counts["check"], counts["legacy"]
-    line = ", ".join(f"{claims[o]} {o}" for o in CLAIM_OUTCOMES)
-    out = [f"- **Claims** ({sum(claims.values())}): {line}.",
-           f"- **Checks** ({sum(checks.values())}): " + ", ".join(f"{checks[o]} {o}" for o in CHECK_OUTCOMES) + "."]
-    if legacy:
-        out.append(f"- Not yet converted to claims and checks ({sum(legacy.values())} verdicts, no control): "
-                   f"{legacy['agrees']} agree, {legacy['disagrees']} disagree; not counted as evidence.")
+    cards = [(o, claims[o], f"claims {LABEL[o]}", "claim") for o in CLAIM_OUTCOMES]
+    cards += [(o, checks[o], f"checks {LABEL[o]}", "check") for o in CHECK_OUTCOMES]
+    out = [f'<div class="ledger-cards" data-scale="{scale}">']
+    for outcome, n, label, kind in cards:
+        style = OUTCOME_STYLE[outcome] if n else "none"
+        out.append(f'<div class="ledger-card outcome-{style}"><span class="count" data-kind="{kind}" '
+                   f'data-outcome="{_e(outcome)}" data-scale="{scale}">{n}</span><span class="label">{_e(label)}</span></div>')
+    if sum(legacy.values()):
+        out.append(f'<div class="ledger-card outcome-none"><span class="count" data-kind="legacy" data-outcome="any" '
+                   f'data-scale="{scale}">{sum(legacy.values())}</span><span class="label">not yet claims or checks '
+                   f'(no control; not evidence)</span></div>')
+    out.append("</div>")
+    return "".join(out)
+
+
+def _by_part(rows: list[dict]) -> str:
+    """Claims and checks per part and per scale: one line of badges each (zeros left out)."""
+    items = []
+    for scale in ("ci", "paper"):
+        per = counts_by_part(rows, scale)
+        for part, title in PARTS.items():
+            c = per[part]
+            if scale == "paper" and not any(sum(c[k].values()) for k in c):
+                continue
+            badges = [badge(o, f"{c['claim'][o]} {LABEL[o]}") for o in CLAIM_OUTCOMES if c["claim"][o]]
+            badges += [badge(o, f"{c['check'][o]} checks {LABEL[o]}") for o in CHECK_OUTCOMES if c["check"][o]]
+            if sum(c["legacy"].values()):
+                badges.append(badge(None, f"{sum(c['legacy'].values())} not converted"))
+            items.append(f'<li><strong>{_e(title)}</strong>, {scale} scale: {" ".join(badges) or "nothing measured"}</li>')
+    out = f'<ul class="ledger-by-part">{"".join(items)}</ul>'
+    if not any(sum(c.values()) for c in ledger_counts(rows, "paper").values()):
+        out += ('<p class="ledger-note">No stored paper-scale result yet (<code>make paper</code>, or '
+                "<code>lowrank results store RUN_FOLDER</code> after <code>lowrank run NAME --scale paper</code>; "
+                "the next build lists its verdicts here).</p>")
     return out
+
+
+def _disagreements(rows: list[dict], base: str) -> str:
+    """Claims that disagree, checks that fail and, apart, unconverted verdicts that disagree."""
+    def item(r):
+        v = r["verdict"]
+        return (f'<li>{badge(v["outcome"])} <a href="{_e(verdict_url(r, base))}">{_e(r["claim"])} · '
+                f'{_e(v.get("description") or v["name"])}</a></li>')
+
+    bad = [r for r in rows if r["verdict"] and r["verdict"]["outcome"] in ("disagrees", "fails")]
+    converted = [item(r) for r in bad if r["verdict"]["kind"] != "legacy"]
+    legacy = [item(r) for r in bad if r["verdict"]["kind"] == "legacy"]
+    out = (f'<ul class="ledger-disagreements">{"".join(converted)}</ul>' if converted
+           else "<p>No claim disagrees and no check fails at ci scale.</p>")
+    if legacy:
+        out += ('<details class="ledger-legacy"><summary>Verdicts not yet converted to claims and checks that '
+                f'disagree ({len(legacy)})</summary><ul class="ledger-disagreements">{"".join(legacy)}</ul></details>')
+    return out
+
+
+def summary_html(rows: list[dict], base: str) -> str:
+    """The headline at ci scale (claims, checks, unconverted) and the disagreements, linked from `base`."""
+    counts = ledger_counts(rows, "ci")
+    n_claims = sum(counts["claim"].values())
+    return ("".join([
+        f'<p class="ledger-group-title">At ci scale: {n_claims} claims, {sum(counts["check"].values())} checks</p>',
+        _cards(counts, "ci"),
+        '<p class="ledger-group-title">Claims that disagree and checks that fail</p>',
+        _disagreements(rows, base)]))
+
+
+def _control_text(v: dict) -> str:
+    parts = []
+    for c in v.get("controls") or []:
+        cls = ' class="control-pass" title="this control meets the threshold too"' if c.get("passes") else ""
+        parts.append(f"<span{cls}>{_e(c['name'])}: {c['value']:.3g}</span>")
+    return "<br>".join(parts) or "—"
+
+
+def _threshold_text(v: dict) -> str:
+    thr = v.get("threshold") or {}
+    op, value = thr.get("op"), thr.get("value")
+    if op in (None, "legacy"):
+        rule = ""
+    elif op == "between":
+        rule = f"in [{value[0]:.4g}, {value[1]:.4g}] "
+    else:
+        rule = f"{op} {value:.4g} "
+    return f"{_e(v['expected'])}<br><small>{_e(rule)}({_e(thr.get('origin', ''))})</small>"
+
+
+def _row_html(r: dict, toc_files: set[str]) -> str:
+    v, nb = r["verdict"], r["notebook"]
+    in_book = f"notebooks/{nb}" in toc_files
+    if v is None:
+        status = "notebook not in the book yet" if r["exists"] else "not written yet"
+        claim = (f'<a href="../notebooks/{_e(nb)}.html">{_e(r["claim"])}</a>' if in_book else _e(r["claim"]))
+        return (f'<tr class="missing"><td data-label="verdict" colspan="5">{claim}: <em>{status}</em> '
+                f"(<code>{_e(nb)}</code>)</td></tr>")
+    name = _e(v.get("description") or v["name"])
+    link = f'<a href="{_e(verdict_url(r, "../"))}">{name}</a>' if in_book else name
+    kind = "not yet a claim or check" if v["kind"] == "legacy" else v["kind"]
+    ci = f'<span class="measured">{v["measured"]:.3g}</span> ({badge(v["outcome"])})'
+    pv = r.get("paper")
+    stale = (' <span class="outcome-badge outcome-none" title="the paper file changed since this run">stale</span>'
+             if r.get("paper_stale") else "")
+    paper = (f'<span class="measured">{pv["measured"]:.3g}</span> ({badge(pv["outcome"])}) <small>{_e(r["paper_date"])}'
+             f"</small>{stale}" if pv else '<span class="outcome-badge outcome-none">not run</span>')
+    return (f'<tr class="kind-{_e(v["kind"])}" data-outcome="{_e(v["outcome"])}">'
+            f'<td data-label="verdict"><small class="claim-id">{_e(r["claim"])} · {_e(kind)}</small><br>{link}</td>'
+            f'<td data-label="control">{_control_text(v)}</td>'
+            f'<td data-label="expects">{_threshold_text(v)}</td>'
+            f'<td data-label="ci scale" class="outcome-cell">{ci}</td>'
+            f'<td data-label="paper scale" class="outcome-cell">{paper}</td></tr>')
+
+
+def _part_table(rows: list[dict], toc_files: set[str]) -> str:
+    """Claims first, then checks, then unconverted verdicts, in claims.yaml order within each."""
+    order = {"claim": 0, "check": 1, "legacy": 2}
+    rows = sorted(rows, key=lambda r: order.get((r["verdict"] or {}).get("kind"), 3))
+    head = ["verdict (links to its row)", "negative control", "expects (origin of the threshold)", "ci scale",
+            "paper scale"]
+    return ('<div class="ledger-wrap"><table class="ledger-table rows"><colgroup><col class="c-verdict">'
+            '<col class="c-control"><col class="c-expects"><col class="c-ci"><col class="c-paper"></colgroup><thead><tr>' +
+            "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>" +
+            "".join(_row_html(r, toc_files) for r in rows) + "</tbody></table></div>")
+
+
+def _raw(text: str) -> list[str]:
+    return ["```{raw} html", text, "```"]
 
 
 def ledger_markdown(rows: list[dict], toc_files: set[str]) -> str:
@@ -96,34 +256,36 @@ def ledger_markdown(rows: list[dict], toc_files: set[str]) -> str:
              "and the outcome. A *claim* is an empirical statement of a paper; it agrees only when it meets its",
              "threshold and no control does (otherwise it is *uninformative*). A *check* must hold whatever the",
              "data; a failing check is a bug. Generated by the book build from the glued verdicts of the executed",
-             "notebooks (ci scale) and of paper-scale run folders (`lowrank run NAME --scale paper`) when present.",
-             "", "## Summary", "", "At ci scale:", ""]
-    lines += _summary(ledger_counts(rows, "ci"))
+             "notebooks (ci scale) and the stored paper-scale results (`make paper`, `lowrank results store`) when present.",
+             "", "## Summary", ""]
+    lines += _raw(summary_html(rows, "../"))
     paper = ledger_counts(rows, "paper")
-    if any(paper[k] for k in paper):
-        lines += ["", "At paper scale:", ""] + _summary(paper)
+    if any(sum(c.values()) for c in paper.values()):
+        lines += ["", "At paper scale:", ""] + _raw(_cards(paper, "paper"))
+    lines += ["", "### By part and scale", ""] + _raw(_by_part(rows))
     for part, title in PARTS.items():
-        part_rows = [r for r in rows if r["claim"].split("-")[0] == part]
+        part_rows = [r for r in rows if _part(r) == part]
+        pages = dict.fromkeys((r["claim"], r["notebook"]) for r in part_rows if f"notebooks/{r['notebook']}" in toc_files)
         lines += ["", f"## {title}", "",
-                  "| claim | verdict | kind | control | expects (origin of the threshold) | ci scale | paper scale |",
-                  "|---|---|---|---|---|---|---|"]
-        for r in part_rows:
-            nb = r["notebook"]
-            link = f"[{r['claim']}](../notebooks/{nb}.md)" if f"notebooks/{nb}" in toc_files else f"{r['claim']}"
-            v = r["verdict"]
-            if v is None:
-                status = "notebook not in the book yet" if r["exists"] else "not written yet"
-                lines.append(f"| {link} | *{status}* (`{nb}`) | | | | | |")
-                continue
-            control = "; ".join(f"{c['name']}: {c['value']:.3g}" for c in v["controls"]) or "—"
-            paper_cell = f"{_outcome(r['paper'])}, {r['paper_date']}" if r["paper"] else "not run"
-            lines.append(f"| {link} | {_cell(v['description'] or v['name'])} | {v['kind']} | {_cell(control)} | "
-                         f"{_cell(v['expected'])} ({_cell(v['threshold']['origin'])}) | {_outcome(v)} | {paper_cell} |")
+                  "Pages: " + " · ".join(f"[{c}](../notebooks/{nb}.md)" for c, nb in pages), ""]
+        lines += _raw(_part_table(part_rows, toc_files))
     return "\n".join(lines) + "\n"
 
 
-def write_ledger(out: Path, executed: dict[str, Path], runs_root: Path, toc_files: set[str]) -> Path:
-    text = ledger_markdown(ledger_rows(executed, runs_root), toc_files)
-    if not out.is_file() or out.read_text() != text:  # unchanged: keep the mtime, Sphinx skips the page
-        out.write_text(text)
+SUMMARY_INCLUDE = REPO_ROOT / "_build" / "generated" / "ledger_summary.md"
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.is_file() or path.read_text() != text:  # unchanged: keep the mtime, Sphinx skips the page
+        path.write_text(text)
+
+
+def write_ledger(out: Path, executed: dict[str, Path], toc_files: set[str],
+                 summary_out: Path | None = SUMMARY_INCLUDE, results_root: Path | None = None) -> Path:
+    """Write the ledger page and, for the landing page (book/intro.md), the summary to include."""
+    rows = ledger_rows(executed, results_root)
+    _write_if_changed(out, ledger_markdown(rows, toc_files))
+    if summary_out is not None:
+        _write_if_changed(summary_out, "\n".join(_raw(summary_html(rows, "../"))) + "\n")
     return out

@@ -10,7 +10,9 @@ from __future__ import annotations
 import ast
 import json
 import os
-import tempfile
+import re
+import shutil
+import socket
 import time
 from pathlib import Path
 
@@ -18,10 +20,13 @@ __all__ = [
     "REPO_ROOT",
     "NOTEBOOK_ROOT",
     "list_notebooks",
+    "InputError",
+    "check_name",
     "source_path",
     "paper_params_path",
     "read_notebook",
     "parameter_defaults",
+    "parameter_defaults_from_source",
     "execute",
     "glued_values",
     "verdicts",
@@ -36,8 +41,31 @@ def list_notebooks() -> list[str]:
     return sorted(p.relative_to(NOTEBOOK_ROOT).with_suffix("").as_posix() for p in NOTEBOOK_ROOT.glob("*/*.md"))
 
 
+class InputError(ValueError):
+    """An input refused before any work starts (a name, a parameter, a path, a spec); its message
+    is one line saying what is wrong and what is allowed."""
+
+
+# a notebook name is `part/name`: two plain path components, so that it can never reach a file
+# outside notebooks/ (no `..`, no absolute path) nor a run folder outside runs/
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*/[A-Za-z0-9_][A-Za-z0-9_-]*")
+
+
+def check_name(name) -> str:
+    """Return `name` if it is a notebook name `part/name`, else raise ValueError saying why."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise InputError(f"notebook name {name!r} must be PART/NAME (letters, digits, '_' and '-'; "
+                         f"no '..', no absolute path, no '.md')")
+    return name
+
+
 def source_path(name: str) -> Path:
+    """The MyST source of notebook `name`; FileNotFoundError (with a close match) if there is none,
+    ValueError for a name that is not PART/NAME or a file outside the notebook folder."""
+    check_name(name)
     path = NOTEBOOK_ROOT / f"{name}.md"
+    if path.is_file() and not path.resolve().is_relative_to(NOTEBOOK_ROOT.resolve()):
+        raise InputError(f"notebook {name!r} resolves outside {NOTEBOOK_ROOT} (a link): refused")
     if not path.is_file():
         import difflib
 
@@ -63,12 +91,87 @@ def parameter_defaults(nb) -> dict:
     cells = [c for c in nb.cells if c.cell_type == "code" and "parameters" in c.metadata.get("tags", [])]
     if len(cells) != 1:
         raise ValueError(f"a notebook needs exactly one cell tagged 'parameters', found {len(cells)}")
+    return parameter_defaults_from_source(cells[0].source)
+
+
+def parameter_defaults_from_source(source: str) -> dict:
+    """`{name: value}` of a parameter cell's source: one `name = literal` per statement."""
     params = {}
-    for node in ast.parse(cells[0].source).body:
+    for node in ast.parse(source).body:
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
             raise ValueError(f"parameter cell line {node.lineno}: only `name = literal` assignments are allowed")
-        params[node.targets[0].id] = ast.literal_eval(node.value)
+        try:
+            params[node.targets[0].id] = ast.literal_eval(node.value)
+        except ValueError:
+            raise ValueError(f"parameter cell line {node.lineno}: the value is not a literal") from None
     return params
+
+
+_DEBRIS = re.compile(r"\..+\.(partial|old)-(?:(?P<host>.+)-)?(?P<pid>\d+)$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def clean_debris(folder: Path) -> list[Path]:
+    """Remove the `.partial-HOST-PID` / `.old-HOST-PID` folders in `folder` left by dead processes of
+    this host (a run killed with -9 cannot clean up after itself). Returns what was removed."""
+    removed = []
+    if not Path(folder).is_dir():
+        return removed
+    host = socket.gethostname()
+    for p in Path(folder).iterdir():
+        m = _DEBRIS.match(p.name)
+        if m and (m["host"] in (None, host)) and not _alive(int(m["pid"])):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
+
+
+def work_name(final: Path, kind: str = "partial") -> Path:
+    """The temporary sibling of `final` this process writes: `.NAME.partial-HOST-PID`."""
+    return final.parent / f".{final.name}.{kind}-{socket.gethostname()}-{os.getpid()}"
+
+
+class _work_folder:
+    """`.NAME.partial-HOST-PID` next to `output`, removed on exit whatever happens (and by
+    `clean_debris` if this process is killed before)."""
+
+    def __init__(self, output: Path):
+        self.path = work_name(output)
+
+    def __enter__(self) -> str:
+        shutil.rmtree(self.path, ignore_errors=True)
+        self.path.mkdir()
+        return str(self.path)
+
+    def __exit__(self, *exc):
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _kernel_manager_class():
+    """jupyter_client's kernel manager with the kernel's sockets on local IPC (Unix sockets in the
+    Jupyter runtime folder, readable by this user only) instead of TCP on localhost: the kernel
+    then has no reason to warn "Kernel is running over TCP without encryption" at every start."""
+    from jupyter_client import AsyncKernelManager
+    from traitlets import default
+
+    class IPCKernelManager(AsyncKernelManager):
+        @default("transport")
+        def _transport_default(self):
+            from jupyter_core.paths import jupyter_runtime_dir
+
+            # a Unix socket path holds at most 107 bytes: in a deep runtime folder, keep TCP
+            return "ipc" if len(jupyter_runtime_dir()) < 48 else "tcp"
+
+    return IPCKernelManager
 
 
 def execute(name: str, output: Path, parameters: dict | None = None, figure_dir: Path | None = None,
@@ -92,7 +195,8 @@ def execute(name: str, output: Path, parameters: dict | None = None, figure_dir:
 
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=output.parent, prefix=f".{output.stem}.") as tmp:
+    clean_debris(output.parent)  # what a killed execution left
+    with _work_folder(output) as tmp:
         src = Path(tmp) / "input.ipynb"
         jupytext.write(read_notebook(name), src)
         partial = Path(tmp) / "output.ipynb"
@@ -107,6 +211,7 @@ def execute(name: str, output: Path, parameters: dict | None = None, figure_dir:
             papermill.execute_notebook(
                 str(src), str(partial), parameters=parameters or {}, cwd=str(source_path(name).parent),
                 kernel_name="python3", progress_bar=False, execution_timeout=timeout,
+                kernel_manager_class=_kernel_manager_class(),
             )
         finally:
             for k, v in env_before.items():
@@ -151,7 +256,7 @@ def _parse_text(text: str):
 
 
 def verdicts(nb) -> dict:
-    """`{verdict name: record dict}` glued by `lowrank.book.verdicts.record`."""
+    """`{verdict name: record dict}` glued by `lowrank.book.verdicts.check` and `claim`."""
     from lowrank.book.verdicts import GLUE_PREFIX
 
     return {k[len(GLUE_PREFIX):]: v for k, v in glued_values(nb).items() if k.startswith(GLUE_PREFIX)}

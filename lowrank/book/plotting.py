@@ -26,12 +26,15 @@ def figure_dir() -> Path:
     return Path(os.environ.get("LOWRANK_FIGURE_DIR", "figures"))
 
 
-def _atomic_write(path: Path, write):
+def _atomic_write(path: Path, write, mode: int = 0o644):
+    """`write(tmp)` to a temporary file next to `path`, then rename it over `path`. The file gets
+    `mode` (mkstemp makes it 0600, which a web server running as another user cannot serve)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

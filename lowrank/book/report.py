@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import html
+import os
+import tempfile
 from pathlib import Path
 
 __all__ = ["render"]
@@ -17,14 +19,46 @@ def _cell(x) -> str:
     return html.escape(f"{x:.4g}" if isinstance(x, float) else str(x))
 
 
+def check_output(out) -> Path:
+    """`out` as a path to write the report to, or InputError (one line) before any work: a folder,
+    a path under a file, or an unwritable folder is refused."""
+    from lowrank.book.notebooks import InputError
+    from lowrank.book.runs import check_output_folder
+
+    out = Path(out)
+    if out.is_dir():
+        raise InputError(f"report output {out} is a folder; give a file name, e.g. {out / 'report.html'}")
+    if out.exists() and not out.is_file():
+        raise InputError(f"report output {out} exists and is not a regular file")
+    check_output_folder(out.parent, "report output's folder")
+    return out
+
+
+def write_atomically(out: Path, text: str, mode: int = 0o644) -> Path:
+    """Write `text` to `out` through a temporary file next to it (same folder, so the rename is
+    atomic), readable by all (`mode`); the temporary file is removed on every error."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out
+
+
 def render(loaded: list[dict], out: Path) -> Path:
     """Write `out`: parameters and verdicts as tables (differences highlighted), then figures."""
     if not loaded:
         raise ValueError("nothing to render: give at least one run folder")
-    labels = [r["provenance"]["hash"] for r in loaded]
+    out = check_output(out)
+    labels = [r["provenance"].get("hash", r["folder"].name) for r in loaded]
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>lowrank runs</title><style>{_STYLE}</style>",
              "</head><body>"]
-    names = sorted({r["provenance"]["notebook"] for r in loaded})
+    names = sorted({r["provenance"].get("notebook") or r["provenance"].get("function", "?") for r in loaded})
     parts.append(f"<h1>{html.escape(', '.join(names))}</h1>")
     head = "<tr><th></th>" + "".join(f"<th>{html.escape(x)}</th>" for x in labels) + "</tr>"
 
@@ -58,12 +92,7 @@ def render(loaded: list[dict], out: Path) -> Path:
             png = r["folder"] / "figures" / f"{stem}.png"
             img = (f"<img src='data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}'>"
                    if png.is_file() else "(none)")
-            parts.append(f"<td><b>{html.escape(r['provenance']['hash'])}</b><br>{img}</td>")
+            parts.append(f"<td><b>{html.escape(r['provenance'].get('hash', r['folder'].name))}</b><br>{img}</td>")
         parts.append("</tr></table>")
     parts.append("</body></html>")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text("".join(parts))
-    tmp.replace(out)
-    return out
+    return write_atomically(out, "".join(parts))

@@ -1,29 +1,48 @@
 """Rerunning a notebook with new parameters: validation, run folders, provenance, reports.
 
 A run folder `runs/<part>/<name>/<hash>/` holds the executed notebook, its figures (PNG, SVG and
-the data as CSV), the glued verdicts (`verdicts.json`), the parameters (`parameters.json`) and a
-provenance file. It is written under a temporary name and renamed at the end, so a folder with
-the final name is always complete; the same notebook with the same parameters reuses it.
+the data as CSV), the glued verdicts (`verdicts.json`), the parameters (`parameters.json`), a
+provenance file and `manifest.json` (the SHA-256 of every other file). The hash covers the
+notebook, its parameters and the code that computes it (the notebook's source and every `lowrank`
+file it imports, the book build's key), so an edit to the package never reuses an old result. The
+folder is written under a temporary name `.<hash>.partial-HOST-PID` and renamed at the end, so a
+folder with the final name is complete; one whose files no longer match its manifest is run again.
+Temporary folders of dead processes are removed by the next run.
 
 Parameter specs come from the notebook's parameter cell: the type is the default's type, and a
-comment may end with a YAML mapping stating the allowed values, e.g.
+comment may end with a YAML mapping stating the allowed values (`RULE_KEYS`), e.g.
 
     mu = "sample"  # how mu is computed {choices: [sample, quadrature]}
     n = 375  # samples {min: 2}
+    lr = 0.1  # step size {gt: 0}
+    momentum = 0.9  # {min: 0, lt: 1}
+    lrs = [0.03, 0.1, 0.3]  # a rank correlation is taken over these {gt: 0, min_len: 3}
+    milestones = []  # {type: int, min: 1}
     activations = ["tanh"]  # {items: [tanh, relu, elu]}
+    # {memory_bytes: "8 * n * d * len(seeds)"}
+
+`min`/`max` are inclusive, `gt`/`lt` strict; `path: file` (or `folder`) makes a non-empty string
+name an existing file (made absolute: the kernel runs in the notebook's folder); a `type` is needed where the default does not show
+the element type (an empty list, None). Numbers must be finite, seeds (`seed`, `seeds`, `*_seed`)
+lie in 0..2^32-1, and a comment line `{memory_bytes: EXPR}` states the notebook's memory estimate
+in bytes, checked against `memory_limit()`. Every default must obey its own rules.
 """
 
 from __future__ import annotations
 
+import ast
 import datetime as dt
 import difflib
 import hashlib
+import importlib.util
 import io
 import json
+import math
 import os
 import platform
 import shutil
 import subprocess
+import sys
 import time
 import tokenize
 from dataclasses import dataclass
@@ -33,17 +52,38 @@ import yaml
 
 from lowrank.book import notebooks
 
-__all__ = ["ParameterSpec", "ParameterError", "parameter_specs", "resolve_parameters", "run_hash", "run", "RUNS"]
+__all__ = ["ParameterSpec", "ParameterError", "RunFolderError", "parameter_specs", "resolve_parameters", "run_hash",
+           "code_key", "run", "load_run", "manifest_problems", "write_manifest", "clean_debris", "RUNS"]
 
 RUNS = notebooks.REPO_ROOT / "runs"
 
 
-class ParameterError(ValueError):
+class ParameterError(notebooks.InputError):
     """A parameter a user gave is unknown or not allowed; raised before anything runs."""
+
+
+RULE_KEYS = ("choices", "items", "min", "max", "gt", "lt", "min_len", "max_len", "type", "path")
+TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+SEED_MAX = 2**32 - 1  # lowrank.core.validation.SEED_MAX (not imported: it would load torch at every command)
+INT_MAX = 2**63 - 1  # torch's int64
+
+
+def is_seed(name: str) -> bool:
+    """`seed`, `seeds`, `*_seed`, `*_seeds`: integers in 0..2^32-1 whatever the cell says."""
+    return name in ("seed", "seeds") or name.endswith(("_seed", "_seeds"))
 
 
 @dataclass
 class ParameterSpec:
+    """One parameter of a notebook's parameter cell and the rules its values obey.
+
+    The value type is the default's (ints are accepted for floats); a list's element type is that
+    of the default's elements, or `type` (needed when the default is an empty list or None). Rules
+    on numbers (`min`, `max`: inclusive; `gt`, `lt`: strict) apply to every element of a list;
+    `min_len`, `max_len` bound a list's length (a non-empty default needs at least one element).
+    Numbers must be finite, integers fit in int64, seeds (see `is_seed`) lie in 0..2^32-1.
+    """
+
     name: str
     default: object
     comment: str = ""
@@ -51,57 +91,135 @@ class ParameterSpec:
     items: list | None = None  # allowed elements of a list parameter
     min: float | None = None
     max: float | None = None
+    gt: float | None = None
+    lt: float | None = None
+    min_len: int | None = None
+    max_len: int | None = None
+    type: str | None = None  # element type of a list (or value type of a None default)
+    path: str | None = None  # "file" or "folder": a non-empty value must name an existing one
+
+    def __post_init__(self):
+        where = f"parameter {self.name!r}"
+        for key in ("min", "max", "gt", "lt"):
+            v = getattr(self, key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+                raise ValueError(f"{where}: rule {key} must be a finite number, got {v!r}")
+        for key in ("min_len", "max_len"):
+            v = getattr(self, key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ValueError(f"{where}: rule {key} must be a non-negative integer, got {v!r}")
+        if self.path not in (None, "file", "folder"):
+            raise ValueError(f"{where}: rule path must be file or folder, got {self.path!r}")
+        if self.path is not None and not isinstance(self.default, str):
+            raise ValueError(f"{where}: rule path needs a string default")
+        if self.type is not None and self.type not in TYPES:
+            raise ValueError(f"{where}: rule type must be one of {sorted(TYPES)}, got {self.type!r}")
+        for key in ("choices", "items"):
+            if getattr(self, key) is not None and not isinstance(getattr(self, key), list):
+                raise ValueError(f"{where}: rule {key} must be a list")
+        if is_seed(self.name):
+            self.min = 0 if self.min is None else max(self.min, 0)
+            self.max = SEED_MAX if self.max is None else min(self.max, SEED_MAX)
+        if self.min_len is None and isinstance(self.default, list) and self.default:
+            self.min_len = 1
+
+    def element_type(self):
+        """The type every scalar (or list element) must have, or None if any scalar goes."""
+        if self.type is not None:
+            return TYPES[self.type]
+        d = self.default
+        if isinstance(d, list):
+            kinds = {type(x) for x in d}
+            if kinds and kinds <= {int, float}:
+                return float if float in kinds else int
+            if len(kinds) == 1:
+                return kinds.pop()
+            if not kinds and any(getattr(self, k) is not None for k in ("min", "max", "gt", "lt")):
+                return float  # numeric rules on an empty default: numbers
+            return None
+        return None if d is None else type(d)
 
     def describe(self) -> str:
         kind = type(self.default).__name__
+        el = self.element_type()
+        if isinstance(self.default, list) and el is not None:
+            kind = f"list of {el.__name__}"
+        elif self.default is None and el is not None:
+            kind = f"None or {el.__name__}"
         parts = [kind]
-        if self.choices is not None:
-            parts.append(f"one of {self.choices}")
-        if self.items is not None:
-            parts.append(f"elements from {self.items}")
-        if self.min is not None:
-            parts.append(f">= {self.min}")
-        if self.max is not None:
-            parts.append(f"<= {self.max}")
+        for key, text in (("path", "an existing {} or empty"), ("choices", "one of {}"), ("items", "elements from {}"), ("min", ">= {}"), ("gt", "> {}"),
+                          ("max", "<= {}"), ("lt", "< {}"), ("min_len", "at least {} element(s)"),
+                          ("max_len", "at most {} element(s)")):
+            if getattr(self, key) is not None:
+                parts.append(text.format(getattr(self, key)))
         return ", ".join(parts)
 
+    def _error(self, why: str) -> ParameterError:
+        return ParameterError(f"parameter {self.name!r}: {why}; allowed: {self.describe()}")
+
+    def _scalar(self, x, kind, what: str = ""):
+        """One value (or list element, `what` = "element ") checked against the type and the numeric rules."""
+        if kind is bool:
+            if not isinstance(x, bool):
+                raise self._error(f"{what}{x!r} is not a bool")
+        elif kind is int:
+            if isinstance(x, bool) or not isinstance(x, int):
+                raise self._error(f"{what}{x!r} is not an int")
+        elif kind is float:
+            if isinstance(x, bool) or not isinstance(x, (int, float)):
+                raise self._error(f"{what}{x!r} is not a number")
+            if not math.isfinite(x):
+                raise self._error(f"{what}{x!r} is not a finite number")
+            x = float(x)
+        elif kind is str:
+            if not isinstance(x, str):
+                raise self._error(f"{what}{x!r} is not a string")
+        elif kind is None:
+            if not isinstance(x, (bool, int, float, str)) and x is not None:
+                raise self._error(f"{what}{x!r} is not a single value")
+            if isinstance(x, float) and not math.isfinite(x):
+                raise self._error(f"{what}{x!r} is not a finite number")
+        if isinstance(x, (int, float)) and not isinstance(x, bool):
+            for key, bad, text in (("min", lambda b: x < b, "below the minimum"),
+                                   ("gt", lambda b: x <= b, "not above"),
+                                   ("max", lambda b: x > b, "above the maximum"),
+                                   ("lt", lambda b: x >= b, "not below")):
+                bound = getattr(self, key)
+                if bound is not None and bad(bound):
+                    raise self._error(f"{what}{x!r} is {text}" + (f" {bound}" if key in ("gt", "lt") else ""))
+        if isinstance(x, int) and not isinstance(x, bool) and abs(x) > INT_MAX:
+            raise self._error(f"{what}{x!r} does not fit in a 64-bit integer")
+        return x
+
     def check(self, value):
-        """Return `value` (ints accepted for floats) or raise ParameterError saying what is allowed."""
-        d = self.default
-        bad = lambda why: ParameterError(f"parameter {self.name!r}: {why}; allowed: {self.describe()}")  # noqa: E731
-        if isinstance(d, bool):
-            if not isinstance(value, bool):
-                raise bad(f"{value!r} is not a bool")
-        elif isinstance(d, int):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise bad(f"{value!r} is not an int")
-        elif isinstance(d, float):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise bad(f"{value!r} is not a number")
-            value = float(value)
-        elif isinstance(d, str):
-            if not isinstance(value, str):
-                raise bad(f"{value!r} is not a string")
-        elif isinstance(d, list):
-            if not isinstance(value, list) or not value:
-                raise bad(f"{value!r} is not a non-empty list")
-            kinds = {type(x) for x in d}
+        """Return `value` (ints converted for floats) or raise ParameterError saying what is allowed."""
+        d, kind = self.default, self.element_type()
+        if isinstance(d, list):
+            if not isinstance(value, list):
+                raise self._error(f"{value!r} is not a list")
+            if self.min_len is not None and len(value) < self.min_len:
+                need = "is not a non-empty list" if self.min_len == 1 else f"has {len(value)} elements"
+                raise self._error(f"{value!r} {need}; at least {self.min_len} needed")
+            if self.max_len is not None and len(value) > self.max_len:
+                raise self._error(f"{value!r} has {len(value)} elements; at most {self.max_len} allowed")
+            out = []
             for x in value:
-                numeric = kinds <= {int, float} and isinstance(x, (int, float)) and not isinstance(x, bool)
-                if kinds and type(x) not in kinds and not numeric:
-                    raise bad(f"element {x!r} has the wrong type")
+                out.append(self._scalar(x, kind, "element "))
                 if self.items is not None and x not in self.items:
-                    raise bad(f"element {x!r} is not allowed")
-        elif d is not None and not isinstance(value, type(d)):
-            raise bad(f"{value!r} has the wrong type")
+                    raise self._error(f"element {x!r} is not allowed")
+            value = out
+        elif d is None:
+            value = None if value is None else self._scalar(value, kind)
+        else:
+            value = self._scalar(value, kind)
         if self.choices is not None and value not in self.choices:
-            raise bad(f"{value!r} is not allowed")
-        for x in value if isinstance(value, list) else [value]:
-            if isinstance(x, (int, float)) and not isinstance(x, bool):
-                if self.min is not None and x < self.min:
-                    raise bad(f"{x!r} is below the minimum")
-                if self.max is not None and x > self.max:
-                    raise bad(f"{x!r} is above the maximum")
+            raise self._error(f"{value!r} is not allowed")
+        if self.path is not None and value:
+            # the kernel runs in the notebook's folder: a path relative to the caller's is made absolute
+            found = Path(value).expanduser().absolute()
+            if not (found.is_file() if self.path == "file" else found.is_dir()):
+                raise self._error(f"{value!r} is not an existing {self.path}")
+            value = str(found)
         return value
 
 
@@ -113,51 +231,161 @@ def _comments(source: str) -> dict[int, str]:
     return out
 
 
-def parameter_specs(name: str) -> dict[str, ParameterSpec]:
-    """The notebook's parameters with their defaults and allowed values."""
-    import ast
+def _rules(comment: str, where: str) -> tuple[dict, str]:
+    """The YAML mapping `{...}` that ends a comment, and the comment without it."""
+    if not (comment.endswith("}") and "{" in comment):
+        return {}, comment
+    text = comment[comment.rindex("{"):]
+    try:
+        rules = yaml.safe_load(text) or {}
+    except yaml.YAMLError as err:
+        raise ValueError(f"{where}: unreadable rule {text!r}: {err}") from err
+    if not isinstance(rules, dict):
+        raise ValueError(f"{where}: rule {text!r} is not a mapping")
+    return rules, comment[: comment.rindex("{")].strip()
 
+
+def _parameter_cell(name: str) -> str:
     nb = notebooks.read_notebook(name)
-    defaults = notebooks.parameter_defaults(nb)
-    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    comments = _comments(cell.source)
+    cells = [c for c in nb.cells if c.cell_type == "code" and "parameters" in c.metadata.get("tags", [])]
+    if len(cells) != 1:
+        raise ValueError(f"{name}: a notebook needs exactly one cell tagged 'parameters', found {len(cells)}")
+    return cells[0].source
+
+
+def parameter_specs(name: str) -> dict[str, ParameterSpec]:
+    """The notebook's parameters with their defaults and allowed values (`RULE_KEYS`); each default
+    must obey its own rules."""
+    source = _parameter_cell(name)
+    defaults = notebooks.parameter_defaults_from_source(source)
+    comments = _comments(source)
+    lines = {node.lineno: node.targets[0].id for node in ast.parse(source).body}
     specs = {}
-    for node in ast.parse(cell.source).body:
-        pname = node.targets[0].id
-        comment = comments.get(node.lineno, "")
-        rules = {}
-        if comment.endswith("}") and "{" in comment:
-            text = comment[comment.rindex("{"):]
-            try:
-                rules = yaml.safe_load(text) or {}
-            except yaml.YAMLError as err:
-                raise ValueError(f"{name}: parameter {pname}: unreadable rule {text!r}: {err}") from err
-            comment = comment[: comment.rindex("{")].strip()
-        unknown = set(rules) - {"choices", "items", "min", "max"}
+    for lineno, pname in lines.items():
+        where = f"{name}: parameter {pname}"
+        rules, comment = _rules(comments.get(lineno, ""), where)
+        unknown = set(rules) - set(RULE_KEYS)
         if unknown:
-            raise ValueError(f"{name}: parameter {pname}: unknown rule keys {sorted(unknown)}")
-        specs[pname] = ParameterSpec(pname, defaults[pname], comment, **rules)
+            raise ValueError(f"{where}: unknown rule keys {sorted(unknown)}; rules are {list(RULE_KEYS)}")
+        specs[pname] = spec = ParameterSpec(pname, defaults[pname], comment, **rules)
+        try:
+            spec.check(defaults[pname])
+        except ParameterError as err:
+            raise ValueError(f"{name}: the default breaks its own rule: {err}") from None
     return specs
 
 
-def _load_yaml(path) -> dict:
+def memory_estimate(name: str) -> str | None:
+    """The notebook's own memory estimate: a comment line `# {memory_bytes: "EXPR"}` in its
+    parameter cell, EXPR an arithmetic expression of the parameters (bytes; `len`, `max`, `min`,
+    `sum` allowed). None if the notebook states none."""
+    source = _parameter_cell(name)
+    found = None
+    for lineno, comment in _comments(source).items():
+        rules, _ = _rules(comment, f"{name}: parameter cell line {lineno}")
+        if "memory_bytes" in rules:
+            found = str(rules["memory_bytes"])
+    return found
+
+
+_SAFE_CALLS = {"len": len, "max": max, "min": min, "sum": sum}
+
+
+def _evaluate(expr: str, names: dict) -> float:
+    """An arithmetic expression of parameter values, without eval's reach."""
+    ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+           ast.Div: lambda a, b: a / b, ast.FloorDiv: lambda a, b: a // b, ast.Pow: lambda a, b: a ** b}
+
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return node.value
+        if isinstance(node, ast.Name) and node.id in names:
+            return names[node.id]
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            return ops[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _SAFE_CALLS:
+            return _SAFE_CALLS[node.func.id](*[ev(a) for a in node.args])
+        raise ValueError(f"memory estimate {expr!r}: {ast.dump(node)[:60]} is not allowed")
+
+    return float(ev(ast.parse(expr, mode="eval")))
+
+
+def memory_limit() -> int:
+    """Bytes a run may ask for: $LOWRANK_MEMORY_LIMIT (bytes, or with a K/M/G suffix), else 80 % of
+    this machine's physical memory."""
+    text = os.environ.get("LOWRANK_MEMORY_LIMIT", "").strip()
+    if text:
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1].upper(), 1)
+        try:
+            return int(float(text[:-1] if scale > 1 else text) * scale)
+        except ValueError:
+            raise ParameterError(f"LOWRANK_MEMORY_LIMIT={text!r} is not a number of bytes (e.g. 8G)") from None
+    return int(0.8 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def check_memory(name: str, params: dict) -> None:
+    """Refuse parameters whose memory estimate (the notebook's `memory_bytes`) exceeds `memory_limit`."""
+    expr = memory_estimate(name)
+    if expr is None:
+        return
+    need, limit = _evaluate(expr, params), memory_limit()
+    if need > limit:
+        raise ParameterError(f"{name}: these parameters need about {need / 2**30:.3g} GiB by the notebook's estimate "
+                             f"({expr}), more than the {limit / 2**30:.3g} GiB allowed here "
+                             f"(set LOWRANK_MEMORY_LIMIT to change it)")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that repeats a key (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                hash(key)
+            except TypeError:
+                raise yaml.constructor.ConstructorError(None, None, f"a key must be a name, got a {type(key).__name__}",
+                                                        key_node.start_mark) from None
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml_mapping(path, what: str = "parameter file", error=ParameterError) -> dict:
+    """A YAML file holding a mapping with string keys: UTF-8, no repeated key; `error` otherwise."""
     path = Path(path)
     if not path.is_file():
-        raise ParameterError(f"parameter file {path} does not exist")
+        raise error(f"{what} {path} does not exist" + (" (it is a folder)" if path.is_dir() else ""))
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise error(f"{what} {path} is not UTF-8 text (byte {err.object[err.start]:#x} at offset {err.start})") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as err:
-        raise ParameterError(f"parameter file {path} is not valid YAML: {err}") from err
+        raise error(f"{what} {path} is not valid YAML: {' '.join(str(err).split())}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ParameterError(f"parameter file {path} must hold a mapping name: value, got {type(data).__name__}")
+        raise error(f"{what} {path} must hold a mapping name: value, got {type(data).__name__}")
+    bad = [k for k in data if not isinstance(k, str)]
+    if bad:
+        raise error(f"{what} {path}: keys must be names (strings), got {bad[0]!r} ({type(bad[0]).__name__})")
     return data
+
+
+def _load_yaml(path) -> dict:
+    return load_yaml_mapping(path)
 
 
 def resolve_parameters(name: str, *, scale: str = "ci", params_file=None, overrides: dict | None = None) -> dict:
     """The full parameter set of a run: defaults, then the paper YAML (scale="paper"), then a
-    user's YAML, then `overrides`. Every given name and value is checked against the parameter cell."""
+    user's YAML, then `overrides`. Every given name and value is checked against the parameter
+    cell, and the whole set against the notebook's memory estimate."""
     if scale not in ("ci", "paper"):
         raise ParameterError(f"scale must be 'ci' or 'paper', got {scale!r}")
     specs = parameter_specs(name)
@@ -168,6 +396,9 @@ def resolve_parameters(name: str, *, scale: str = "ci", params_file=None, overri
             raise ParameterError(f"{name} has no paper-scale parameter file {path}")
         given.update(_load_yaml(path))
     user = _load_yaml(params_file) if params_file is not None else {}
+    bad = [k for k in (overrides or {}) if not isinstance(k, str)]
+    if bad:
+        raise ParameterError(f"parameter names must be strings, got {bad[0]!r}")
     user.update(overrides or {})
     if "scale" in user:
         raise ParameterError("'scale' labels the starting point (ci defaults or the paper YAML): set it with --scale")
@@ -179,12 +410,92 @@ def resolve_parameters(name: str, *, scale: str = "ci", params_file=None, overri
             hint = f"; did you mean {close[0]!r}?" if close else f"; parameters are {sorted(specs)}"
             raise ParameterError(f"{name} has no parameter {key!r}{hint}")
         resolved[key] = specs[key].check(value)
+    check_memory(name, resolved)
     return resolved
 
 
-def run_hash(name: str, params: dict) -> str:
-    text = json.dumps({"notebook": name, "parameters": params}, sort_keys=True)
+def code_key(target: str) -> str:
+    """Hash of the code that makes a result of `target`: a notebook's source and every `lowrank`
+    file it imports (`lowrank.book.build.execution_key`, the book build's own key), or for a
+    function `module:callable` its module's file and every `lowrank` file that module imports."""
+    from lowrank.book import build
+
+    if ":" not in target:
+        return build.execution_key(target)
+    module = target.partition(":")[0]
+    h = hashlib.sha256(module.encode())
+    files = build.lowrank_sources(f"import {module}")
+    spec = importlib.util.find_spec(module)
+    if spec is not None and spec.origin and Path(spec.origin).is_file():
+        files = sorted(set(files) | {Path(spec.origin)})
+    for f in files:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def run_hash(name: str, params: dict, code: str | None = None) -> str:
+    """The run folder's name: a hash of the notebook (or function), its parameters and the code
+    that computes it (`code_key`), so that an edit to `lowrank/` never reuses an old result."""
+    code = code_key(name) if code is None else code
+    text = json.dumps({"notebook": name, "parameters": params, "code": code}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+class RunFolderError(notebooks.InputError):
+    """A run folder that is not complete, or whose files changed since the run wrote them."""
+
+
+MANIFEST = "manifest.json"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(folder: Path) -> None:
+    """`manifest.json`: the SHA-256 of every file of `folder` (paths relative to it)."""
+    files = {p.relative_to(folder).as_posix(): _sha256(p) for p in sorted(folder.rglob("*"))
+             if p.is_file() and p.name != MANIFEST}
+    (folder / MANIFEST).write_text(json.dumps(files, indent=1, sort_keys=True))
+
+
+def manifest_problems(folder: Path) -> list[str]:
+    """What differs between `folder` and its manifest: missing, changed or unlisted files (empty
+    when the folder is as its run wrote it)."""
+    folder = Path(folder)
+    try:
+        listed = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return [f"no readable {MANIFEST}"]
+    if not isinstance(listed, dict):
+        return [f"{MANIFEST} is not a mapping"]
+    present = {p.relative_to(folder).as_posix(): p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST}
+    problems = [f"{k} missing" for k in sorted(set(listed) - set(present))]
+    problems += [f"{k} changed" for k in sorted(set(listed) & set(present)) if _sha256(present[k]) != listed[k]]
+    problems += [f"{k} not written by the run" for k in sorted(set(present) - set(listed))]
+    return problems
+
+
+clean_debris = notebooks.clean_debris
+work_name = notebooks.work_name
+
+
+def check_output_folder(root: Path, what: str = "output folder") -> Path:
+    """Refuse an output root that exists and is not a folder, or that cannot be created."""
+    root = Path(root)
+    for p in [root, *root.parents]:
+        if p.exists():
+            if not p.is_dir():
+                raise RunFolderError(f"{what} {root}: {p} exists and is not a folder")
+            if not os.access(p, os.W_OK | os.X_OK):
+                raise RunFolderError(f"{what} {root}: {p} is not writable")
+            break
+    return root
 
 
 def _git_state() -> dict:
@@ -215,41 +526,27 @@ def run_dir(name: str, params: dict) -> Path:
 def run(name: str, params: dict, *, force: bool = False, runs_root: Path | None = None) -> tuple[Path, bool]:
     """Execute `name` with the (already resolved) `params` into its run folder.
 
-    Returns `(folder, reused)`. An existing complete folder is reused unless `force`.
+    Returns `(folder, reused)`. An existing complete folder whose files match its manifest is
+    reused unless `force`; one that does not match is run again (said on stderr).
     """
-    from lowrank.core.device import describe_device
-
-    root = Path(runs_root) if runs_root is not None else RUNS
+    notebooks.check_name(name)
+    root = check_output_folder(runs_root if runs_root is not None else RUNS, "runs folder")
     final = root / name / run_hash(name, params)
+    clean_debris(final.parent)
     if final.is_dir() and not force:
-        return final, True
+        problems = manifest_problems(final)
+        if not problems:
+            return final, True
+        print(f"lowrank: {final} does not match its manifest ({'; '.join(problems[:3])}"
+              f"{'; ...' if len(problems) > 3 else ''}): running it again", file=sys.stderr)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.partial-{os.getpid()}"
+    tmp = work_name(final)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        started = dt.datetime.now(dt.timezone.utc)
-        t0 = time.time()
-        values = notebooks.execute(name, tmp / "notebook.ipynb", parameters=params, figure_dir=tmp / "figures")
-        from lowrank.book.verdicts import GLUE_PREFIX
-
-        found = {k[len(GLUE_PREFIX):]: v for k, v in values.items() if k.startswith(GLUE_PREFIX)}
-        (tmp / "verdicts.json").write_text(json.dumps(found, indent=2, sort_keys=True))
-        (tmp / "parameters.json").write_text(json.dumps(params, indent=2, sort_keys=True))
-        provenance = {
-            "notebook": name,
-            "parameters": params,
-            "hash": final.name,
-            "git": _git_state(),
-            "versions": _versions(),
-            "device": describe_device(),
-            "start": started.isoformat(timespec="seconds"),
-            "end": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "wall_s": round(time.time() - t0, 2),
-        }
-        (tmp / "provenance.json").write_text(json.dumps(provenance, indent=2, sort_keys=True))
-        if final.exists():  # forced rerun: swap in the new folder, then drop the old one
-            old = final.parent / f".{final.name}.old-{os.getpid()}"
+        _execute_into(tmp, name, params, final.name)
+        if final.exists():  # a rerun: swap in the new folder, then drop the old one
+            old = work_name(final, "old")
             os.rename(final, old)
             os.rename(tmp, final)
             shutil.rmtree(old, ignore_errors=True)
@@ -261,14 +558,50 @@ def run(name: str, params: dict, *, force: bool = False, runs_root: Path | None 
     return final, False
 
 
-def load_run(folder) -> dict:
-    """Provenance, parameters and verdicts of a complete run folder."""
-    folder = Path(folder)
-    if not (folder / "provenance.json").is_file():
-        raise FileNotFoundError(f"{folder} is not a complete run folder (no provenance.json)")
-    return {
-        "folder": folder,
-        "provenance": json.loads((folder / "provenance.json").read_text()),
-        "verdicts": json.loads((folder / "verdicts.json").read_text()),
-        "figures": sorted((folder / "figures").glob("*.png")),
+def _execute_into(tmp: Path, name: str, params: dict, run_name: str) -> None:
+    """Execute the notebook into the fresh folder `tmp`: notebook, figures, verdicts, parameters,
+    provenance, then the manifest of them all."""
+    from lowrank.book.verdicts import GLUE_PREFIX
+    from lowrank.core.device import describe_device
+
+    started = dt.datetime.now(dt.timezone.utc)
+    t0 = time.time()
+    values = notebooks.execute(name, tmp / "notebook.ipynb", parameters=params, figure_dir=tmp / "figures")
+    found = {k[len(GLUE_PREFIX):]: v for k, v in values.items() if k.startswith(GLUE_PREFIX)}
+    (tmp / "verdicts.json").write_text(json.dumps(found, indent=2, sort_keys=True))
+    (tmp / "parameters.json").write_text(json.dumps(params, indent=2, sort_keys=True))
+    provenance = {
+        "notebook": name,
+        "parameters": params,
+        "hash": run_name,
+        "code": code_key(name),
+        "git": _git_state(),
+        "versions": _versions(),
+        "device": describe_device(),
+        "start": started.isoformat(timespec="seconds"),
+        "end": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "wall_s": round(time.time() - t0, 2),
     }
+    (tmp / "provenance.json").write_text(json.dumps(provenance, indent=2, sort_keys=True))
+    write_manifest(tmp)
+
+
+def load_run(folder) -> dict:
+    """Provenance, parameters and verdicts of a complete run folder whose files match its manifest;
+    RunFolderError otherwise."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise RunFolderError(f"{folder} is not a run folder (no such folder)")
+    if not (folder / "provenance.json").is_file():
+        raise RunFolderError(f"{folder} is not a complete run folder (no provenance.json)")
+    problems = manifest_problems(folder)
+    if problems:
+        raise RunFolderError(f"{folder} does not match its manifest ({'; '.join(problems[:3])}); "
+                             f"rerun it with `lowrank run --force`")
+    try:
+        provenance = json.loads((folder / "provenance.json").read_text())
+        verdicts = json.loads((folder / "verdicts.json").read_text()) if (folder / "verdicts.json").is_file() else {}
+    except ValueError as err:
+        raise RunFolderError(f"{folder}: unreadable JSON ({err})") from None
+    return {"folder": folder, "provenance": provenance, "verdicts": verdicts,
+            "figures": sorted((folder / "figures").glob("*.png"))}

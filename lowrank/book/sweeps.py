@@ -15,26 +15,30 @@ A sweep spec is a YAML file:
                                           # differ only in lr, weight_decay, momentum, seed train
                                           # together as one ensemble (one task, one folder per point)
 
-Every point is validated before anything runs. Each run writes its own folder
-`<output>/<hash>/` atomically (the layout of `lowrank run`); a restarted sweep skips finished
-runs, and one failing run is reported without stopping the others.
+Every point is validated before anything runs, as are the output folder, `--jobs` (a positive
+integer), a Ray `--address` (reachable within a few bounded tries) and checkpoint paths (a file in
+an existing folder; a path shared by several points gets a per-point suffix, so that no two points
+ever resume from each other's checkpoint). Each run writes its own folder `<output>/<hash>/`
+atomically (the layout of `lowrank run`, hash over target, parameters and code, with a manifest);
+a restarted sweep skips finished runs whose files match their manifest, removes the temporary
+folders of dead processes, and one failing run is reported without stopping the others.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import importlib
 import inspect
 import itertools
 import json
 import os
 import shutil
+import sys
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import yaml
 
 from lowrank.book import notebooks, runs
 
@@ -46,7 +50,7 @@ EXECUTORS = ("local", "ray")
 ENSEMBLE_FUNCTIONS = {"lowrank.core.train:train_point": "lowrank.core.train:train_points"}
 
 
-class SweepError(ValueError):
+class SweepError(notebooks.InputError):
     """A sweep spec that cannot run; raised before any run starts."""
 
 
@@ -60,13 +64,14 @@ class SweepSpec:
     resources: dict = field(default_factory=dict)
     output: Path | None = None
     ensemble: bool = False
+    code: str = ""  # runs.code_key(target) when the spec was read
 
     @property
     def target(self) -> str:
         return self.notebook or self.function
 
     def run_folder(self, params: dict) -> Path:
-        return self.output / runs.run_hash(self.target, params)
+        return self.output / runs.run_hash(self.target, params, code=self.code or None)
 
 
 def _load_function(ref: str):
@@ -85,14 +90,9 @@ def _load_function(ref: str):
 def load_spec(path, output: Path | None = None) -> SweepSpec:
     """Read and validate a sweep spec; every point's parameters are checked here."""
     path = Path(path)
-    if not path.is_file():
-        raise SweepError(f"sweep spec {path} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise SweepError(f"sweep spec {path} is not valid YAML: {err}") from err
-    if not isinstance(raw, dict):
-        raise SweepError(f"sweep spec {path} must be a mapping")
+    raw = runs.load_yaml_mapping(path, "sweep spec", SweepError)
+    if not raw:
+        raise SweepError(f"sweep spec {path} is empty")
     unknown = set(raw) - {"notebook", "function", "scale", "base", "grid", "points", "resources", "ensemble"}
     if unknown:
         raise SweepError(f"sweep spec {path}: unknown keys {sorted(unknown)}")
@@ -114,19 +114,17 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
         base_path = path.parent / base
         if not base_path.is_file():
             base_path = notebooks.REPO_ROOT / base
-        base = runs._load_yaml(base_path)
+        base = runs.load_yaml_mapping(base_path, f"sweep spec {path}: base file", SweepError)
     if not isinstance(base, dict):
         raise SweepError(f"sweep spec {path}: 'base' must be a mapping or a YAML file name")
     scale = raw.get("scale", "ci")
-    resources = raw.get("resources") or {}
-    if set(resources) - {"num_cpus", "num_gpus"}:
-        raise SweepError(f"sweep spec {path}: resources takes num_cpus and num_gpus only")
+    resources = _check_resources(path, raw.get("resources") or {})
     if "notebook" in raw:
         name = raw["notebook"]
         try:
-            notebooks.source_path(name)
+            notebooks.source_path(name)  # PART/NAME under notebooks/ only: never a file elsewhere
             resolved = [runs.resolve_parameters(name, scale=scale, overrides={**base, **p}) for p in points]
-        except (runs.ParameterError, FileNotFoundError) as err:
+        except (notebooks.InputError, FileNotFoundError) as err:
             raise SweepError(f"sweep spec {path}: {err}") from err
         spec = SweepSpec(path, name, None, scale, resolved, resources)
     else:
@@ -139,6 +137,7 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
             if bad:
                 raise SweepError(f"sweep spec {path}: {raw['function']} takes no parameter {bad[0]!r}; "
                                  f"it takes {sorted(accepted)}")
+            _check_annotated_types(path, fn, full)
             resolved.append(full)
         spec = SweepSpec(path, None, raw["function"], scale, resolved, resources)
     spec.ensemble = raw.get("ensemble", False)
@@ -147,11 +146,97 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
     if spec.ensemble and spec.function not in ENSEMBLE_FUNCTIONS:
         raise SweepError(f"sweep spec {path}: ensemble: true works with function {sorted(ENSEMBLE_FUNCTIONS)}, "
                          f"not {spec.target!r}")
-    hashes = [runs.run_hash(spec.target, p) for p in spec.points]
+    spec.points = _own_checkpoints(spec)
+    spec.code = runs.code_key(spec.target)
+    hashes = [runs.run_hash(spec.target, p, code=spec.code) for p in spec.points]
     if len(set(hashes)) != len(hashes):
         raise SweepError(f"sweep spec {path}: two points have the same parameters")
     spec.output = Path(output) if output else runs.RUNS / "sweeps" / path.stem
+    try:
+        runs.check_output_folder(spec.output, "sweep output")
+    except runs.RunFolderError as err:
+        raise SweepError(str(err)) from None
     return spec
+
+
+def _check_annotated_types(path: Path, fn, point: dict) -> None:
+    """A function point's values against the function's plain annotations (int, float, str, bool):
+    the type (ints accepted for floats) and, for numbers, finiteness. Anything else is the
+    function's own business."""
+    import math
+    import typing
+
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # unresolvable annotations: nothing to check here
+        return
+    for key, value in point.items():
+        kind = hints.get(key)
+        if kind not in (int, float, str, bool):
+            continue
+        ok = (isinstance(value, bool) if kind is bool else
+              not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else kind))
+        if not ok:
+            raise SweepError(f"sweep spec {path}: parameter {key!r}: {value!r} is not {kind.__name__}")
+        if kind is float and not math.isfinite(value):
+            raise SweepError(f"sweep spec {path}: parameter {key!r}: {value!r} is not a finite number")
+
+
+def _check_resources(path: Path, resources) -> dict:
+    """`resources: {num_cpus: N >= 1, num_gpus: G >= 0}` (num_cpus also sets each run's threads)."""
+    if not isinstance(resources, dict) or set(resources) - {"num_cpus", "num_gpus"}:
+        raise SweepError(f"sweep spec {path}: resources takes num_cpus and num_gpus only")
+    cpus = resources.get("num_cpus", 1)
+    if isinstance(cpus, bool) or not isinstance(cpus, int) or cpus < 1:
+        raise SweepError(f"sweep spec {path}: resources.num_cpus must be a positive integer (CPU threads per run), "
+                         f"got {cpus!r}")
+    gpus = resources.get("num_gpus", 0)
+    if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or not 0 <= gpus < float("inf"):
+        raise SweepError(f"sweep spec {path}: resources.num_gpus must be a number >= 0, got {gpus!r}")
+    return resources
+
+
+def is_checkpoint(name: str) -> bool:
+    return name == "checkpoint" or name.endswith("_checkpoint")
+
+
+def _own_checkpoints(spec: SweepSpec) -> list[dict]:
+    """Every point (every ensemble, with `ensemble: true`) gets its own checkpoint file: a path the
+    spec gives to several of them gets `.<hash of the point's other parameters>` before its suffix.
+    Each path must lie in an existing folder and not be a folder itself; relative paths are made
+    absolute (a Ray worker's working folder is not this one's)."""
+    points = [dict(p) for p in spec.points]
+    keys = sorted({k for p in points for k, v in p.items() if is_checkpoint(k) and v})
+    if not keys:
+        return points
+    ensemble_keys = ()
+    if spec.ensemble:
+        ensemble_keys = importlib.import_module(ENSEMBLE_FUNCTIONS[spec.function].partition(":")[0]).ENSEMBLE_KEYS
+    for key in keys:
+        owners: dict = {}
+        for p in points:
+            if p.get(key):
+                owner = json.dumps({k: v for k, v in p.items() if k not in ensemble_keys and not is_checkpoint(k)},
+                                   sort_keys=True)
+                owners.setdefault(str(p[key]), set()).add(owner)
+        for p in points:
+            value = p.get(key)
+            if not value:
+                continue
+            if not isinstance(value, str):
+                raise SweepError(f"sweep spec {spec.path}: {key} must be a file path, got {value!r}")
+            ckpt = Path(value).expanduser().absolute()
+            if ckpt.is_dir():
+                raise SweepError(f"sweep spec {spec.path}: {key} {value} is a folder; give a file path")
+            if not ckpt.parent.is_dir():
+                raise SweepError(f"sweep spec {spec.path}: {key} {value}: folder {ckpt.parent} does not exist")
+            if len(owners[str(value)]) > 1:
+                owner = json.dumps({k: v for k, v in p.items() if k not in ensemble_keys and not is_checkpoint(k)},
+                                   sort_keys=True)
+                tag = hashlib.sha256(owner.encode()).hexdigest()[:12]
+                ckpt = ckpt.with_name(f"{ckpt.stem}.{tag}{ckpt.suffix}")
+            p[key] = str(ckpt)
+    return points
 
 
 def execute_point(target_kind: str, target: str, params, folder, threads: int = 1):
@@ -184,7 +269,7 @@ def execute_point(target_kind: str, target: str, params, folder, threads: int = 
 
 def _write_result(folder: Path, target: str, params: dict, result, wall_s: float) -> str:
     """A function's result, parameters and provenance into `folder`, atomically."""
-    tmp = folder.parent / f".{folder.name}.partial-{os.getpid()}"
+    tmp = runs.work_name(folder)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
@@ -198,6 +283,7 @@ def _write_result(folder: Path, target: str, params: dict, result, wall_s: float
             "versions": runs._versions(), "wall_s": round(wall_s, 2),
             "end": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         }, indent=2, sort_keys=True))
+        runs.write_manifest(tmp)
         os.rename(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -253,6 +339,30 @@ def _run_local(tasks, jobs, on_start, on_done):
         time.sleep(0.05)
 
 
+def check_address(address: str | None, tries: int = 3, timeout: float = 5.0, wait: float = 1.0) -> None:
+    """Refuse a Ray `--address` that is malformed or not reachable: `tries` TCP connections of at
+    most `timeout` seconds each (Ray's own client would retry for ever). "auto" is left to Ray."""
+    import socket
+
+    if address is None or address == "auto":
+        return
+    host_port = address.split("://", 1)[1] if "://" in address else address
+    host, _, port = host_port.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SweepError(f"--address {address!r} must be HOST:PORT (or ray://HOST:PORT, or auto)")
+    last = None
+    for i in range(tries):
+        try:
+            socket.create_connection((host, int(port)), timeout=timeout).close()
+            return
+        except OSError as err:
+            last = err
+            if i + 1 < tries:
+                time.sleep(wait)
+    raise SweepError(f"cannot reach the Ray cluster at {address} ({tries} tries, {timeout:g} s each: {last}); "
+                     f"is `ray start --head` running there?")
+
+
 def _run_ray(tasks, resources, address, on_start, on_done):
     import ray
 
@@ -283,6 +393,17 @@ def _run_ray(tasks, resources, address, on_start, on_done):
             ray.shutdown()
 
 
+def check_jobs(jobs, threads: int = 1) -> int:
+    """The number of local runs at once: a positive integer, or None for the CPU count divided by
+    each run's threads (at least 1)."""
+    if jobs is None:
+        return max(1, (os.cpu_count() or 1) // max(1, threads))
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise SweepError(f"--jobs must be a positive number of runs at once, got {jobs!r} "
+                         f"(leave it out for as many as the CPU cores allow at {threads} thread(s) per run)")
+    return jobs
+
+
 def run_sweep(spec: SweepSpec, executor: str = "local", *, address: str | None = None, jobs: int | None = None,
               progress: bool = True) -> dict:
     """Run every missing point of `spec`. Returns {"done": [...], "skipped": [...], "failed": {folder: error}}."""
@@ -290,11 +411,24 @@ def run_sweep(spec: SweepSpec, executor: str = "local", *, address: str | None =
 
     if executor not in EXECUTORS:
         raise SweepError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+    threads = int(spec.resources.get("num_cpus", 1))
+    jobs = check_jobs(jobs, threads)
+    if executor == "ray":
+        check_address(address)
+    if address and executor != "ray":
+        raise SweepError("--address is for --executor ray")
     spec.output.mkdir(parents=True, exist_ok=True)
     kind = "notebook" if spec.notebook else "function"
     folders = [spec.run_folder(p) for p in spec.points]
+    for where in (spec.output, spec.output / ".nb" / str(spec.notebook)):
+        runs.clean_debris(where)
+    for f in folders:
+        problems = runs.manifest_problems(f) if f.is_dir() else []
+        if problems:  # a finished folder that changed since: its result is not trusted
+            print(f"lowrank: {f} does not match its manifest ({'; '.join(problems[:3])}): running it again",
+                  file=sys.stderr)
+            shutil.rmtree(f)
     skipped = [str(f) for f in folders if f.is_dir()]
-    threads = int(spec.resources.get("num_cpus", 1))
     missing = [p for p, f in zip(spec.points, folders) if not f.is_dir()]
     if spec.ensemble:  # restarted, only the members still missing train
         tasks = [("ensemble", spec.target, group, [str(spec.run_folder(p)) for p in group], threads)
@@ -325,7 +459,7 @@ def run_sweep(spec: SweepSpec, executor: str = "local", *, address: str | None =
 
     if tasks:
         if executor == "local":
-            _run_local(tasks, jobs or max(1, (os.cpu_count() or 1) // threads), on_start, on_done)
+            _run_local(tasks, jobs, on_start, on_done)
         else:
             _run_ray(tasks, spec.resources, address, on_start, on_done)
     bar.close()
@@ -344,6 +478,10 @@ def collect(spec: SweepSpec):
         folder = spec.run_folder(params)
         if not folder.is_dir():
             continue
+        problems = runs.manifest_problems(folder)
+        if problems:
+            raise SweepError(f"{folder} does not match its manifest ({'; '.join(problems[:3])}): run the sweep "
+                             f"again to redo it")
         flat = {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in params.items()}
         if (folder / "results.csv").is_file():
             df = pd.read_csv(folder / "results.csv")
@@ -362,8 +500,7 @@ def collect(spec: SweepSpec):
     if not frames:
         raise SweepError(f"no finished runs of {spec.path} under {spec.output}")
     table = pd.concat(frames, ignore_index=True)
-    out = spec.output / "collected.csv"
-    tmp = out.with_name(".collected.csv.tmp")
-    table.to_csv(tmp, index=False)
-    tmp.replace(out)
+    from lowrank.book.report import write_atomically
+
+    write_atomically(spec.output / "collected.csv", table.to_csv(index=False))  # 0644, no temporary left
     return table

@@ -1,5 +1,5 @@
-"""Real data sets, all offline: scikit-learn's bundled digits, MNIST-1D generated locally, and
-MNIST / CIFAR-10 read from a local folder the user names (nothing is downloaded).
+"""Real data sets: scikit-learn's bundled digits, MNIST-1D generated locally, and MNIST / CIFAR-10
+read from a local folder (`lowrank data fetch mnist|cifar10` puts them there; loading never downloads).
 
 Every loader returns a `Dataset` of float32 inputs and int64 labels as torch tensors.
 """
@@ -7,7 +7,15 @@ Every loader returns a `Dataset` of float32 inputs and int64 labels as torch ten
 from __future__ import annotations
 
 import gzip
+import hashlib
+import http.client
+import os
 import pickle
+import shutil
+import socket
+import tarfile
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import NamedTuple
 
@@ -18,6 +26,13 @@ from lowrank.core.validation import check_choice
 
 __all__ = [
     "DEFAULT_DATA_ROOT",
+    "resolve_root",
+    "present",
+    "FetchError",
+    "DataSource",
+    "SOURCES",
+    "fetch",
+    "download",
     "Dataset",
     "DATASETS",
     "load",
@@ -32,6 +47,17 @@ __all__ = [
 
 
 DEFAULT_DATA_ROOT = "data"  # where MNIST / CIFAR-10 are read from unless a notebook's `data_root` says otherwise
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def resolve_root(root=None) -> Path:
+    """The data folder: `root` (default DEFAULT_DATA_ROOT) with `~` expanded; a relative folder that
+    does not exist below the working directory is taken below the repository root, because notebooks
+    execute in their own folder while `lowrank data fetch` writes below the repository root."""
+    path = Path(DEFAULT_DATA_ROOT if root in (None, "") else root).expanduser()
+    if path.is_absolute() or path.is_dir():
+        return path
+    return _REPO_ROOT / path
 
 
 class Dataset(NamedTuple):
@@ -102,7 +128,7 @@ CIFAR_STD = (0.2470, 0.2435, 0.2616)
 def _missing(root: Path, what: str, expected) -> FileNotFoundError:
     return FileNotFoundError(
         f"{what} not found in {root}: expected the files {', '.join(expected)}. "
-        f"This book downloads nothing; put the standard files in that folder (see 'How to reproduce')."
+        f"`lowrank data fetch {what.lower().replace('-', '')} --root {root}` downloads them (loading never downloads)."
     )
 
 
@@ -125,7 +151,7 @@ def mnist(root, normalize: bool = True) -> Dataset:
 
     Inputs are 1 x 28 x 28 in [0, 1], normalised by the usual mean 0.1307 and std 0.3081.
     """
-    root = Path(root).expanduser()
+    root = resolve_root(root)
     arrays = {}
     for key, stem in _MNIST_FILES.items():
         candidates = [d / f"{stem}{ext}" for d in (root, root / "MNIST" / "raw") for ext in ("", ".gz")]
@@ -143,7 +169,7 @@ def mnist(root, normalize: bool = True) -> Dataset:
 def cifar10(root, normalize: bool = True) -> Dataset:
     """CIFAR-10 from the python batches (`data_batch_1..5`, `test_batch`) in `root` or
     `root/cifar-10-batches-py`. Inputs are 3 x 32 x 32, normalised per channel."""
-    root = Path(root).expanduser()
+    root = resolve_root(root)
     names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
     folder = next((d for d in (root, root / "cifar-10-batches-py") if all((d / n).is_file() for n in names)), None)
     if folder is None:
@@ -162,6 +188,17 @@ def cifar10(root, normalize: bool = True) -> Dataset:
         std = np.asarray(CIFAR_STD, dtype=np.float32)[:, None, None]
         x_tr, x_te = (x_tr - mean) / std, (x_te - mean) / std
     return _pack(x_tr, y_tr, x_te, y_te, 10, "cifar10")
+
+
+def present(name: str, root=None) -> bool:
+    """Whether the files `mnist(root)` / `cifar10(root)` read are in `root` (nothing is read)."""
+    root = resolve_root(root)
+    if name == "mnist":
+        dirs = (root, root / "MNIST" / "raw")
+        return all(any((d / f"{s}{e}").is_file() for d in dirs for e in ("", ".gz")) for s in _MNIST_FILES.values())
+    check_choice(name, "dataset", frozenset({"mnist", "cifar10"}))
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    return any(all((d / n).is_file() for n in names) for d in (root, root / "cifar-10-batches-py"))
 
 
 DATASETS = frozenset({"digits", "mnist1d", "mnist", "cifar10"})
@@ -211,3 +248,186 @@ def random_labels(y: torch.Tensor, fraction: float, num_classes: int, seed: int)
 
 def one_hot(y: torch.Tensor, num_classes: int) -> torch.Tensor:
     return torch.nn.functional.one_hot(y, num_classes).to(torch.float32)
+
+
+# ---- fetching: `lowrank data fetch mnist|cifar10` -------------------------------------------------
+
+class FetchError(RuntimeError):
+    """A download failed (unreachable, cut short, wrong checksum); the message is one line."""
+
+
+class DataSource(NamedTuple):
+    """Where a data set's files come from and where they go below the data root.
+
+    files: (file name, published md5) pairs; mirrors: base URLs tried in order (each ends in "/");
+    folder: sub-folder of the root the files are written to; extract_to: for an archive, the folder
+    (below the root) it unpacks into, complete when it holds every name in `expect`.
+    """
+
+    files: tuple
+    mirrors: tuple
+    folder: str = ""
+    extract_to: str | None = None
+    expect: tuple = ()
+
+
+# MNIST: the four IDX files with the md5 sums torchvision publishes (torchvision.datasets.MNIST.resources),
+# from torchvision's mirror, then LeCun's page. CIFAR-10: Krizhevsky's python archive and its published md5.
+SOURCES = {
+    "mnist": DataSource(
+        files=(("train-images-idx3-ubyte.gz", "f68b3c2dcbeaaa9fbdd348bbdeb94873"),
+               ("train-labels-idx1-ubyte.gz", "d53e105ee54ea40749a09fcbcd1e9432"),
+               ("t10k-images-idx3-ubyte.gz", "9fb629c4189551a2d022fa330f9573f3"),
+               ("t10k-labels-idx1-ubyte.gz", "ec29112dd5afa0611ce80d1b7f02629c")),
+        mirrors=("https://ossci-datasets.s3.amazonaws.com/mnist/", "http://yann.lecun.com/exdb/mnist/"),
+        folder="MNIST/raw"),
+    "cifar10": DataSource(
+        files=(("cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a"),),
+        mirrors=("https://www.cs.toronto.edu/~kriz/",),
+        extract_to="cifar-10-batches-py",
+        expect=tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)),
+}
+
+
+def _md5(path: Path) -> str:
+    h = hashlib.md5(usedforsecurity=False)  # the published sums are md5: integrity, not security
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class _Offline(Exception):
+    """No connection to a mirror (name resolution, refused, timed out before any byte)."""
+
+
+def _open(url: str, offset: int, timeout: float):
+    """The response for `url` from byte `offset` on (HTTP Range), None when nothing is left to send;
+    raises _Offline when the server cannot be reached, FetchError on an HTTP error."""
+    req = urllib.request.Request(url, headers={"Range": f"bytes={offset}-"} if offset else {})
+    try:
+        return urllib.request.urlopen(req, timeout=timeout)
+    except urllib.error.HTTPError as err:
+        if err.code == 416 and offset:  # range not satisfiable: the partial file is complete
+            return None
+        raise FetchError(f"{url}: HTTP {err.code} {err.reason}") from None
+    except (urllib.error.URLError, socket.timeout, ConnectionError) as err:
+        raise _Offline(getattr(err, "reason", err)) from None
+
+
+def _receive(resp, part: Path, offset: int, desc: str, progress: bool) -> tuple[int | None, str]:
+    """Write the response body to `part` (appended from `offset`); return (expected size, why it ended)."""
+    from tqdm.auto import tqdm
+
+    length = resp.headers.get("Content-Length")
+    total = offset + int(length) if length is not None else None
+    cause = "connection closed"
+    with open(part, "ab" if offset else "wb") as fh, \
+            tqdm(total=total, initial=offset, unit="B", unit_scale=True, desc=desc, disable=not progress,
+                 leave=False) as bar:
+        try:
+            for block in iter(lambda: resp.read(1 << 16), b""):
+                fh.write(block)
+                bar.update(len(block))
+        except (OSError, ValueError, http.client.HTTPException) as err:  # reset, timeout, IncompleteRead
+            cause = type(err).__name__
+            total = total if total is not None else -1
+        fh.flush()
+        os.fsync(fh.fileno())
+    return total, cause
+
+
+def download(url: str, target, md5: str, *, progress: bool = True, timeout: float = 30.0) -> Path:
+    """Download `url` to `target` and check its md5; resumable and atomic.
+
+    Bytes go to a hidden `.<name>.part` beside the target, continued by an HTTP Range request when a
+    previous attempt was cut short; only a file whose md5 equals `md5` is renamed to `target`. A wrong
+    checksum removes the partial file. Returns `target`; an existing verified target is kept.
+    Raises FetchError (cut short: the partial file is kept for the next attempt; wrong checksum; HTTP
+    error) or _Offline (no connection).
+    """
+    target = Path(target)
+    if target.is_file():
+        if _md5(target) == md5:
+            return target
+        raise FetchError(f"{target} exists but its md5 is not the published {md5}: remove it and fetch again")
+    part = target.with_name(f".{target.name}.part")
+    offset = part.stat().st_size if part.is_file() else 0
+    resp = _open(url, offset, timeout)
+    if resp is not None:
+        target.parent.mkdir(parents=True, exist_ok=True)  # only once a server answered
+        with resp:
+            if offset and resp.status != 206:  # the server ignored Range: start again
+                offset = 0
+            total, cause = _receive(resp, part, offset, target.name, progress)
+        size = part.stat().st_size
+        if total is not None and size != total:
+            raise FetchError(f"{url} stopped at {size} of {total if total >= 0 else '?'} bytes ({cause}); "
+                             f"run the command again to resume from {part}")
+    got = _md5(part)
+    if got != md5:
+        part.unlink()
+        raise FetchError(f"{url}: md5 {got} is not the published {md5} (corrupt or truncated file); "
+                         f"nothing was kept, run the command again")
+    os.replace(part, target)
+    return target
+
+
+def _extract(archive: Path, root: Path, source: DataSource) -> None:
+    """Unpack `archive` into `root/source.extract_to` atomically (a temporary folder, then rename)."""
+    final = root / source.extract_to
+    tmp = root / f".{source.extract_to}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            tar.extractall(tmp, filter="data")
+        inner = tmp / source.extract_to
+        missing = [n for n in source.expect if not (inner / n).is_file()]
+        if missing:
+            raise FetchError(f"{archive} does not hold {source.extract_to}/{missing[0]}")
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(inner, final)
+    except (tarfile.TarError, OSError, EOFError) as err:
+        raise FetchError(f"{archive} could not be unpacked ({type(err).__name__}: {err})") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def fetch(name: str, root=None, *, sources: dict | None = None, progress: bool = True,
+          timeout: float = 30.0) -> Path:
+    """Download data set `name` into `root`, check the published md5 sums, unpack an archive.
+
+    Parameters
+    ----------
+    name : "mnist" | "cifar10".
+    root : the data folder (default DEFAULT_DATA_ROOT below the repository root, where the notebooks'
+        `data_root` points); MNIST goes to `root/MNIST/raw`, CIFAR-10 to `root/cifar-10-batches-py`
+        (the layouts `mnist()` and `cifar10()` read).
+    sources : the source table (default SOURCES); the tests pass a server on 127.0.0.1.
+
+    Returns the root. Verified files already present are not downloaded again. Raises FetchError with
+    a one-line message; offline, it names the files, where to get them and the folder to put them in.
+    """
+    table = SOURCES if sources is None else sources
+    check_choice(name, "dataset", frozenset(table))
+    source = table[name]
+    root = resolve_root(None) if root in (None, "") else Path(root).expanduser()
+    folder = root / source.folder
+    if source.extract_to and all((root / source.extract_to / n).is_file() for n in source.expect):
+        return root
+    for fname, md5 in source.files:
+        reasons = []
+        for base in source.mirrors:
+            try:
+                download(base + fname, folder / fname, md5, progress=progress, timeout=timeout)
+                break
+            except _Offline as err:
+                reasons.append(f"{base} ({err})")
+        else:
+            names = ", ".join(f for f, _ in source.files)
+            raise FetchError(f"offline? could not reach {' or '.join(reasons)}: download {names} from "
+                             f"{source.mirrors[0]} yourself (md5 sums in lowrank.core.datasets.SOURCES) "
+                             f"and put them in {folder.resolve()}")
+        if source.extract_to:
+            _extract(folder / fname, root, source)
+    return root

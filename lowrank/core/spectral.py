@@ -17,11 +17,14 @@ __all__ = [
     "singular_values_by_shape",
     "monitor_dtype",
     "numerical_rank",
+    "rank_from_singular_values",
+    "spectrum_stats",
     "stable_rank",
     "effective_rank",
     "rank_k_error",
     "alignment",
     "principal_angles",
+    "orthonormal_basis",
     "conv_weight_as_matrix",
     "count_outliers",
     "leading_left_vectors",
@@ -77,6 +80,26 @@ def singular_values_by_shape(mats, *, dtype=None) -> list[torch.Tensor]:
     return out
 
 
+def _scale_free_singular_values(M, dtype) -> torch.Tensor:
+    """Singular values of `M` times a power of two per matrix, for the scale-free quantities (ranks).
+
+    A matrix whose largest entry is outside [tiny^(1/4), max^(1/4)] of the working dtype (e.g. 1e308
+    everywhere: its SVD overflows, its squared norms too) is first multiplied by the power of two
+    that brings that entry to [0.5, 1): exact in floating point, so the ratios of singular values
+    are those of `M`. Other matrices are left untouched (bit-identical to `singular_values`)."""
+    t = as_tensor(M, "M", dtype=None, min_ndim=2)
+    target = dtype if dtype is not None else t.dtype
+    info = torch.finfo(target)
+    big = t.abs().amax(dim=(-2, -1), keepdim=True)
+    outside = (big > info.max ** 0.25) | ((big < info.tiny ** 0.25) & (big > 0))
+    if outside.any():
+        _, exponent = torch.frexp(big.to(torch.float64))
+        shift = torch.where(outside, -exponent, torch.zeros_like(exponent)).to(torch.float64)
+        half = torch.trunc(shift / 2)  # in two steps: 2^shift alone over- or underflows for subnormals
+        t = torch.ldexp(torch.ldexp(t.to(torch.float64), half), shift - half)
+    return torch.linalg.svdvals(t.to(target))
+
+
 def _top_and_fro(s: torch.Tensor):
     top = s[..., 0]
     if (top == 0).any():
@@ -84,33 +107,84 @@ def _top_and_fro(s: torch.Tensor):
     return top, torch.linalg.vector_norm(s, dim=-1)
 
 
-def numerical_rank(M, eps: float = 1e-3, scale: str = "spectral", *, dtype=torch.float64):
-    """Number of singular values of `M / ||M||` above `eps`.
+def rank_from_singular_values(s: torch.Tensor, eps: float, scale: str = "spectral", *,
+                              fro: torch.Tensor | None = None) -> torch.Tensor:
+    """Number of singular values above `eps * ||M||`, from the singular values `s` (..., r), descending.
 
-    scale="spectral" divides by the largest singular value (the paper's definition);
-    scale="frobenius" divides by the Frobenius norm (the authors' public code, which calls
-    `torch.linalg.matrix_rank(M / ||M||_F, tol=eps)`).
+    Parameters
+    ----------
+    s : singular values of M, descending along the last axis (any float dtype; compared in it).
+    eps : rank threshold, relative to the norm below.
+    scale : "spectral" (divide by `s[..., 0]`, the paper's text as the book first read it) or
+        "frobenius" (divide by `||M||_F`: the paper's `||.||_2` at l.1034 and the authors' code,
+        `matrix_rank(M / ||M||_F, tol=eps)`).
+    fro : Frobenius norms `(...)` computed from the matrices (more accurate than `||s||` for float32 `s`).
+
+    Returns
+    -------
+    Integer tensor `(...)`; 0 where the norm is 0 (a zero matrix).
+    """
+    check_choice(scale, "scale", {"spectral", "frobenius"})
+    if scale == "spectral":
+        norm = s[..., 0]
+    else:
+        norm = torch.linalg.vector_norm(s, dim=-1) if fro is None else fro.to(s.dtype)
+    rank = (s > eps * norm.unsqueeze(-1)).sum(-1)
+    return torch.where(norm > 0, rank, 0)
+
+
+def numerical_rank(M, eps: float = 1e-3, scale: str = "spectral", *, dtype=torch.float64):
+    """Number of singular values of `M / ||M||` above `eps` (`rank_from_singular_values`).
+
+    scale="spectral" divides by the largest singular value; scale="frobenius" divides by the
+    Frobenius norm (the paper's `||.||_2`, l.1034, and the authors' public code, which calls
+    `torch.linalg.matrix_rank(M / ||M||_F, tol=eps)`). Scale-free: right for any finite `M`, 1e308 or
+    1e-310 everywhere included. A zero matrix raises.
     """
     if not eps > 0:
         raise ValueError(f"eps must be positive, got {eps}")
     check_choice(scale, "scale", {"spectral", "frobenius"})
-    s = singular_values(M, dtype=dtype)
-    top, fro = _top_and_fro(s)
-    norm = top if scale == "spectral" else fro
-    rank = (s > eps * norm.unsqueeze(-1)).sum(-1)
-    return _out(rank, s.ndim == 1)
+    s = _scale_free_singular_values(M, dtype)
+    _top_and_fro(s)
+    return _out(rank_from_singular_values(s, eps, scale), s.ndim == 1)
+
+
+def spectrum_stats(s: torch.Tensor, eps: float, fro: torch.Tensor | None = None) -> dict:
+    """The per-matrix record of the training monitors, from singular values `s` (..., r), descending.
+
+    Parameters
+    ----------
+    s : singular values (cast to float64).
+    eps : rank threshold.
+    fro : Frobenius norms computed from the matrices in float64 (more accurate than `||s||` when `s`
+        is float32); by default `||s||`.
+
+    Returns
+    -------
+    `{"rank": spectral-normalised count, "rank_frobenius": Frobenius-normalised count, "stable_rank":
+    ||M||_F^2 / ||M||_2^2, "weight_norm": ||M||_F, "spectral_norm": ||M||_2}`, tensors `(...)`. A zero
+    matrix (weights decayed to zero) has rank 0 and a NaN stable rank.
+    """
+    s = s.double()
+    top = s[..., 0]
+    fro = torch.linalg.vector_norm(s, dim=-1) if fro is None else fro.double()
+    safe_top = torch.where(top > 0, top, torch.ones_like(top))
+    stable = torch.where(top > 0, fro**2 / safe_top**2, torch.full_like(top, math.nan))
+    return {"rank": rank_from_singular_values(s, eps, "spectral"),
+            "rank_frobenius": rank_from_singular_values(s, eps, "frobenius", fro=fro),
+            "stable_rank": stable, "weight_norm": fro, "spectral_norm": top}
 
 
 def stable_rank(M, *, dtype=torch.float64):
-    """`||M||_F^2 / ||M||_2^2`."""
-    s = singular_values(M, dtype=dtype)
+    """`||M||_F^2 / ||M||_2^2` (scale-free: finite for any finite non-zero `M`)."""
+    s = _scale_free_singular_values(M, dtype)
     top, fro = _top_and_fro(s)
     return _out(fro**2 / top**2, s.ndim == 1)
 
 
 def effective_rank(M, *, dtype=torch.float64):
     """Roy and Vetterli's effective rank: `exp(H(p))` with `p = s / sum(s)` and `0 log 0 = 0`."""
-    s = singular_values(M, dtype=dtype)
+    s = _scale_free_singular_values(M, dtype)
     _top_and_fro(s)
     p = s / s.sum(-1, keepdim=True)
     plogp = torch.where(p > 0, p * torch.log(torch.where(p > 0, p, 1.0)), 0.0)
@@ -146,13 +220,29 @@ def alignment(u, v):
     return _out(cos.clamp(max=1.0), cos.ndim == 0)
 
 
-def _orthonormal_basis(A: torch.Tensor, name: str) -> torch.Tensor:
+def orthonormal_basis(A, name: str = "A") -> torch.Tensor:
+    """An orthonormal basis of the column space of `A` (d x k), as the columns of a d x r matrix.
+
+    Parameters
+    ----------
+    A : matrix (d x k), NumPy or torch; computed in float64.
+    name : how errors call `A`.
+
+    Returns
+    -------
+    The left singular vectors of `A` whose singular values exceed `s_1 max(d, k) eps_mach` (the
+    numerical-rank cut of LAPACK's `matrix_rank`), d x r. Raises ValueError for a zero matrix.
+    """
+    A = _matrix(A, name)
     U, s, _ = torch.linalg.svd(A, full_matrices=False)
     tol = s[0] * max(A.shape) * torch.finfo(A.dtype).eps if s.numel() else 0
     r = int((s > tol).sum())
     if r == 0:
         raise ValueError(f"{name} has no column space (zero matrix)")
     return U[:, :r]
+
+
+_orthonormal_basis = orthonormal_basis  # the former private name
 
 
 def principal_angles(A, B) -> torch.Tensor:

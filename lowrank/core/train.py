@@ -5,8 +5,8 @@ The optimiser is PyTorch's SGD written out (so that K models of the same shape t
     g = grad L_batch(W) + weight_decay * W,   buf = momentum * buf + g,   W <- W - lr * buf,
 
 with coupled weight decay on every parameter (PyTorch's convention; the paper's `lambda` in
-`L + lambda ||W||^2` is `weight_decay / 2`) and the learning rate multiplied by `gamma` at each epoch
-in `milestones`. The loss is cross-entropy ("ce") or the mean squared error to one-hot targets
+`L + lambda ||W||^2` is `weight_decay / 2`) and the learning rate multiplied by `lr_decay` at each
+epoch in `milestones` (`lr_at`). The loss is cross-entropy ("ce") or the mean squared error to one-hot targets
 ("mse", averaged over samples and classes as `torch.nn.MSELoss`). Each epoch uses
 `floor(N / batch_size)` batches of a fresh permutation (the last incomplete batch is dropped, so
 every step sees exactly `batch_size` samples).
@@ -19,9 +19,14 @@ order, augmentation), learning rate, weight decay and momentum; BatchNorm runnin
 stacked buffers, so each member keeps its own. `sweep` groups a grid of runs by batch size and
 trains each group as one ensemble.
 
+The loop (`train_ensemble`) is a few dozen lines over named pieces: `TrainConfig` (the settings shared
+by the members), `EnsembleState` (everything that evolves; also the checkpoint payload), `_Forward`
+(the members' forward passes), `_sgd_epoch` (one epoch of steps), `_evaluate` and `_monitor`.
+
 Monitors, at epoch 0 (initialisation) and after every epoch, for every weight matrix the model lists
-(`model.weight_matrices()`): numerical rank under both conventions (`rank`: singular values of
-`M/||M||_2` above `eps`, the paper's text; `rank_frobenius`: of `M/||M||_F`, the authors' code),
+(`model.weight_matrices()`), by `lowrank.core.spectral.spectrum_stats`: numerical rank under both
+conventions (`rank_frobenius`: singular values of `M/||M||_F` above `eps`, the paper's `||.||_2` (l.1034)
+and the authors' code; `rank`: of `M/||M||_2`, spectral-normalised),
 stable rank, Frobenius and spectral norms, the distance to the previous epoch `dist = ||W_e - W_{e-1}||_F`
 (the paper) and `dist_rel = dist / ||W_{e-1}||_F` (the authors' code), and per run the train / test
 loss and accuracy (evaluation mode). The result is a tidy pandas table, one row per run, epoch and
@@ -35,11 +40,14 @@ measured before are kept and `table.attrs["diverged"]` says where it happened.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import hashlib
 import json
 import math
 import os
 import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -50,29 +58,29 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from lowrank.core.validation import check_choice
-from lowrank.core.datasets import Dataset
-from lowrank.core.spectral import monitor_dtype, singular_values_by_shape
+from lowrank.core.datasets import DEFAULT_DATA_ROOT, Dataset
+from lowrank.core.spectral import monitor_dtype, singular_values_by_shape, spectrum_stats
 
 __all__ = [
     "LOSSES",
     "loss_value",
     "member_losses",
     "lr_at",
-    "spectrum_stats",
+    "TrainConfig",
+    "EnsembleState",
     "train_ensemble",
     "train",
     "train_point",
     "train_points",
     "ENSEMBLE_KEYS",
     "sweep",
-    "average_rank",
-    "final_values",
     "augment_images",
 ]
 
 LOSSES = frozenset({"ce", "mse"})
 RUN_KEYS = ("lr", "weight_decay", "momentum", "seed")
-CHECKPOINT_FORMAT = 2  # 2: per-member augmentation generators, float32 distance snapshots
+CHECKPOINT_FORMAT = 4  # 4: identity with model, data split, settings, code; 3: EnsembleState payload,
+# lr_decay; 2: per-member augmentation generators
 
 
 def loss_value(logits: torch.Tensor, y: torch.Tensor, loss: str) -> torch.Tensor:
@@ -94,32 +102,13 @@ def member_losses(logits: torch.Tensor, y: torch.Tensor, loss: str) -> torch.Ten
     return (logits - target).square().mean((1, 2))
 
 
-def lr_at(lr0: float, epoch: int, milestones=(), gamma: float = 0.1) -> float:
-    """Learning rate during epoch `epoch` (1-based): `lr0 * gamma^(number of milestones < epoch)`.
+def lr_at(lr0, epoch: int, milestones=(), lr_decay: float = 0.1):
+    """Learning rate during epoch `epoch` (1-based): `lr0 * lr_decay^(number of milestones < epoch)`.
 
     As `torch.optim.lr_scheduler.MultiStepLR` stepped once per epoch: with milestone 60 the rate
-    drops from epoch 61 on (after 60 epochs).
+    drops from epoch 61 on (after 60 epochs). `lr0` may be a number or a tensor (one per member).
     """
-    return lr0 * gamma ** sum(1 for m in milestones if epoch > m)
-
-
-def spectrum_stats(s: torch.Tensor, eps: float, fro: torch.Tensor | None = None) -> dict:
-    """Rank-like quantities from singular values `s` (..., r), descending.
-
-    Equal to `lowrank.core.spectral.numerical_rank(M, eps, scale=...)` and `stable_rank(M)`; a zero
-    matrix (weights decayed to zero) has rank 0 and an undefined (NaN) stable rank. `fro`: the
-    Frobenius norms computed from the matrices (in float64), more accurate than `||s||` when `s`
-    is float32; by default `||s||`.
-    """
-    s = s.double()
-    top = s[..., 0]
-    fro = torch.linalg.vector_norm(s, dim=-1) if fro is None else fro.double()
-    safe_top = torch.where(top > 0, top, torch.ones_like(top))
-    rank = (s > eps * top.unsqueeze(-1)).sum(-1)
-    rank_f = (s > eps * fro.unsqueeze(-1)).sum(-1)
-    stable = torch.where(top > 0, fro**2 / safe_top**2, torch.full_like(top, math.nan))
-    return {"rank": torch.where(top > 0, rank, 0), "rank_frobenius": torch.where(fro > 0, rank_f, 0),
-            "stable_rank": stable, "weight_norm": fro, "spectral_norm": top}
+    return lr0 * lr_decay ** sum(1 for m in milestones if epoch > m)
 
 
 def augment_images(x: torch.Tensor, generator: torch.Generator, *, padding: int = 4, flip: bool = True,
@@ -178,275 +167,441 @@ def _normalise_runs(runs) -> list[dict]:
     return out
 
 
-def _check_data(data: Dataset):
+def _check_data(data: Dataset, batch_size: int):
     if not isinstance(data, Dataset):
         raise ValueError(f"data must be a lowrank.core.datasets.Dataset, got {type(data).__name__}")
     if data.y_train.min() < 0:
         raise ValueError("labels must be class indices 0..C-1 (got negative labels; binary ±1 data needs remapping)")
+    if batch_size > data.x_train.shape[0]:
+        raise ValueError(f"batch_size={batch_size} is larger than the training set ({data.x_train.shape[0]} samples)")
 
 
 def _broadcast(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return v.reshape(-1, *([1] * (like.ndim - 1)))
 
 
-def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, *, batch_size: int, epochs: int,
-                   loss: str = "ce", milestones=(), gamma: float = 0.1, eps: float = 1e-3, eval_batch: int | None = None,
-                   augment: Callable | None = None, progress: bool = True, device=None,
-                   desc: str | None = None, run_offset: int = 0, extra: dict | None = None,
-                   checkpoint=None, checkpoint_every: int = 1, eval_every: int = 1,
-                   mixed_precision: bool = False) -> pd.DataFrame:
-    """Train `len(runs)` models `model_fn()` at once; return the tidy monitor table.
+@dataclass(frozen=True)
+class TrainConfig:
+    """The settings an ensemble's members share (each member's `lr`, `weight_decay`, `momentum` and
+    `seed` are in its run dict).
 
-    `runs`: list of dicts with `lr` and optionally `weight_decay`, `momentum`, `seed` (default: its
-    index), plus any other keys (kept as columns, e.g. a label). `model_fn` is called once per run
-    after `torch.manual_seed(seed)`, so the seed fixes the initialisation; it also fixes the batch
-    order. `augment(x, generator)` optionally transforms each training batch (paper-scale images).
-    `extra` adds constant columns (e.g. the model's name).
-
-    `checkpoint`: a file path. Every `checkpoint_every` epochs the whole state (weights, BatchNorm
-    buffers, momentum, the batch-order generators, the monitors so far) is written there atomically;
-    if the file exists when training starts, training resumes after its epoch and ends exactly as an
-    uninterrupted run would (the same runs and batch size are required; `epochs` may be larger).
-
-    `eval_batch`: samples per member per evaluation chunk (default: about 8192 / K).
-    `eval_every`: the train/test loss and accuracy (a forward pass over both sets, the costly part of
-    the monitors) are measured at epoch 0, every `eval_every` epochs and after the last one; NaN in
-    between. Ranks, norms and distances are measured after every epoch.
-
-    `mixed_precision`: the training forward and backward passes run in bfloat16 autocast (for GPUs);
-    the weights, the optimiser, the loss and every monitor (evaluation, singular values, norms)
-    stay in float32, so the measured ranks are not rounded to bfloat16's 3 significant digits.
+    Parameters
+    ----------
+    batch_size : samples per step, B; the last incomplete batch of an epoch is dropped.
+    epochs : passes over the training set.
+    loss : "ce" (cross-entropy) or "mse" (mean squared error to one-hot targets, averaged over
+        samples and classes).
+    milestones, lr_decay : the learning rate is multiplied by `lr_decay` after each epoch in
+        `milestones` (`lr_at`; the paper's text says 0.1 at l.1290, the authors' code uses 0.2).
+    eps : rank threshold of the monitors (both normalisations are recorded).
+    eval_every : train / test loss and accuracy at epoch 0, every `eval_every` epochs and after the
+        last (NaN in between); ranks, norms and distances after every epoch.
+    eval_batch : samples per member per evaluation chunk (default about 8192 / K).
+    augment : `augment(x, generator)` transforms each member's training batch, or None.
+    mixed_precision : training forward / backward in bfloat16 autocast; weights, optimiser, loss
+        and every monitor stay in float32.
+    checkpoint, checkpoint_every : a file the whole `EnsembleState` is written to atomically every
+        `checkpoint_every` epochs; an existing file is resumed from (same runs and batch size).
+    device : torch device (default `lowrank.core.device.get_device()`).
+    progress, desc : a tqdm bar and its label.
+    run_offset : added to the `run` column (several ensembles in one table).
+    extra : constant columns added to every row (e.g. the model's name).
     """
-    runs = _normalise_runs(runs)
-    _check_positive_int(checkpoint_every, "checkpoint_every")
-    _check_positive_int(eval_every, "eval_every")
-    if eval_batch is not None:
-        _check_positive_int(eval_batch, "eval_batch")
-    _check_positive_int(batch_size, "batch_size")
-    _check_positive_int(epochs, "epochs")
-    check_choice(loss, "loss", LOSSES)
-    if not eps > 0:
-        raise ValueError(f"eps must be positive, got {eps}")
-    _check_data(data)
-    n_train = data.x_train.shape[0]
-    if batch_size > n_train:
-        raise ValueError(f"batch_size={batch_size} is larger than the training set ({n_train} samples)")
-    from lowrank.core.device import get_device
 
-    dev = torch.device(device) if device is not None else get_device()
-    K = len(runs)
+    batch_size: int
+    epochs: int
+    loss: str = "ce"
+    milestones: tuple = ()
+    lr_decay: float = 0.1
+    eps: float = 1e-3
+    eval_every: int = 1
+    eval_batch: int | None = None
+    augment: Callable | None = None
+    mixed_precision: bool = False
+    checkpoint: str | Path | None = None
+    checkpoint_every: int = 1
+    device: object = None
+    progress: bool = True
+    desc: str | None = None
+    run_offset: int = 0
+    extra: dict | None = None
+
+    def __post_init__(self):
+        for name in ("batch_size", "epochs", "eval_every", "checkpoint_every"):
+            _check_positive_int(getattr(self, name), name)
+        if self.eval_batch is not None:
+            _check_positive_int(self.eval_batch, "eval_batch")
+        check_choice(self.loss, "loss", LOSSES)
+        if not self.eps > 0:
+            raise ValueError(f"eps must be positive, got {self.eps}")
+        if not self.lr_decay > 0:
+            raise ValueError(f"lr_decay must be positive, got {self.lr_decay}")
+        object.__setattr__(self, "milestones", tuple(self.milestones))
+
+
+@dataclass
+class EnsembleState:
+    """Everything that evolves while K members train; its `payload()` is the checkpoint.
+
+    params, buffers, mom_buf : stacked `(K, ...)` parameters, BatchNorm buffers, momentum buffers.
+    batch_generators, augment_generators : each member's batch-order and augmentation generators.
+    alive : members still training; diverged : `{run: {epoch, reason, ...}}` of those stopped.
+    prev : `{layer: (matrices, Frobenius norms)}` of the last monitor, for `dist`.
+    rows : the monitor table so far; epoch : epochs done.
+    """
+
+    params: dict
+    buffers: dict
+    mom_buf: dict
+    batch_generators: list
+    augment_generators: list
+    alive: np.ndarray
+    diverged: dict = field(default_factory=dict)
+    prev: dict = field(default_factory=dict)
+    rows: list = field(default_factory=list)
+    epoch: int = 0
+
+    TENSORS = ("params", "buffers", "mom_buf")
+
+    @classmethod
+    def start(cls, models, runs, dev) -> "EnsembleState":
+        params, buffers = stack_module_state(models)
+        params = {k: v.detach().clone() for k, v in params.items()}
+        return cls(params, {k: v.clone() for k, v in buffers.items()}, {k: torch.zeros_like(v) for k, v in params.items()},
+                   [torch.Generator().manual_seed(10_007 * int(r["seed"]) + 17) for r in runs],
+                   # each member's augmentation draws from its own generator on the data's device
+                   [torch.Generator(device=dev).manual_seed(10_007 * int(r["seed"]) + 29) for r in runs],
+                   np.ones(len(runs), dtype=bool))
+
+    def payload(self) -> dict:
+        return {**{g: {k: v.detach().cpu() for k, v in getattr(self, g).items()} for g in self.TENSORS},
+                "generators": [g.get_state() for g in self.batch_generators],
+                "augment_generators": [g.get_state() for g in self.augment_generators],
+                "torch_rng": torch.get_rng_state(), "alive": self.alive.copy(), "diverged": dict(self.diverged),
+                "prev": {k: tuple(t.cpu() for t in v) for k, v in self.prev.items()}, "rows": list(self.rows),
+                "epoch": self.epoch}
+
+    def restore(self, saved: dict, dev):
+        for group in self.TENSORS:
+            for k, v in getattr(self, group).items():
+                v.copy_(saved[group][k])  # in place: the step's tensor lists point at these
+        for g, st in zip(self.batch_generators + self.augment_generators, saved["generators"] + saved["augment_generators"]):
+            g.set_state(st)
+        torch.set_rng_state(saved["torch_rng"])  # dropout draws from the global generator
+        self.alive[:] = saved["alive"]
+        self.diverged.update(saved["diverged"])
+        self.prev.update({k: tuple(t.to(dev) for t in v) for k, v in saved["prev"].items()})
+        self.rows.extend(saved["rows"])
+        self.epoch = saved["epoch"]
+
+
+class _Forward:
+    """The members' forward passes from stacked parameters: `train(p, b, x)` on (K, n, ...) batches,
+    `eval(p, b, x)` on a batch shared by all members; and their per-member gradients."""
+
+    def __init__(self, base: nn.Module, has_dropout: bool, loss: str, dev, mixed_precision: bool):
+        self.base, self.loss, self.dev, self.mixed_precision = base, loss, dev, mixed_precision
+        if hasattr(base, "forward_stacked"):  # batched products, far less dispatch than vmap (nets.mlp)
+            self.train = lambda p, b, x: base.forward_stacked(p, b, x)
+            self.eval = lambda p, b, x: base.forward_stacked(p, b, x, shared=True)
+        else:
+            def forward(p, b, x):
+                return functional_call(base, (p, b), (x,))
+
+            self.train = vmap(forward, in_dims=(0, 0, 0), randomness="different" if has_dropout else "error")
+            self.eval = vmap(forward, in_dims=(0, 0, None))
+
+    def gradients(self, params, buffers, x, y):
+        """Each member's gradient of its own batch loss, and the losses (K,)."""
+        # members are independent, so the gradient of the sum of their losses is each member's own
+        # gradient; reverse-mode autograd through the batched forward is faster than vmap(grad(.)).
+        names = list(params)
+        leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+        with torch.autocast(self.dev.type, dtype=torch.bfloat16, enabled=self.mixed_precision):
+            logits = self.train(leaves, buffers, x)
+        losses = member_losses(logits.float(), y, self.loss)
+        grads = torch.autograd.grad(losses.sum(), [leaves[k] for k in names], allow_unused=True)
+        return [torch.zeros_like(params[k]) if g is None else g for k, g in zip(names, grads)], losses.detach()
+
+
+def _evaluate(fwd: _Forward, state: EnsembleState, x, y, chunk: int):
+    """Mean loss and accuracy of each member on `(x, y)` in evaluation mode, as numpy arrays (K,)."""
+    K = len(state.alive)
+    fwd.base.eval()
+    tot_loss = torch.zeros(K, device=x.device, dtype=torch.float64)
+    correct = torch.zeros(K, device=x.device, dtype=torch.float64)
+    with torch.no_grad():
+        for i in range(0, x.shape[0], chunk):
+            xb, yb = x[i:i + chunk], y[i:i + chunk]
+            out = fwd.eval(state.params, state.buffers, xb)  # K x n x C
+            tot_loss += member_losses(out, yb.expand(K, -1), fwd.loss).double() * xb.shape[0]
+            correct += (out.argmax(-1) == yb).double().sum(-1)
+    return (tot_loss / x.shape[0]).cpu().numpy(), (correct / x.shape[0]).cpu().numpy()
+
+
+def _weight_stats(base: nn.Module, state: EnsembleState, eps: float) -> list[dict]:
+    """Per weight matrix (`base.weight_matrices`), numpy arrays over the K members: the spectral
+    record (`spectrum_stats`) and the distance to the last call's matrices."""
+    K = len(state.alive)
+    weights = base.weight_matrices(state.params)
+    mats = [torch.nan_to_num(w.matrix, nan=0.0, posinf=0.0, neginf=0.0).to(monitor_dtype(eps)) for w in weights]
+    out = []
+    for w, M, s in zip(weights, mats, singular_values_by_shape(mats)):
+        fro = torch.linalg.vector_norm(M.reshape(K, -1), dim=-1, dtype=torch.float64)
+        st = spectrum_stats(s, eps, fro=fro)
+        dist = dist_rel = np.full(K, math.nan)
+        if w.name in state.prev:
+            before, pfro = state.prev[w.name]
+            d = torch.linalg.vector_norm((M - before).reshape(K, -1), dim=-1, dtype=torch.float64)
+            dist = d.cpu().numpy()
+            dist_rel = torch.where(pfro > 0, d / torch.where(pfro > 0, pfro, 1.0), math.nan).cpu().numpy()
+        state.prev[w.name] = (M, fro)  # nan_to_num made M a copy
+        out.append({k: v.cpu().numpy() for k, v in st.items()} | {"dist": dist, "dist_rel": dist_rel,
+                                                                   "shape": f"{M.shape[1]}x{M.shape[2]}"})
+    return out
+
+
+MONITOR_COLUMNS = ("rank", "rank_frobenius", "stable_rank", "weight_norm", "spectral_norm", "dist", "dist_rel")
+
+
+def _stop(state: EnsembleState, runs, cfg: TrainConfig, k: int, epoch: int, why: str):
+    state.alive[k] = False
+    run = cfg.run_offset + int(k)
+    state.diverged[run] = {"epoch": epoch, "reason": why, **{key: runs[k][key] for key in RUN_KEYS}}
+    warnings.warn(f"run {run} (lr={runs[k]['lr']}, weight_decay={runs[k]['weight_decay']}, "
+                  f"batch_size={cfg.batch_size}) diverged in epoch {epoch}: {why}. It is stopped; the "
+                  f"{epoch if epoch else 0} epoch(s) measured before are kept.", RuntimeWarning, stacklevel=4)
+
+
+def _monitor(ctx: dict, state: EnsembleState, epoch: int, lr_now: np.ndarray):
+    """Evaluate (when due), stop members whose loss or weights are not finite, append the rows."""
+    cfg, runs, K, seconds = ctx["cfg"], ctx["runs"], len(state.alive), ctx["seconds"]
+    evaluated = epoch % cfg.eval_every == 0 or epoch == cfg.epochs
+    tr_loss = tr_acc = te_loss = te_acc = np.full(K, math.nan)
+    if evaluated:
+        t0 = time.perf_counter()
+        tr_loss, tr_acc = _evaluate(ctx["fwd"], state, *ctx["train_xy"], ctx["chunk"])
+        te_loss, te_acc = _evaluate(ctx["fwd"], state, *ctx["test_xy"], ctx["chunk"])
+        seconds["evaluate"] += time.perf_counter() - t0
+    specs = ctx["specs"]
+    finite = torch.stack([torch.isfinite(state.params[n].reshape(K, -1)).all(1) for n, _ in specs]).all(0)
+    for k in np.flatnonzero(state.alive & (~finite.cpu().numpy() | (evaluated & ~np.isfinite(tr_loss)))):
+        _stop(state, runs, cfg, k, epoch, f"train loss {tr_loss[k]:.3g} or non-finite weights after the epoch")
+    t0 = time.perf_counter()
+    stats = _weight_stats(ctx["fwd"].base, state, cfg.eps)
+    seconds["track_ranks"] += time.perf_counter() - t0
+    base_row = {"batch_size": cfg.batch_size, "loss": cfg.loss, **(cfg.extra or {})}
+    for li, ((name, classifier), st) in enumerate(zip(specs, stats)):
+        for k in np.flatnonzero(state.alive):
+            state.rows.append({"run": cfg.run_offset + int(k), **ctx["run_cols"][k], **base_row, "epoch": epoch,
+                               "lr": float(lr_now[k]), "layer": name, "layer_index": li, "classifier": classifier,
+                               "shape": st["shape"], "rank": int(st["rank"][k]),
+                               "rank_frobenius": int(st["rank_frobenius"][k]),
+                               **{c: float(st[c][k]) for c in MONITOR_COLUMNS[2:]},
+                               "train_loss": float(tr_loss[k]), "train_acc": float(tr_acc[k]),
+                               "test_loss": float(te_loss[k]), "test_acc": float(te_acc[k])})
+
+
+def _sgd_epoch(ctx: dict, state: EnsembleState, lr: torch.Tensor):
+    """One epoch of PyTorch's SGD for every member still alive: `buf = m buf + (g + wd p); p -= lr buf`."""
+    cfg, fwd, (x_tr, y_tr) = ctx["cfg"], ctx["fwd"], ctx["train_xy"]
+    K, B, n_train = len(state.alive), cfg.batch_size, x_tr.shape[0]
+    names = list(state.params)
+    plist, bufs = [state.params[k] for k in names], [state.mom_buf[k] for k in names]
+    wd_b = [_broadcast(ctx["wd"], p) for p in plist]
+    mom_b = [_broadcast(ctx["mom"], p) for p in plist]
+    perms = torch.stack([torch.randperm(n_train, generator=g) for g in state.batch_generators]).to(x_tr.device)
+    alive_t = torch.as_tensor(state.alive, device=x_tr.device)
+    neg_lr = [_broadcast(-(lr * alive_t), p) for p in plist]  # stopped runs take no steps
+    finite = torch.ones(K, dtype=torch.bool, device=x_tr.device)
+    fwd.base.train()
+    for s in range(n_train // B):
+        idx = perms[:, s * B:(s + 1) * B]
+        xb, yb = x_tr[idx], y_tr[idx]
+        if cfg.augment is not None:
+            xb = torch.stack([cfg.augment(xb[k], state.augment_generators[k]) for k in range(K)])
+        g, losses = fwd.gradients(state.params, state.buffers, xb, yb)
+        # checked once per epoch, not per step (a per-step check would wait for the GPU); members
+        # never mix, so a diverging one harms no other
+        finite &= torch.isfinite(losses)
+        with torch.no_grad():
+            torch._foreach_mul_(bufs, mom_b)
+            torch._foreach_add_(bufs, g)
+            torch._foreach_addcmul_(bufs, plist, wd_b)
+            torch._foreach_addcmul_(plist, bufs, neg_lr)
+    return finite.cpu().numpy()
+
+
+def _tensor_digest(*tensors) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().cpu().contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.numpy().tobytes() if t.dtype != torch.bfloat16 else t.float().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _code_digest() -> str:
+    """Hash of the shared layer's source (`lowrank/core/`: this loop, the nets, the data, spectral)."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    for f in sorted(root.rglob("*.py")):
+        h.update(f.relative_to(root).as_posix().encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _identity(runs, cfg: TrainConfig, model: nn.Module, data: Dataset) -> dict:
+    """What a checkpoint belongs to: the runs, the model (class, parameter and buffer shapes, its
+    name), the data split (hashes of the train and test tensors), the settings that shape the
+    result, and the code (`_code_digest`). Resuming with any of them changed is refused."""
+    shapes = [(k, tuple(v.shape)) for k, v in model.state_dict().items()]
+    return {"runs": runs, "batch_size": cfg.batch_size, "loss": cfg.loss, "milestones": list(cfg.milestones),
+            "lr_decay": cfg.lr_decay, "eps": cfg.eps, "eval_every": cfg.eval_every,
+            "augment": cfg.augment is not None, "mixed_precision": cfg.mixed_precision,
+            "model": {"class": type(model).__name__, "shapes": shapes, "extra": dict(cfg.extra or {})},
+            "data": {"train": _tensor_digest(data.x_train, data.y_train), "test": _tensor_digest(data.x_test, data.y_test)},
+            "code": _code_digest()}
+
+
+def check_checkpoint_path(path) -> None:
+    """Refuse, before any training, a checkpoint path that is a folder or lies in a missing or
+    unwritable folder (training would otherwise fail at the first save, an epoch later)."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"checkpoint {p} is a folder; give a file path")
+    if not p.parent.is_dir():
+        raise ValueError(f"checkpoint {p}: folder {p.parent} does not exist")
+    if not os.access(p.parent, os.W_OK | os.X_OK):
+        raise ValueError(f"checkpoint {p}: folder {p.parent} is not writable")
+
+
+def _load_checkpoint(path: Path, dev) -> dict:
+    """The saved payload, or ValueError naming the file when it cannot be read."""
+    try:
+        saved = torch.load(path, map_location=dev, weights_only=False)
+    except Exception as err:  # pickle, zip and EOF errors of a truncated or foreign file
+        raise ValueError(f"checkpoint {path} is unreadable ({type(err).__name__}: "
+                         f"{' '.join(str(err).split())[:200]}); remove it or pass another path") from None
+    if not isinstance(saved, dict):
+        raise ValueError(f"checkpoint {path} does not hold a lowrank.core.train checkpoint; remove it")
+    return saved
+
+
+def _resume(cfg: TrainConfig, identity: dict, state: EnsembleState, dev) -> bool:
+    """Restore `state` from `cfg.checkpoint` if the file exists; whether it did."""
+    if cfg.checkpoint is None or not Path(cfg.checkpoint).is_file():
+        return False
+    saved = _load_checkpoint(Path(cfg.checkpoint), dev)
+    if saved.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"checkpoint {cfg.checkpoint} was written by another version of lowrank.core.train "
+                         f"(format {saved.get('format')}, this one reads {CHECKPOINT_FORMAT}); remove it")
+    before = saved.get("identity") or {}
+    differ = [k for k in identity if before.get(k) != identity[k]]
+    if differ:
+        what = ", ".join("data split" if k == "data" else k.replace("_", " ") for k in differ)
+        raise ValueError(f"checkpoint {cfg.checkpoint} belongs to other {what}; remove it or pass another path")
+    state.restore(saved, dev)
+    return True
+
+
+def _save(cfg: TrainConfig, identity: dict, state: EnsembleState):
+    path = Path(cfg.checkpoint)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        torch.save({"format": CHECKPOINT_FORMAT, "identity": identity, **state.payload()}, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _build_members(model_fn, runs, dev):
+    """The K models (member k built after `torch.manual_seed(seed_k)`), a meta-device copy that
+    carries the architecture, and its `weight_specs()`."""
     models = []
     for r in runs:
         torch.manual_seed(int(r["seed"]))
         models.append(model_fn().to(dev))
-    base = copy.deepcopy(models[0]).to("meta")
-    if not hasattr(models[0], "weight_matrices"):
-        raise ValueError("model_fn() must return a network with weight_matrices() (see lowrank.core.nets)")
-    specs = models[0].weight_specs()
+    if not hasattr(models[0], "weight_specs"):
+        raise ValueError(f"model_fn() returned a {type(models[0]).__name__}, which has no weight_specs(): "
+                         "train_ensemble takes the networks of lowrank.core.nets.mlp / conv / vit")
+    return models, copy.deepcopy(models[0]).to("meta"), models[0].weight_specs()
+
+
+def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, config: TrainConfig | None = None,
+                   **options) -> pd.DataFrame:
+    """Train `len(runs)` models `model_fn()` at once; return the tidy monitor table.
+
+    Parameters
+    ----------
+    model_fn : builds one network of `lowrank.core.nets` (with `weight_specs()`); called once per run
+        after `torch.manual_seed(seed)`, so the seed fixes the initialisation (and the batch order).
+    data : a `lowrank.core.datasets.Dataset` with class-index labels.
+    runs : dicts with `lr` and optionally `weight_decay` (PyTorch's coupled decay: the paper's
+        `lambda ||W||^2` is `weight_decay / 2`), `momentum`, `seed` (default: the index), plus any
+        other keys (kept as columns).
+    config : a `TrainConfig`; or its fields as keyword `options` (`batch_size=..., epochs=...`).
+
+    Returns
+    -------
+    One row per run, epoch (0 = initialisation) and weight matrix; `attrs["diverged"]`, `attrs["eps"]`,
+    `attrs["seconds"]` (time in training steps, evaluation, rank tracking).
+    """
+    unknown = sorted(set(options) - {f.name for f in dataclasses.fields(TrainConfig)})
+    if unknown:
+        raise ValueError(f"unknown training options {unknown}; TrainConfig takes "
+                         f"{[f.name for f in dataclasses.fields(TrainConfig)]}")
+    cfg = dataclasses.replace(config, **options) if config is not None else TrainConfig(**options)
+    runs = _normalise_runs(runs)
+    _check_data(data, cfg.batch_size)
+    check_checkpoint_path(cfg.checkpoint)
+    from lowrank.core.device import get_device
+
+    dev = torch.device(cfg.device) if cfg.device is not None else get_device()
+    models, base, specs = _build_members(model_fn, runs, dev)
     has_dropout = any(isinstance(m, nn.Dropout) and m.p > 0 for m in models[0].modules())
-    params, buffers = stack_module_state(models)
-    params = {k: v.detach().clone() for k, v in params.items()}
-    buffers = {k: v.clone() for k, v in buffers.items()}
-    mom_buf = {k: torch.zeros_like(v) for k, v in params.items()}
+    state = EnsembleState.start(models, runs, dev)
+    K = len(runs)
+    ctx = {"cfg": cfg, "runs": runs, "specs": specs, "fwd": _Forward(base, has_dropout, cfg.loss, dev, cfg.mixed_precision),
+           "train_xy": (data.x_train.to(dev), data.y_train.to(dev)), "test_xy": (data.x_test.to(dev), data.y_test.to(dev)),
+           # evaluation chunks of about 8192 member-samples: large enough for efficient products, small
+           # enough that the activations stay in cache (K=16 on 1437 samples at once was 1.8x slower)
+           "chunk": cfg.eval_batch or max(256, 8192 // K),
+           "wd": torch.tensor([float(r["weight_decay"]) for r in runs], device=dev),
+           "mom": torch.tensor([float(r["momentum"]) for r in runs], device=dev),
+           "run_cols": [{k: v for k, v in r.items() if k != "lr"} | {"lr0": float(r["lr"])} for r in runs],
+           "seconds": {"train": 0.0, "evaluate": 0.0, "track_ranks": 0.0}}
     lr0 = torch.tensor([float(r["lr"]) for r in runs], device=dev)
-    wd = torch.tensor([float(r["weight_decay"]) for r in runs], device=dev)
-    mom = torch.tensor([float(r["momentum"]) for r in runs], device=dev)
-    gens = [torch.Generator().manual_seed(10_007 * int(r["seed"]) + 17) for r in runs]
-    # each member's augmentation draws from its own generator on the data's device
-    aug_gens = [torch.Generator(device=dev).manual_seed(10_007 * int(r["seed"]) + 29) for r in runs]
-    x_tr, y_tr = data.x_train.to(dev), data.y_train.to(dev)
-    x_te, y_te = data.x_test.to(dev), data.y_test.to(dev)
-
-    if hasattr(base, "forward_stacked"):  # batched products, far less dispatch than vmap (lowrank.core.nets.mlp)
-        def member_logits(p, b, x):
-            return base.forward_stacked(p, b, x)
-
-        def eval_logits(p, b, x):
-            return base.forward_stacked(p, b, x, shared=True)
-    else:
-        def forward(p, b, x):
-            return functional_call(base, (p, b), (x,))
-
-        member_logits = vmap(forward, in_dims=(0, 0, 0), randomness="different" if has_dropout else "error")
-        eval_logits = vmap(forward, in_dims=(0, 0, None))
-    names = list(params)
-
-    def grad_fn(p, b, x, y):
-        # members are independent, so the gradient of the sum of their losses is each member's own
-        # gradient; reverse-mode autograd through the batched forward is faster than vmap(grad(.)).
-        leaves = {k: v.detach().requires_grad_(True) for k, v in p.items()}
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=mixed_precision):
-            logits = member_logits(leaves, b, x)
-        losses = member_losses(logits.float(), y, loss)
-        grads = torch.autograd.grad(losses.sum(), [leaves[k] for k in names], allow_unused=True)
-        return [torch.zeros_like(p[k]) if g is None else g for k, g in zip(names, grads)], losses.detach()
-
-    # evaluation chunks of about 8192 member-samples: large enough for efficient products, small
-    # enough that the activations stay in cache (K=16 on 1437 samples at once was 1.8x slower)
-    chunk = eval_batch or max(256, 8192 // K)
-
-    def evaluate(x, y):
-        base.eval()
-        tot_loss = torch.zeros(K, device=dev, dtype=torch.float64)
-        correct = torch.zeros(K, device=dev, dtype=torch.float64)
-        with torch.no_grad():
-            for i in range(0, x.shape[0], chunk):
-                xb, yb = x[i:i + chunk], y[i:i + chunk]
-                out = eval_logits(params, buffers, xb)  # K x n x C
-                tot_loss += member_losses(out, yb.expand(K, -1), loss).double() * xb.shape[0]
-                correct += (out.argmax(-1) == yb).double().sum(-1)
-        return (tot_loss / x.shape[0]).cpu().numpy(), (correct / x.shape[0]).cpu().numpy()
-
-    plist = [params[k] for k in names]
-    bufs = [mom_buf[k] for k in names]
-    wd_b = [_broadcast(wd, params[k]) for k in names]
-    mom_b = [_broadcast(mom, params[k]) for k in names]
-    alive = np.ones(K, dtype=bool)
-    diverged: dict = {}
-    prev: dict = {}
-    rows: list = []
-    run_cols = [{k: v for k, v in r.items() if k not in ("lr",)} | {"lr0": float(r["lr"])} for r in runs]
-    svd_dtype = monitor_dtype(eps)
-    seconds = {"train": 0.0, "evaluate": 0.0, "track_ranks": 0.0}  # where the time went (table.attrs)
-    nan_k = np.full(K, math.nan)
-
-    def track_ranks() -> list[dict]:
-        """Per weight matrix, numpy arrays over the K members: ranks, norms, distance to the last call."""
-        mats = [params[name].detach().reshape(K, params[name].shape[1], -1) for name, _ in specs]
-        mats = [torch.nan_to_num(M, nan=0.0, posinf=0.0, neginf=0.0).to(svd_dtype) for M in mats]
-        out = []
-        for (name, _), M, s in zip(specs, mats, singular_values_by_shape(mats)):
-            fro = torch.linalg.vector_norm(M.reshape(K, -1), dim=-1, dtype=torch.float64)
-            st = spectrum_stats(s, eps, fro=fro)
-            if name in prev:
-                dist = torch.linalg.vector_norm((M - prev[name][0]).reshape(K, -1), dim=-1, dtype=torch.float64)
-                pfro = prev[name][1]
-                dist_rel = torch.where(pfro > 0, dist / torch.where(pfro > 0, pfro, 1.0), math.nan)
-                dist, dist_rel = dist.cpu().numpy(), dist_rel.cpu().numpy()
-            else:
-                dist = dist_rel = nan_k
-            prev[name] = (M, fro)  # nan_to_num made M a copy
-            out.append({k: v.cpu().numpy() for k, v in st.items()} | {"dist": dist, "dist_rel": dist_rel,
-                                                                       "shape": f"{M.shape[1]}x{M.shape[2]}"})
-        return out
-
-    def monitor(epoch: int, lr_now: np.ndarray):
-        evaluated = epoch % eval_every == 0 or epoch == epochs
-        if evaluated:
-            t0 = time.perf_counter()
-            tr_loss, tr_acc = evaluate(x_tr, y_tr)
-            te_loss, te_acc = evaluate(x_te, y_te)
-            seconds["evaluate"] += time.perf_counter() - t0
-        else:
-            tr_loss = tr_acc = te_loss = te_acc = nan_k
-        finite_weights = torch.stack([torch.isfinite(params[n].reshape(K, -1)).all(1) for n, _ in specs]).all(0)
-        bad = ~finite_weights.cpu().numpy() | (evaluated & ~np.isfinite(tr_loss))
-        for k in np.flatnonzero(alive & bad):
-            _stop(k, epoch, f"train loss {tr_loss[k]:.3g} or non-finite weights after the epoch")
-        base_row = {"batch_size": batch_size, "loss": loss, **(extra or {})}
-        t0 = time.perf_counter()
-        stats = track_ranks()
-        seconds["track_ranks"] += time.perf_counter() - t0
-        for li, ((name, classifier), st) in enumerate(zip(specs, stats)):
-            for k in np.flatnonzero(alive):
-                rows.append({"run": run_offset + int(k), **run_cols[k], **base_row, "epoch": epoch, "lr": float(lr_now[k]),
-                             "layer": name, "layer_index": li, "classifier": classifier, "shape": st["shape"],
-                             "rank": int(st["rank"][k]), "rank_frobenius": int(st["rank_frobenius"][k]),
-                             "stable_rank": float(st["stable_rank"][k]), "weight_norm": float(st["weight_norm"][k]),
-                             "spectral_norm": float(st["spectral_norm"][k]), "dist": float(st["dist"][k]),
-                             "dist_rel": float(st["dist_rel"][k]), "train_loss": float(tr_loss[k]),
-                             "train_acc": float(tr_acc[k]), "test_loss": float(te_loss[k]),
-                             "test_acc": float(te_acc[k])})
-
-    def _stop(k, epoch, why):
-        alive[k] = False
-        diverged[run_offset + int(k)] = {"epoch": epoch, "reason": why, **{key: runs[k][key] for key in RUN_KEYS}}
-        warnings.warn(f"run {run_offset + int(k)} (lr={runs[k]['lr']}, weight_decay={runs[k]['weight_decay']}, "
-                      f"batch_size={batch_size}) diverged in epoch {epoch}: {why}. It is stopped; the "
-                      f"{epoch if epoch else 0} epoch(s) measured before are kept.", RuntimeWarning, stacklevel=3)
-
-    identity = {"runs": runs, "batch_size": batch_size, "loss": loss, "milestones": list(milestones), "gamma": gamma}
-    state_tensors = {"params": params, "buffers": buffers, "mom_buf": mom_buf}
-    start_epoch = 0
-    if checkpoint is not None and Path(checkpoint).is_file():
-        saved = torch.load(checkpoint, map_location=dev, weights_only=False)
-        if saved.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"checkpoint {checkpoint} was written by another version of lowrank.core.train "
-                             f"(format {saved.get('format')}, this one reads {CHECKPOINT_FORMAT}); remove it")
-        if saved["identity"] != identity:
-            raise ValueError(f"checkpoint {checkpoint} belongs to other runs or another batch size; "
-                             "remove it or pass another path")
-        for group, tensors in state_tensors.items():
-            for k, v in tensors.items():
-                v.copy_(saved[group][k])  # in place: the optimiser's lists point at these tensors
-        for g, st in zip(gens + aug_gens, saved["generators"] + saved["augment_generators"]):
-            g.set_state(st)
-        torch.set_rng_state(saved["torch_rng"])  # dropout draws from the global generator
-        alive[:] = saved["alive"]
-        diverged.update(saved["diverged"])
-        prev.update({k: tuple(t.to(dev) for t in v) for k, v in saved["prev"].items()})
-        rows.extend(saved["rows"])
-        start_epoch = saved["epoch"]
-    else:
-        monitor(0, lr0.cpu().numpy())
-
-    def save_checkpoint(epoch):
-        path = Path(checkpoint)
-        tmp = path.with_name(f".{path.name}.tmp")
-        torch.save({"format": CHECKPOINT_FORMAT, "identity": identity, "epoch": epoch, **{g: {k: v.detach().cpu() for k, v in t.items()}
-                    for g, t in state_tensors.items()}, "generators": [g.get_state() for g in gens],
-                    "augment_generators": [g.get_state() for g in aug_gens],
-                    "torch_rng": torch.get_rng_state(),
-                    "alive": alive.copy(), "diverged": dict(diverged), "prev": {k: tuple(t.cpu() for t in v) for k, v in prev.items()},
-                    "rows": list(rows)}, tmp)
-        os.replace(tmp, path)
-
-    steps = n_train // batch_size
+    identity = _identity(runs, cfg, base, data) if cfg.checkpoint is not None else None
+    if not _resume(cfg, identity, state, dev):
+        _monitor(ctx, state, 0, lr0.cpu().numpy())
     bar = None
-    if progress:
+    if cfg.progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=epochs, initial=start_epoch, desc=desc or f"B={batch_size}, {K} run(s)", leave=False)
-    for epoch in range(start_epoch + 1, epochs + 1):
-        if not alive.any():
+        bar = tqdm(total=cfg.epochs, initial=state.epoch, desc=cfg.desc or f"B={cfg.batch_size}, {K} run(s)", leave=False)
+    for epoch in range(state.epoch + 1, cfg.epochs + 1):
+        if not state.alive.any():
             break
-        factor = gamma ** sum(1 for m in milestones if epoch > m)
-        lr = lr0 * factor
-        perms = torch.stack([torch.randperm(n_train, generator=g) for g in gens]).to(dev)
-        alive_t = torch.as_tensor(alive, device=dev)
-        neg_lr = [_broadcast(-(lr * alive_t), v) for v in plist]  # stopped runs take no steps
-        finite = torch.ones(K, dtype=torch.bool, device=dev)
-        base.train()
+        lr = lr_at(lr0, epoch, cfg.milestones, cfg.lr_decay)
         t0 = time.perf_counter()
-        for s in range(steps):
-            idx = perms[:, s * batch_size:(s + 1) * batch_size]
-            xb, yb = x_tr[idx], y_tr[idx]
-            if augment is not None:
-                xb = torch.stack([augment(xb[k], aug_gens[k]) for k in range(K)])
-            g, losses = grad_fn(params, buffers, xb, yb)
-            # checked once per epoch, not per step (a per-step check would wait for the GPU); members
-            # never mix, so a diverging one harms no other
-            finite &= torch.isfinite(losses)
-            with torch.no_grad():
-                # PyTorch's SGD, all parameters at once: buf = m buf + (g + wd p); p -= lr buf
-                torch._foreach_mul_(bufs, mom_b)
-                torch._foreach_add_(bufs, g)
-                torch._foreach_addcmul_(bufs, plist, wd_b)
-                torch._foreach_addcmul_(plist, bufs, neg_lr)
-        for k in np.flatnonzero(alive & ~finite.cpu().numpy()):
-            _stop(k, epoch, "non-finite training loss during the epoch")
-        seconds["train"] += time.perf_counter() - t0
-        monitor(epoch, (lr).cpu().numpy())
-        if checkpoint is not None and (epoch % checkpoint_every == 0 or epoch == epochs):
-            save_checkpoint(epoch)
+        finite = _sgd_epoch(ctx, state, lr)
+        for k in np.flatnonzero(state.alive & ~finite):
+            _stop(state, runs, cfg, k, epoch, "non-finite training loss during the epoch")
+        ctx["seconds"]["train"] += time.perf_counter() - t0
+        _monitor(ctx, state, epoch, lr.cpu().numpy())
+        state.epoch = epoch
+        if cfg.checkpoint is not None and (epoch % cfg.checkpoint_every == 0 or epoch == cfg.epochs):
+            _save(cfg, identity, state)
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
-    table = pd.DataFrame(rows)
-    table.attrs["diverged"] = diverged
-    table.attrs["eps"] = eps
-    table.attrs["seconds"] = seconds
+    table = pd.DataFrame(state.rows)
+    table.attrs.update(diverged=state.diverged, eps=cfg.eps, seconds=ctx["seconds"])
     return table
 
 
@@ -484,8 +639,8 @@ def sweep(model_fn: Callable[[], nn.Module], data: Dataset, grid, *, epochs: int
 
 
 def train_point(*, model: str, dataset: str, batch_size: int, lr: float, epochs: int, weight_decay: float = 0.0,
-                momentum: float = 0.0, milestones=(), gamma: float = 0.1, eps: float = 1e-3, loss: str = "ce",
-                augment: bool = False, seed: int = 0, data_root: str = "", cnn_width: float = 1.0,
+                momentum: float = 0.0, milestones=(), lr_decay: float = 0.1, eps: float = 1e-3, loss: str = "ce",
+                augment: bool = False, seed: int = 0, data_root: str = DEFAULT_DATA_ROOT, cnn_width: float = 1.0,
                 vit_dim: int = 512, vit_depth: int = 6, checkpoint: str = "", checkpoint_every: int = 10,
                 eval_every: int = 1, mixed_precision: bool = False) -> pd.DataFrame:
     """One training run named by plain values (a sweep point, see `lowrank.book.sweeps`): the model by
@@ -536,7 +691,7 @@ def train_points(points: list[dict]) -> list[pd.DataFrame]:
                               vit_depth=shared["vit_depth"])
     augmenter = (lambda x, g: augment_images(x, g)) if shared["augment"] else None
     table = train_ensemble(make, data, members, batch_size=shared["batch_size"], epochs=shared["epochs"],
-                           milestones=list(shared["milestones"]), gamma=shared["gamma"], eps=shared["eps"],
+                           milestones=list(shared["milestones"]), lr_decay=shared["lr_decay"], eps=shared["eps"],
                            loss=shared["loss"], augment=augmenter, progress=False, extra={"model": shared["model"]},
                            checkpoint=checkpoint, checkpoint_every=shared["checkpoint_every"],
                            eval_every=shared["eval_every"], mixed_precision=shared["mixed_precision"])
@@ -546,29 +701,3 @@ def train_points(points: list[dict]) -> list[pd.DataFrame]:
         one.attrs = {**table.attrs, "diverged": {0: v for r, v in table.attrs["diverged"].items() if r == k}}
         out.append(one)
     return out
-
-
-def average_rank(table: pd.DataFrame, *, convention: str = "spectral", include_classifier: bool = True,
-                 by=("run", "epoch")) -> pd.DataFrame:
-    """Average over layers of the numerical rank, one row per `by` (default run and epoch), with the
-    run's other columns (first value) kept. `convention="spectral"` is the paper's text (`rank`);
-    "frobenius" the authors' code (`rank_frobenius`); the code also leaves the classifier out."""
-    check_choice(convention, "convention", {"spectral", "frobenius"})
-    col = "rank" if convention == "spectral" else "rank_frobenius"
-    t = table if include_classifier else table[~table["classifier"]]
-    if t.empty:
-        raise ValueError("no layer left to average (the table is empty or has only the classifier)")
-    by = list(by)
-    keep = [c for c in t.columns if c not in by and c not in ("layer", "layer_index", "classifier", "shape", "rank",
-                                                               "rank_frobenius", "stable_rank", "weight_norm",
-                                                               "spectral_norm", "dist", "dist_rel")]
-    agg = {c: "first" for c in keep}
-    agg |= {col: "mean", "stable_rank": "mean", "dist": "mean", "dist_rel": "mean", "weight_norm": "mean"}
-    out = t.groupby(by, sort=True).agg(agg).reset_index().rename(columns={col: "avg_rank"})
-    return out
-
-
-def final_values(table: pd.DataFrame, **kwargs) -> pd.DataFrame:
-    """`average_rank` at each run's last measured epoch."""
-    avg = average_rank(table, **kwargs)
-    return avg.loc[avg.groupby("run")["epoch"].idxmax()].reset_index(drop=True)

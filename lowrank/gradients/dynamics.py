@@ -2,8 +2,9 @@
 
 The helpers of Part I's pages beyond the decomposition itself (`lowrank.gradients.decomposition`):
 
-- scaling (Prop. 4.1): `term_norms` (spectral norms of `S1, S12, S2, E, G`), `loglog_slope`
-  (least-squares exponent of a power law), `residue_alignment` and `beta_hat` (Assumption 6);
+- scaling (Prop. 4.1): `term_norms` (spectral norms of `S1, S12, S2, E, G`) and `loglog_slope`
+  (least-squares exponent of a power law); Assumption 6's statistic and its beta live in
+  `lowrank.gradients.decomposition` (`residue_alignment`, `residue_alignment_beta`);
 - ReLU (Prop. 3.1): `sigma_perp` and `sigma_perp_norm`, the centred activation derivatives;
 - training (Section 3.4): `gradient_matrix`, `train_weight_normalized` (gradient descent on
   weight-normalised rows with step `1/gamma_m`, recording the gradient's leading left singular
@@ -24,7 +25,7 @@ import torch
 
 from lowrank.core.validation import as_tensor, check_choice, check_positive
 from lowrank.core.data import generator, single_index_target, spiked_gaussian
-from lowrank.gradients.decomposition import Decomposition, loss_function
+from lowrank.gradients.decomposition import Decomposition, loss_function, residue_alignment
 from lowrank.core.nets import activation as get_activation
 from lowrank.core.nets import gamma_m, normalize_rows, outer_weights, sphere_rows, two_layer_forward
 from lowrank.core.spectral import alignment, principal_angles
@@ -33,17 +34,19 @@ __all__ = [
     "SlopeFit",
     "loglog_slope",
     "top_singular_value",
-    "residue_alignment",
-    "beta_hat",
     "term_norms",
     "sigma_perp",
     "sigma_perp_norm",
+    "relu_sign_structure",
+    "GapInterval",
+    "median_gap_interval",
     "gradient_matrix",
     "TrainingRun",
     "train_weight_normalized",
     "weight_angles",
     "scaling_comparison",
     "initial_alignments",
+    "direction_switch",
 ]
 
 
@@ -103,51 +106,17 @@ def loglog_slope(x, y) -> SlopeFit:
     return SlopeFit(float(slope), float(intercept), stderr, int(k))
 
 
-def residue_alignment(z, r) -> float:
-    """`|z^T r| / (sqrt(n) ||r||_2)`, the statistic of Assumption 6 (`Theta(d^(-beta/2))`)."""
-    z = as_tensor(z, "z", min_ndim=1)
-    r = as_tensor(r, "r", min_ndim=1)
-    if z.shape != r.shape or z.ndim != 1:
-        raise ValueError(f"z and r must be vectors of one length, got {tuple(z.shape)} and {tuple(r.shape)}")
-    nr = float(r.norm())
-    if nr == 0:
-        raise ValueError("r is the zero vector: its alignment is undefined")
-    return abs(float(z @ r)) / (math.sqrt(z.shape[0]) * nr)
-
-
-def beta_hat(z, r, d: int) -> float:
-    """Single-sample estimate `-2 log(|z^T r| / (sqrt(n) ||r||)) / log d` of Assumption 6's beta.
-
-    It is noisy: for a residue independent of z, `z^T r / ||r||` is standard normal, so the
-    estimate scatters by about `2 / log d` around 1. Fitting the slope of `residue_alignment`
-    against `d` over several sizes (`loglog_slope`, beta = -2 slope) is the steadier estimate.
-    """
-    if not isinstance(d, int) or d < 2:
-        raise ValueError(f"d must be an integer >= 2, got {d!r}")
-    c = residue_alignment(z, r)
-    if c == 0:
-        raise ValueError("z^T r = 0: beta_hat is infinite")
-    return -2 * math.log(c) / math.log(d)
-
-
 def term_norms(dec: Decomposition, *, data=None) -> dict:
     """Spectral norms of `S1, S12, S2, E` and `G` of one decomposition.
 
-    The three spikes are rank one, so their norms are products of vector norms (exact, no SVD);
-    `E` and `G` take one `svdvals` each. `data` (a `SpikedData`) adds the residue alignment
-    `|z^T r| / (sqrt(n) ||r||)` and `||r|| / sqrt(n)`.
+    The three spikes are rank one, so their norms are products of vector norms (exact, no SVD:
+    `Decomposition.spike_norms`); `E` and `G` take one `top_singular_value` each. `r_rms` is
+    `||r|| / sqrt(n)`; `data` (a `SpikedData`) adds `residue_alignment` `|z^T r| / (sqrt(n) ||r||)`.
     """
     if not isinstance(dec, Decomposition):
         raise TypeError(f"dec must be a gradients.Decomposition, got {type(dec).__name__}")
-
-    def rank_one(M):
-        # M = u v^T: ||M||_2 = ||M||_F
-        return float(torch.linalg.matrix_norm(M, "fro"))
-
     row = {
-        "norm_S1": rank_one(dec.S1),
-        "norm_S12": rank_one(dec.S12),
-        "norm_S2": rank_one(dec.S2),
+        **dec.spike_norms(),
         "norm_E": top_singular_value(dec.E),
         "norm_G": top_singular_value(dec.G),
         "r_rms": float(dec.r.norm()) / math.sqrt(dec.r.shape[0]),
@@ -180,6 +149,78 @@ def sigma_perp_norm(X, W, activation: str, mu=None) -> float:
     """`||sigma'_perp(X W^T)||_2`; Prop. 3.1 makes it `Theta(n)` for ReLU, Theorem 3.1's proof `o(n)`
     for C^2 activations (when `nu < 1/2` and `||W||_2 = Theta(1)`)."""
     return top_singular_value(sigma_perp(X, W, activation, mu))
+
+
+def relu_sign_structure(X, W, z, q) -> dict:
+    """How close ReLU's `sigma'_perp(X W^T)` is to Prop. 3.1's `(1/2) sign(z) sign(W q)^T`.
+
+    Parameters
+    ----------
+    X : n x d inputs (`X = X_B + zeta z q^T`); W : m x d weights; z : (n,) spike coefficients;
+    q : (d,) spike direction.
+
+    Returns
+    -------
+    dict: `align_left` = |cos(u1, sign(z))| and `align_right` = |cos(v1, sign(W q))| for the top
+    singular pair of `sigma'_perp` (dimensionless, in [0, 1]), and `relative_error` =
+    `||sigma'_perp - (1/2) sign(z) sign(Wq)^T||_2 / ||sigma'_perp||_2`.
+    """
+    sp = sigma_perp(X, W, "relu")
+    z = as_tensor(z, "z", min_ndim=1)
+    q = as_tensor(q, "q", min_ndim=1)
+    if z.shape != (sp.shape[0],) or q.shape != (W.shape[1],):
+        raise ValueError(f"z must have {sp.shape[0]} entries and q {W.shape[1]}, got {tuple(z.shape)}, {tuple(q.shape)}")
+    sz, sw = torch.sign(z), torch.sign(as_tensor(W, "W") @ q)
+    U, s, Vh = torch.linalg.svd(sp, full_matrices=False)
+    model = 0.5 * torch.outer(sz, sw)
+    return {"align_left": alignment(U[:, 0], sz), "align_right": alignment(Vh[0], sw),
+            "relative_error": float(torch.linalg.matrix_norm(sp - model, 2) / s[0])}
+
+
+class GapInterval(NamedTuple):
+    """`gap = median(target) - min_k median(others_k)` and its percentile bootstrap interval."""
+
+    gap: float
+    low: float
+    high: float
+    draws: int  # bootstrap resamples
+
+
+def median_gap_interval(groups: Mapping[str, object], target: str, *, level: float = 0.95, draws: int = 2000,
+                        seed: int = 0) -> GapInterval:
+    """How far the median of group `target` lies below the smallest median of the other groups.
+
+    Parameters
+    ----------
+    groups : name -> 1-D values (e.g. a statistic over independent draws, one group per activation).
+    target : the group compared with the others (at least one other group).
+    level : coverage of the percentile bootstrap interval. draws : resamples. seed : of the resampling.
+
+    Returns
+    -------
+    `GapInterval`: the gap `median(target) - min_{k != target} median(k)` (in the units of the values),
+    and the percentile interval of the gap when every group is resampled with replacement
+    independently. An interval wholly below 0 says the target's median is the smallest, resolved at
+    that level.
+    """
+    if target not in groups or len(groups) < 2:
+        raise ValueError(f"groups must hold {target!r} and at least one other group")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    if not isinstance(draws, int) or draws < 10:
+        raise ValueError(f"draws must be an integer >= 10, got {draws!r}")
+    vals = {k: np.asarray(v, dtype=float).ravel() for k, v in groups.items()}
+    if any(v.size == 0 or not np.isfinite(v).all() for v in vals.values()):
+        raise ValueError("every group needs at least one finite value")
+    others = [k for k in vals if k != target]
+
+    def gap(sample):
+        return float(np.median(sample[target]) - min(np.median(sample[k]) for k in others))
+
+    rng = np.random.default_rng(seed)
+    boot = [gap({k: v[rng.integers(0, v.size, v.size)] for k, v in vals.items()}) for _ in range(draws)]
+    low, high = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
+    return GapInterval(gap(vals), float(low), float(high), draws)
 
 
 # ----------------------------------------------------------------------------- training (Sec. 3.4)
@@ -229,32 +270,9 @@ class TrainingRun(NamedTuple):
 NORMALIZATIONS = frozenset({"wn", "projected"})
 
 
-def train_weight_normalized(
-    X,
-    y,
-    W0,
-    a,
-    *,
-    activation: str,
-    gamma: float,
-    steps: int,
-    lr: float | None = None,
-    loss: str = "mse",
-    X_B=None,
-    references: Mapping[str, object] | None = None,
-    top_k: int = 2,
-    snapshot_steps=None,
-    normalization: str = "wn",
-) -> TrainingRun:
-    """Full-batch gradient descent on the inner weights with weight normalisation (Section 3.4).
-
-    The rows of W are kept on the unit sphere (Assumption 3): with normalization="wn" W is
-    parametrised as `w_j = v_j / ||v_j||` (Salimans and Kingma's weight normalisation with the
-    gain fixed to 1) and V takes the gradient steps; with "projected" each step is taken in W and
-    the rows are renormalised. The step size defaults to `1/gamma` (the paper's large step).
-    At every step the gradient `G_t` with respect to W (the matrix the decomposition is about) is
-    recorded through its leading left singular vectors.
-    """
+def _training_inputs(X, y, W0, a, gamma, steps, lr, normalization, activation, top_k, X_B, references,
+                     snapshot_steps):
+    """Validate `train_weight_normalized`'s arguments (one-line errors before any work)."""
     X = as_tensor(X, "X", min_ndim=2)
     n, d = X.shape
     y = as_tensor(y, "y", min_ndim=1)
@@ -274,7 +292,6 @@ def train_weight_normalized(
     check_positive(lr, "lr")
     check_choice(normalization, "normalization", NORMALIZATIONS)
     get_activation(activation)
-    lossf = loss_function(loss)
     if not isinstance(top_k, int) or not 1 <= top_k <= min(d, m):
         raise ValueError(f"top_k must be an integer between 1 and {min(d, m)}, got {top_k!r}")
     if X_B is not None:
@@ -290,7 +307,59 @@ def train_weight_normalized(
     snapshots = set(range(steps + 1)) if snapshot_steps is None else {int(s) for s in snapshot_steps}
     if any(s < 0 or s > steps for s in snapshots):
         raise ValueError(f"snapshot_steps must lie in [0, {steps}], got {sorted(snapshots)}")
+    return X, y, W0, a, lr, X_B, refs, snapshots
 
+
+def _trace_row(t, loss, s, u1, u_init, refs, X_B, r, top_k) -> dict:
+    """One row of a training trace: the loss, the top singular values and u1's alignments."""
+    row = {"step": t, "loss": loss}
+    row.update({f"s{i + 1}": float(s[i]) for i in range(top_k)})
+    for name, v in refs.items():
+        row[f"align_{name}"] = alignment(u1, v)
+    if X_B is not None:
+        res = X_B.T @ r
+        row["align_residue"] = alignment(u1, res) if float(res.norm()) > 0 else float("nan")
+    row["align_initial"] = alignment(u1, u_init)
+    return row
+
+
+def _normalized_step(V, W, grad_W, lr, normalization):
+    """One step on the unit-norm rows: weight normalisation (`w_j = v_j / ||v_j||`, V takes the
+    step, the gradient's radial part removed) or a step in W followed by renormalisation."""
+    if normalization == "wn":
+        norms = V.norm(dim=1, keepdim=True)
+        radial = (grad_W * W).sum(1, keepdim=True) * W
+        return V - lr * (grad_W - radial) / norms
+    return normalize_rows(W - lr * grad_W)
+
+
+def train_weight_normalized(X, y, W0, a, *, activation: str, gamma: float, steps: int, lr: float | None = None,
+                            loss: str = "mse", X_B=None, references: Mapping[str, object] | None = None,
+                            top_k: int = 2, snapshot_steps=None, normalization: str = "wn") -> TrainingRun:
+    """Full-batch gradient descent on the inner weights with weight normalisation (Section 3.4).
+
+    The rows of W are kept on the unit sphere (Assumption 3): with normalization="wn" W is
+    parametrised as `w_j = v_j / ||v_j||` (Salimans and Kingma's weight normalisation with the
+    gain fixed to 1) and V takes the gradient steps; with "projected" each step is taken in W and
+    the rows are renormalised. At every step the gradient `G_t` with respect to W (the matrix the
+    decomposition is about) is recorded through its leading left singular vectors.
+
+    Parameters
+    ----------
+    X : n x d inputs; y : (n,) targets; W0 : m x d initial weights (rows normalised); a : (m,)
+        fixed outer weights. activation : a name of ACTIVATIONS. gamma : gamma_m.
+    steps : number of gradient steps. lr : step size, default `1 / gamma` (the paper's large step).
+    loss : "mse" or "logistic". X_B : n x d bulk inputs, to record `align_residue`.
+    references : name -> (d,) directions whose alignment with u1(G_t) is recorded.
+    top_k : singular pairs recorded. snapshot_steps : steps whose W_t is kept (default all).
+
+    Returns
+    -------
+    `TrainingRun`. Raises FloatingPointError when the weights stop being finite.
+    """
+    X, y, W0, a, lr, X_B, refs, snapshots = _training_inputs(
+        X, y, W0, a, gamma, steps, lr, normalization, activation, top_k, X_B, references, snapshot_steps)
+    lossf = loss_function(loss)
     import pandas as pd
 
     V = W0.clone()
@@ -300,30 +369,14 @@ def train_weight_normalized(
         W = normalize_rows(V)
         G, r, fx = _gradient(X, W, a, y, activation, gamma, loss)
         U, s, _ = torch.linalg.svd(G, full_matrices=False)
-        u1 = U[:, 0]
-        if u_init is None:
-            u_init = u1
-        row = {"step": t, "loss": float(lossf.value(fx, y).mean())}
-        row.update({f"s{i + 1}": float(s[i]) for i in range(top_k)})
-        for name, v in refs.items():
-            row[f"align_{name}"] = alignment(u1, v)
-        if X_B is not None:
-            res = X_B.T @ r
-            row["align_residue"] = alignment(u1, res) if float(res.norm()) > 0 else float("nan")
-        row["align_initial"] = alignment(u1, u_init)
-        rows.append(row)
+        u_init = U[:, 0] if u_init is None else u_init
+        rows.append(_trace_row(t, float(lossf.value(fx, y).mean()), s, U[:, 0], u_init, refs, X_B, r, top_k))
         Us.append(U[:, :top_k].clone())
         if t in snapshots:
             Ws[t] = W.clone()
         if t == steps:
             break
-        grad_W = G.T  # m x d
-        if normalization == "wn":
-            norms = V.norm(dim=1, keepdim=True)
-            radial = (grad_W * W).sum(1, keepdim=True) * W
-            V = V - lr * (grad_W - radial) / norms
-        else:
-            V = normalize_rows(W - lr * grad_W)
+        V = _normalized_step(V, W, G.T, lr, normalization)
         if not torch.isfinite(V).all():
             raise FloatingPointError(f"training diverged at step {t + 1} (lr={lr:g})")
     return TrainingRun(pd.DataFrame(rows), torch.stack(Us), Ws)
@@ -403,3 +456,42 @@ def initial_alignments(n: int, d: int, m: int, *, scaling: str, activation: str 
     return {"align_Xy": alignment(u1, X.T @ y), "align_Xr": alignment(u1, X.T @ r),
             "align_omega": alignment(u1, omega), "s1_over_s2": float(s[0] / s[1]),
             "r_y_corr": float(torch.nn.functional.cosine_similarity(r, -y, dim=0))}
+
+
+def direction_switch(trace, *, source: str = "align_residue", target: str = "align_q", late_from: int | None = None,
+                     ) -> dict:
+    """When, if ever, the gradient's leading direction moves from `source` to `target` in one run.
+
+    Parameters
+    ----------
+    trace : a `TrainingRun.trace` (one row per step, columns `step`, `loss`, `source`, `target`).
+    source, target : alignment columns (|cos| of u1(G_t) with two reference directions).
+    late_from : first step of the "late" window (default: half the last step).
+
+    Returns
+    -------
+    dict with `starts_on_source` (lead = target - source < 0 at step 0), `ends_on_target` (median lead
+    over the late window > 0), `switched` (both), `switch_step` (first step t >= 1 with lead > 0, for a
+    run that switched; else None), and the loss at `switch_step - 1`, at it and at the step after
+    (`loss_before`, `loss_at`, `loss_after`; NaN where absent), `loss_jump` = loss_at / loss_before.
+    """
+    steps = trace["step"].to_numpy()
+    if steps.size < 2 or steps[0] != 0 or not (np.diff(steps) == 1).all():
+        raise ValueError("trace must hold consecutive steps 0, 1, 2, ...")
+    for col in (source, target, "loss"):
+        if col not in trace:
+            raise ValueError(f"trace has no column {col!r}")
+    lead = trace[target].to_numpy() - trace[source].to_numpy()
+    loss = trace["loss"].to_numpy()
+    late_from = steps[-1] // 2 if late_from is None else late_from
+    starts = bool(lead[0] < 0)
+    ends = bool(np.median(lead[steps >= late_from]) > 0)
+    out = {"starts_on_source": starts, "ends_on_target": ends, "switched": starts and ends, "switch_step": None,
+           "loss_before": float("nan"), "loss_at": float("nan"), "loss_after": float("nan"),
+           "loss_jump": float("nan")}
+    if starts and ends:
+        t = int(np.nonzero(lead[1:] > 0)[0][0]) + 1
+        out.update(switch_step=t, loss_before=float(loss[t - 1]), loss_at=float(loss[t]),
+                   loss_after=float(loss[t + 1]) if t + 1 < loss.size else float("nan"),
+                   loss_jump=float(loss[t] / loss[t - 1]))
+    return out

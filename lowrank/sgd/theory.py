@@ -26,6 +26,7 @@ from torch.func import functional_call, grad, vmap
 
 from lowrank.core import spectral
 from lowrank.core.validation import check_choice
+from lowrank.core.nets.conv import num_patches
 from lowrank.core.train import loss_value
 
 __all__ = ["patch_counts", "per_sample_gradients", "gradient_ranks", "batch_gradient_ranks", "plain_sgd",
@@ -50,8 +51,10 @@ def patch_counts(model: nn.Module, x: torch.Tensor) -> dict[str, int]:
         if pname not in names:
             continue
         if isinstance(mod, nn.Conv2d):
-            hooks.append(mod.register_forward_hook(
-                lambda m, i, o, pname=pname: found.__setitem__(pname, int(o.shape[-1] * o.shape[-2]))))
+            if mod.dilation != (1, 1) or isinstance(mod.padding, str):
+                raise ValueError(f"{pname}: patch counts take convolutions without dilation and with numeric padding")
+            hooks.append(mod.register_forward_hook(lambda m, i, o, pname=pname: found.__setitem__(
+                pname, num_patches(tuple(i[0].shape[-2:]), m.kernel_size, m.stride, m.padding))))
         elif isinstance(mod, nn.Linear):
             hooks.append(mod.register_forward_hook(
                 lambda m, i, o, pname=pname: found.__setitem__(pname, int(math.prod(i[0].shape[1:-1])))))
@@ -98,21 +101,21 @@ def per_sample_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, 
     return {n: g[n].reshape(x.shape[0], g[n].shape[1], -1) for n in names}
 
 
-def gradient_ranks(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, tol: float = 1e-8, loss: str = "ce",
+def gradient_ranks(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, eps: float = 1e-8, loss: str = "ce",
                    architecture: str = "") -> pd.DataFrame:
     """One row per sample and weight matrix: the numerical rank of the per-sample gradient
-    (singular values above `tol` times the largest; a zero gradient has rank 0), the bound `N` of
+    (singular values above `eps` times the largest, spectral normalisation, since a per-sample gradient's
+    rank is an exact rank and `eps` only absorbs round-off; a zero gradient has rank 0), the bound `N` of
     Lemma 3.1 and `min(N, C_out, fan_in)`."""
-    if not 0 < tol < 1:
-        raise ValueError(f"tol must be in (0, 1), got {tol}")
+    if not 0 < eps < 1:
+        raise ValueError(f"eps must be in (0, 1), got {eps}")
     grads = per_sample_gradients(model, x, y, loss=loss)
     counts = patch_counts(model, x)
     flags = dict(_weight_names(model))
     rows = []
     for li, (name, G) in enumerate(grads.items()):
         s = torch.linalg.svdvals(G)
-        top = s[:, :1]
-        ranks = torch.where(top[:, 0] > 0, (s > tol * top).sum(-1), 0)
+        ranks = spectral.rank_from_singular_values(s, eps, "spectral")
         for i in range(G.shape[0]):
             rows.append({"architecture": architecture, "sample": i, "layer": name, "layer_index": li,
                          "classifier": flags[name], "shape": f"{G.shape[1]}x{G.shape[2]}", "patches": counts[name],
@@ -121,7 +124,7 @@ def gradient_ranks(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, tol: f
     return pd.DataFrame(rows)
 
 
-def batch_gradient_ranks(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, tol: float = 1e-8,
+def batch_gradient_ranks(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, eps: float = 1e-8,
                          loss: str = "ce", architecture: str = "") -> pd.DataFrame:
     """The gradient of one mini-batch's mean loss in *training* mode (BatchNorm with batch
     statistics, which couple the samples): rank against the bound `N * B` (B = len(x))."""
@@ -136,7 +139,7 @@ def batch_gradient_ranks(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, 
         G = dict(m.named_parameters())[name].grad
         G = G.reshape(G.shape[0], -1)
         s = torch.linalg.svdvals(G)
-        rank = int((s > tol * s[0]).sum()) if s[0] > 0 else 0
+        rank = int(spectral.rank_from_singular_values(s, eps, "spectral"))
         rows.append({"architecture": architecture, "layer": name, "layer_index": li, "classifier": classifier,
                      "shape": f"{G.shape[0]}x{G.shape[1]}", "patches": counts[name], "batch_size": x.shape[0],
                      "bound": min(counts[name] * x.shape[0], *G.shape), "rank": rank})

@@ -32,15 +32,24 @@ def _check_width(width):
         raise ValueError(f"width must be a positive number, got {width!r}")
 
 
-def num_patches(image_size: int, kernel_size: int, stride: int = 1, padding: int = 0) -> int:
-    """`N` of Lemma 3.1 for a square input and kernel: the number of patches a conv layer sees,
-    `((h - k + 2p) // s + 1)^2`."""
-    _check_sizes(image_size=image_size, kernel_size=kernel_size, stride=stride)
-    side = (image_size - kernel_size + 2 * padding) // stride + 1
-    if side < 1:
-        raise ValueError(f"a {kernel_size}x{kernel_size} kernel does not fit a {image_size}x{image_size} input "
-                         f"with padding {padding}")
-    return side * side
+def num_patches(image_size, kernel_size, stride=1, padding=0) -> int:
+    """`N` of Lemma 3.1: the number of patches (output positions) a conv layer sees,
+    `prod_d ((h_d - k_d + 2 p_d) // s_d + 1)` over the two spatial dimensions.
+
+    Parameters
+    ----------
+    image_size, kernel_size, stride, padding : each an int (the same in both dimensions) or a pair
+        `(height, width)`, as `nn.Conv2d` takes them.
+    """
+    dims = [tuple(v) if isinstance(v, (tuple, list)) else (v, v) for v in (image_size, kernel_size, stride, padding)]
+    n = 1
+    for h, k, s, p in zip(*dims):
+        _check_sizes(image_size=h, kernel_size=k, stride=s)
+        side = (h - k + 2 * p) // s + 1
+        if side < 1:
+            raise ValueError(f"a {k}x{k} kernel does not fit a {h}x{h} input with padding {p}")
+        n *= side
+    return n
 
 
 class VGG(WeightMatrixMixin, nn.Module):

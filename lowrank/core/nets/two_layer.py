@@ -116,11 +116,24 @@ def sphere_rows(m: int, d: int, seed: int) -> torch.Tensor:
     return normalize_rows(torch.randn(m, d, generator=g, dtype=torch.float64))
 
 
-def tilted_rows(W_S, q, n: int) -> torch.Tensor:
-    """`normalize_rows(W_S + n^(-1/4) 1 q^T)`: rows tilted towards the spike q (Fig. 1b, c)."""
+def tilted_rows(W_S, q, n: int, tilt: float = 1.0) -> torch.Tensor:
+    """`normalize_rows(W_S + tilt n^(-1/4) 1 q^T)`: rows tilted towards the spike q (Fig. 1b, c).
+
+    Parameters
+    ----------
+    W_S : m x d rows on the unit sphere. q : (d,) the spike direction. n : the sample size.
+    tilt : multiplies the paper's tilt `n^(-1/4)` (1: the paper's; 0: no tilt, W_S itself).
+
+    Returns
+    -------
+    m x d weights with unit-norm rows. The tilt adds the same vector to every row, a rank-one
+    matrix of spectral norm `tilt n^(-1/4) sqrt(m)` before normalisation.
+    """
     W_S = as_tensor(W_S, "W_S", min_ndim=2)
     q = as_tensor(q, "q", min_ndim=1)
-    return normalize_rows(W_S + n ** (-0.25) * q.unsqueeze(0))
+    if not isinstance(tilt, (int, float)) or not math.isfinite(tilt) or tilt < 0:
+        raise ValueError(f"tilt must be a finite number >= 0, got {tilt!r}")
+    return normalize_rows(W_S + tilt * n ** (-0.25) * q.unsqueeze(0))
 
 
 def sphere_rows_orthogonal_to(q, m: int, seed: int) -> torch.Tensor:
@@ -143,12 +156,12 @@ def two_layer_forward(X, W, a, *, activation: str, gamma: float) -> torch.Tensor
 WEIGHT_STRUCTURES = frozenset({"isotropic", "tilted", "orthogonal"})
 
 
-def weight_structure(name: str, m: int, q, n: int, seed: int) -> torch.Tensor:
+def weight_structure(name: str, m: int, q, n: int, seed: int, tilt: float = 1.0) -> torch.Tensor:
     """The paper's inner weights by name: "isotropic" (`W_S`), "tilted" (towards q, with
-    `n^(-1/4)`) or "orthogonal" (`W_{S perp q}`); `d` is taken from q."""
+    `tilt n^(-1/4)`, `tilted_rows`) or "orthogonal" (`W_{S perp q}`); `d` is taken from q."""
     check_choice(name, "weights", WEIGHT_STRUCTURES)
     q = as_tensor(q, "q", min_ndim=1)
     if name == "orthogonal":
         return sphere_rows_orthogonal_to(q, m, seed)
     W_S = sphere_rows(m, q.shape[0], seed)
-    return W_S if name == "isotropic" else tilted_rows(W_S, q, n)
+    return W_S if name == "isotropic" else tilted_rows(W_S, q, n, tilt)

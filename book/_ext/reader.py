@@ -1,0 +1,413 @@
+"""What every page of the book shows a reader, generated in one place (the notebooks stay as written).
+
+- **Rerun box**: a "Rerun this page" section at the end of every notebook page, from one template:
+  `lowrank run PART/NAME`, the paper-scale command with its YAML and cost note, an example `-p`,
+  and the table of parameters the page allows (read by `lowrank.book.runs.parameter_specs`, the
+  same parsing `lowrank run` uses), with when and how long the page executed.
+- **Verdict rows**: every row of a page's verdict table gets the anchor `verdict-<name>` (the ledger
+  links there), its outcome a colour badge; the verdicts' details, notes and excluded runs follow
+  the table in a folded block.
+- **Long code folded**: code cells longer than `FOLD_LINES` lines are folded behind a toggle (the
+  parameter cell stays open).
+- **Theorem boxes numbered as the papers number them**: "Proposition 2.1" when the title cites
+  "Prop. 2.1 of ...", no number when the title cites none (sphinx-proof would count 1, 2, ...);
+  references to the box read the same.
+- **Launch and provenance**: the Colab button opens the executed notebook the book publishes
+  (its first cell installs the package); the footer names the commit, the build date and the scale.
+- **Figures**: `static/reader.js` lets every figure shown smaller than it was drawn be enlarged.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+from docutils import nodes
+from sphinx import addnodes
+from sphinx.transforms.post_transforms import SphinxPostTransform
+
+ROOT = Path(__file__).resolve().parents[2]
+STATIC = Path(__file__).resolve().parent / "static"
+FOLD_LINES = 10  # code cells longer than this are folded
+NOTEBOOK_PREFIX = "notebooks/"
+# "Prop. 2.1", "Props. 4.3 and 4.4", "Theorem 3.2", "Theorems 5 and 6", "Lemma 8", "Prop. A", "Remark 1"
+_PAPER_NUMBER = re.compile(
+    r"\b(?:Props?\.|Propositions?|Theorems?|Lemmas?|Remarks?|Corollar(?:y|ies)|Definitions?|Observations?)\s+"
+    r"((?:[A-Z]|\d+(?:\.\d+)*)(?:\s*(?:,|and|-|–)\s*(?:[A-Z]|\d+(?:\.\d+)*))*)\b")
+
+
+# --- configuration -------------------------------------------------------------------------------
+
+def _git(*args) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def provenance() -> dict:
+    """Commit (with `-dirty` when the tree has uncommitted changes), build date (UTC), scale."""
+    commit = _git("rev-parse", "--short=10", "HEAD") or "unknown"
+    if _git("status", "--porcelain", "--untracked-files=no"):
+        commit += "-dirty"
+    return {"commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "scale": "ci"}
+
+
+def repository(app) -> tuple[str, str]:
+    """(url, branch) of `repository:` in _config.yml, the one place the repository is named."""
+    opts = app.config.html_theme_options
+    return opts.get("repository_url", "").rstrip("/"), opts.get("repository_branch", "main") or "main"
+
+
+def _config_inited(app, config):
+    config.html_static_path = [*config.html_static_path, str(STATIC)]
+    p = provenance()
+    url, _ = repository(app)
+    commit = p["commit"].removesuffix("-dirty")
+    link = f'<a href="{html.escape(url)}/tree/{commit}">{html.escape(p["commit"])}</a>' if url and commit != "unknown" \
+        else html.escape(p["commit"])
+    config.html_theme_options["extra_footer"] = (
+        f'<p class="build-provenance">Built from commit {link} on {p["date"]}; every notebook executed at '
+        f'<strong>{p["scale"]}</strong> scale (see <em>Rerun this page</em> on each page for the paper\'s).</p>')
+
+
+# --- rerun box -----------------------------------------------------------------------------------
+
+def _notebook_name(docname: str) -> str | None:
+    return docname[len(NOTEBOOK_PREFIX):] if docname.startswith(NOTEBOOK_PREFIX) else None
+
+
+def _short(value, limit: int = 60) -> str:
+    text = json.dumps(value) if isinstance(value, (list, dict)) else repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _table(header: list[str], rows: list[list], classes: list[str]) -> nodes.table:
+    table = nodes.table(classes=classes)
+    group = nodes.tgroup(cols=len(header))
+    table += group
+    group.extend(nodes.colspec(colwidth=1) for _ in header)
+
+    def row(cells):
+        r = nodes.row()
+        for c in cells:
+            entry = nodes.entry()
+            entry += c if isinstance(c, nodes.Node) else nodes.paragraph(text=str(c))
+            r += entry
+        return r
+
+    thead = nodes.thead()
+    thead += row(header)
+    tbody = nodes.tbody()
+    tbody.extend(row(cells) for cells in rows)
+    group += thead
+    group += tbody
+    return table
+
+
+def _literal_cell(text: str) -> nodes.paragraph:
+    p = nodes.paragraph()
+    p += nodes.literal(text=text)
+    return p
+
+
+def _paper_note(path: Path) -> str:
+    """The leading comment of the paper-scale YAML (what it reproduces, its cost)."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    return " ".join(lines)
+
+
+def executed_meta(name: str) -> dict:
+    """`metadata.lowrank` of the build's executed notebook (executed_at, wall_s), {} if absent."""
+    path = ROOT / "_build" / "executed" / f"{name}.ipynb"
+    if not path.is_file():
+        return {}
+    return json.loads(path.read_text()).get("metadata", {}).get("lowrank", {})
+
+
+def rerun_section(name: str) -> nodes.section:
+    """The "Rerun this page" section of notebook `name`, from the notebook's parameter cell."""
+    import yaml
+
+    from lowrank.book import notebooks, runs
+
+    specs = runs.parameter_specs(name)
+    paper_path = notebooks.paper_params_path(name)
+    paper = yaml.safe_load(paper_path.read_text()) if paper_path.is_file() else {}
+    example = next((s for s in specs.values() if s.name == "seed"), None) or next(
+        (s for s in specs.values() if s.name != "scale"), None)
+    section = nodes.section(ids=["rerun-this-page"], names=["rerun this page"], classes=["rerun-box"])
+    section += nodes.title(text="Rerun this page")
+    intro = nodes.paragraph(text="Everything above was computed by this page's notebook at ci scale, with the "
+                                 "parameters' defaults. From a clone of the repository, after ")
+    intro += nodes.literal(text="make book")
+    intro += nodes.Text(" (")
+    xref = addnodes.pending_xref("", refdomain="std", reftype="ref", reftarget="how-to-reproduce",
+                                 refexplicit=True, refwarn=True)
+    xref += nodes.inline(text="how to reproduce")
+    intro += xref
+    intro += nodes.Text("):")
+    section += intro
+    lines = ["# this page at ci scale (the defaults below)", f"lowrank run {name}"]
+    if paper_path.is_file():
+        lines += [f"# the paper's sizes ({paper_path.relative_to(ROOT)})", f"lowrank run {name} --scale paper"]
+    if example is not None:
+        value = example.default + 1 if example.name == "seed" and isinstance(example.default, int) else example.default
+        text = yaml.safe_dump(value, default_flow_style=True, width=1000).strip().removesuffix("...").strip()
+        lines += ["# any parameter below, e.g.", f"lowrank run {name} -p {example.name} {shlex.quote(text)}"]
+    lines += ["# what each parameter allows", f"lowrank list {name}"]
+    code = "\n".join(lines)
+    section += nodes.literal_block(code, code, language="bash", classes=["rerun-commands"])
+    if paper_path.is_file():
+        note = _paper_note(paper_path)
+        p = nodes.paragraph(text="Paper scale: " + (note or "the paper's sizes.") +
+                            " Each run writes its executed notebook, figures with their data and verdicts to "
+                            "runs/<part>/<name>/<hash>/.")
+        section += p
+    else:
+        section += nodes.paragraph(text="This page has no paper-scale parameter file.")
+    rows = [[_literal_cell(s.name), _literal_cell(_short(s.default)),
+             _literal_cell(_short(paper[s.name])) if s.name in paper else nodes.paragraph(text="(as ci)"),
+             nodes.paragraph(text=s.describe()), nodes.paragraph(text=s.comment)] for s in specs.values()]
+    box = nodes.admonition(classes=["dropdown", "rerun-parameters"])
+    box += nodes.title(text=f"The {len(specs)} parameters of this page (-p NAME VALUE)")
+    box += _table(["parameter", "ci (this page)", "paper", "allowed", "meaning"], rows, ["rerun-parameter-table"])
+    section += box
+    meta = executed_meta(name)
+    if meta:
+        section += nodes.paragraph(
+            text=f"This page was executed at ci scale on {meta.get('executed_at', '?')} in "
+                 f"{meta.get('wall_s', float('nan')):.0f} s (two CPU threads); the footer names the commit.",
+            classes=["page-provenance"])
+    return section
+
+
+def _add_rerun_section(app, doctree):
+    name = _notebook_name(app.env.docname)
+    if name is None:
+        return
+    top = next(iter(doctree.findall(nodes.section)), None)
+    (top if top is not None else doctree).append(rerun_section(name))
+
+
+# --- theorem numbers -----------------------------------------------------------------------------
+
+def paper_number(title: str) -> str:
+    """The theorem number a box's title cites ("Prop. 2.1 of ..." -> "2.1"), "" when it cites none."""
+    m = _PAPER_NUMBER.search(title or "")
+    if not m:
+        return ""
+    return re.sub(r"\s*(?:,|and)\s*", ", ", m.group(1)).replace(" - ", "-")
+
+
+def _collect_proof_numbers(app, doctree):
+    numbers = app.env.__dict__.setdefault("reader_proof_numbers", {})
+    for node in doctree.findall(nodes.Element):
+        if node.get("label") and "title" in node.attributes and node.get("realtype"):
+            numbers[node["label"]] = (app.env.docname, node["realtype"], paper_number(node["title"]))
+
+
+def _purge(app, env, docname):
+    numbers = env.__dict__.get("reader_proof_numbers", {})
+    for label in [k for k, v in numbers.items() if v[0] == docname]:
+        del numbers[label]
+
+
+def _merge(app, env, docnames, other):
+    env.__dict__.setdefault("reader_proof_numbers", {}).update(
+        {k: v for k, v in other.__dict__.get("reader_proof_numbers", {}).items() if v[0] in docnames})
+
+
+def _renumber_html(app, body: str) -> str:
+    """Replace sphinx-proof's running numbers by the papers' in box titles and in references."""
+    from sphinx.locale import get_translation
+
+    _ = get_translation("proof")
+    for label, (_doc, realtype, number) in app.env.__dict__.get("reader_proof_numbers", {}).items():
+        kind = _(realtype.title())
+        plural = {"Proposition": "Propositions", "Theorem": "Theorems", "Lemma": "Lemmas", "Remark": "Remarks"}
+        shown = f"{plural.get(kind, kind) if ',' in number else kind} {number}".strip()
+        esc = re.escape(label)
+        # the box: <div class="... admonition" id="LABEL"> <p class="admonition-title"><span class="caption-number">Kind N </span>
+        body = re.sub(rf'(id="{esc}">\s*<p class="admonition-title"><span class="caption-number">)[^<]*(</span>)',
+                      rf"\g<1>{shown} \g<2>", body)
+        # references: <a class="reference internal" href="...#LABEL" ...><span>Kind N</span></a> (or plain text)
+        body = re.sub(rf'(href="[^"]*#{esc}"[^>]*>(?:<span[^>]*>)?){re.escape(kind)} [\d.]+(?=<)', rf"\g<1>{shown}", body)
+    return body
+
+
+# --- code folding --------------------------------------------------------------------------------
+
+class FoldLongCode(SphinxPostTransform):
+    """Fold code cells longer than FOLD_LINES lines (myst-nb's hide-input, applied by length)."""
+
+    default_priority = 150  # before myst-nb's HideInputCells (199), which does the folding
+    formats = ("html",)
+
+    def run(self, **kwargs):
+        for cell in self.document.findall(nodes.container):
+            if cell.get("nb_element") != "cell_code" or cell.get("hide_mode") or not cell.children:
+                continue
+            source = cell.children[0]
+            if source.get("nb_element") != "cell_code_source":
+                continue
+            if "parameters" in cell.get("cell_metadata", {}).get("tags", []):
+                continue
+            lines = source.astext().count("\n") + 1
+            if lines > FOLD_LINES:
+                cell["hide_mode"] = "input"
+                cell["prompt_show"] = f"Show code ({lines} lines)"
+                cell["prompt_hide"] = "Hide code"
+
+
+# --- verdict rows --------------------------------------------------------------------------------
+
+_BADGE = {"agrees": "good", "holds": "good", "disagrees": "bad", "fails": "bad", "uninformative": "weak",
+          "needs paper scale": "pending"}
+
+
+def _executed_verdicts(name: str) -> dict:
+    import nbformat
+
+    from lowrank.book.notebooks import verdicts
+
+    path = ROOT / "_build" / "executed" / f"{name}.ipynb"
+    return verdicts(nbformat.read(path, as_version=4)) if path.is_file() else {}
+
+
+def verdict_tables(doctree) -> list[nodes.table]:
+    """The verdict tables of a page: tables whose header has the columns "verdict" and "outcome"."""
+    found = []
+    for table in doctree.findall(nodes.table):
+        head = next(iter(table.findall(nodes.thead)), None)
+        cols = [e.astext().strip().lower() for e in head.findall(nodes.entry)] if head is not None else []
+        if "verdict" in cols and "outcome" in cols:
+            found.append((table, cols))
+    return found
+
+
+def _details_html(records: list[dict]) -> str:
+    items = []
+    for v in records:
+        parts = []
+        if v.get("note"):
+            parts.append(f"<p>{html.escape(v['note'])}</p>")
+        ex = v.get("excluded")
+        if ex:
+            parts.append(f"<p>{ex['count']} of {ex['total']} runs left out ({html.escape(ex['reason'])}).</p>")
+        if v.get("threshold", {}).get("origin"):
+            parts.append(f"<p>Threshold: <code>{html.escape(str(v['threshold'].get('op')))} "
+                         f"{html.escape(str(v['threshold'].get('value')))}</code>, "
+                         f"origin: {html.escape(v['threshold']['origin'])}.</p>")
+        for key, value in (v.get("details") or {}).items():
+            text = json.dumps(value) if not isinstance(value, str) else value
+            parts.append(f"<p><strong>{html.escape(str(key))}</strong>: <code>{html.escape(text)}</code></p>")
+        if parts:
+            items.append(f'<dt><a href="#verdict-{html.escape(v["name"])}">{html.escape(v["name"])}</a> '
+                         f'({html.escape(v["kind"])}, {html.escape(v["outcome"])})</dt><dd>{"".join(parts)}</dd>')
+    if not items:
+        return ""
+    return ('<details class="verdict-details" id="verdict-details"><summary>Details of each verdict: thresholds and their origin, '
+            f'notes, runs left out, the numbers behind each row</summary><dl>{"".join(items)}</dl></details>')
+
+
+def _section_title(node) -> str:
+    while node is not None and not isinstance(node, nodes.section):
+        node = node.parent
+    return node[0].astext() if node is not None and len(node) and isinstance(node[0], nodes.title) else ""
+
+
+def _figure_alt(doctree, page_title: str) -> None:
+    """Output images carry their file name as alt text; say instead which section's figure it is."""
+    for img in doctree.findall(nodes.image):
+        alt = img.get("alt", "")
+        if alt and not re.search(r"[\\/]|\.(png|svg|jpe?g)$|^[0-9a-f]{16,}", alt):
+            continue
+        section = _section_title(img)
+        img["alt"] = f"Figure: {section}" + (f" ({page_title})" if page_title and page_title != section else "")
+
+
+def _key(text: str) -> str:
+    """Letters and digits only: a description as glued and as rendered from Markdown (smart quotes,
+    escaped pipes, emphasis) compare equal."""
+    return re.sub(r"[^a-z0-9]+", "", str(text).lower())
+
+
+def _mark_verdicts(app, doctree, docname):
+    name = _notebook_name(docname)
+    if name is None:
+        return
+    title = next(iter(doctree.findall(nodes.title)), None)
+    _figure_alt(doctree, title.astext() if title is not None else "")
+    records = _executed_verdicts(name)
+    by_label = {}
+    for v in records.values():
+        by_label.setdefault(_key(v.get("description") or v["name"]), []).append(v)
+    for table, cols in verdict_tables(doctree):
+        i_verdict, i_outcome = cols.index("verdict"), cols.index("outcome")
+        tbody = next(iter(table.findall(nodes.tbody)), None)
+        for row in tbody.children if tbody is not None else []:
+            entries = [c for c in row.children if isinstance(c, nodes.entry)]
+            if len(entries) <= max(i_verdict, i_outcome):
+                continue
+            candidates = by_label.get(_key(entries[i_verdict].astext()), [])
+            if candidates:
+                row["ids"].append(f"verdict-{candidates.pop(0)['name']}")
+            outcome = entries[i_outcome].astext().strip()
+            if outcome in _BADGE:
+                entries[i_outcome].children = [nodes.paragraph("", "", nodes.inline(
+                    text=outcome, classes=["outcome-badge", f"outcome-{_BADGE[outcome]}"]))]
+        details = _details_html(list(records.values()))
+        if details:
+            cell = table
+            while cell.parent is not None and cell.get("nb_element") != "cell_code":
+                cell = cell.parent
+            anchor = cell if cell.parent is not None else table
+            anchor.parent.insert(anchor.parent.index(anchor) + 1, nodes.raw("", details, format="html"))
+
+
+# --- page context: launch links, theorem numbers -------------------------------------------------
+
+def _colab_url(app, pagename: str) -> str:
+    """Colab opens the executed notebook published with the HTML (`_sources/<page>.ipynb` on gh-pages)."""
+    url, _ = repository(app)
+    owner_repo = url.split("github.com/", 1)[-1]
+    return f"https://colab.research.google.com/github/{owner_repo}/blob/gh-pages/_sources/{pagename}.ipynb"
+
+
+def _walk_buttons(buttons):
+    for b in buttons or []:
+        yield b
+        yield from _walk_buttons(b.get("buttons"))
+
+
+def _page_context(app, pagename, templatename, context, doctree):
+    if _notebook_name(pagename) is not None:
+        for b in _walk_buttons(context.get("header_buttons")):
+            if "colab.research.google.com" in str(b.get("url", "")):
+                b["url"] = _colab_url(app, pagename)
+    if "body" in context:
+        context["body"] = _renumber_html(app, context["body"])
+
+
+def setup(app):
+    app.connect("config-inited", _config_inited)
+    app.add_css_file("reader.css")
+    app.add_js_file("reader.js", defer="defer")
+    app.connect("doctree-read", _add_rerun_section, priority=400)  # before the page TOC is collected
+    app.connect("doctree-read", _collect_proof_numbers)
+    app.connect("env-purge-doc", _purge)
+    app.connect("env-merge-info", _merge)
+    app.add_post_transform(FoldLongCode)
+    app.connect("doctree-resolved", _mark_verdicts)
+    app.connect("html-page-context", _page_context, priority=600)  # after the theme's launch buttons
+    return {"parallel_read_safe": True, "parallel_write_safe": True, "env_version": 1}

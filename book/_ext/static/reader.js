@@ -1,0 +1,67 @@
+// Figures shown smaller than they were drawn can be enlarged: click (or Enter) opens the image at
+// its drawn size in an overlay (scrollable when wider than the window); click, Escape or the close
+// button closes it. Marked images carry the class "enlargeable" (tests/test_html.py checks it).
+(function () {
+  "use strict";
+  const SHRUNK = 0.95; // displayed below 95 % of the drawn width: offer to enlarge
+
+  function overlay(img) {
+    const box = document.createElement("div");
+    box.className = "figure-overlay";
+    box.setAttribute("role", "dialog");
+    box.setAttribute("aria-label", "Enlarged figure: " + (img.alt || ""));
+    const close = document.createElement("button");
+    close.className = "figure-overlay-close";
+    close.type = "button";
+    close.textContent = "Close ×";
+    const big = document.createElement("img");
+    big.src = img.currentSrc || img.src;
+    big.alt = img.alt;
+    big.style.width = img.naturalWidth + "px";
+    box.append(close, big);
+    const shut = () => { box.remove(); document.removeEventListener("keydown", onKey); img.focus(); };
+    const onKey = (e) => { if (e.key === "Escape") shut(); };
+    box.addEventListener("click", shut);
+    document.addEventListener("keydown", onKey);
+    document.body.append(box);
+    close.focus();
+  }
+
+  function mark(img) {
+    if (!img.naturalWidth || img.closest(".figure-overlay")) return;
+    const shown = img.getBoundingClientRect().width;
+    const shrunk = shown > 0 && shown < SHRUNK * img.naturalWidth;
+    img.classList.toggle("enlargeable", shrunk);
+    if (img._zoomHint) img._zoomHint.hidden = !shrunk;
+    if (shrunk && !img.dataset.zoomReady) {
+      img.dataset.zoomReady = "1";
+      img.tabIndex = 0;
+      img.setAttribute("role", "button");
+      img.title = "Click to enlarge (drawn " + img.naturalWidth + " px wide)";
+      img.addEventListener("click", () => img.classList.contains("enlargeable") && overlay(img));
+      const hint = document.createElement("span");
+      hint.className = "zoom-hint";
+      const button = document.createElement("button");
+      button.type = "button";
+      button.textContent = "Enlarge the figure";
+      button.addEventListener("click", () => overlay(img));
+      hint.append(button, " (shown at " + Math.round(100 * shown / img.naturalWidth) + " % of its drawn size)");
+      img.insertAdjacentElement("afterend", hint);
+      img._zoomHint = hint;
+      img.addEventListener("keydown", (e) => {
+        if ((e.key === "Enter" || e.key === " ") && img.classList.contains("enlargeable")) { e.preventDefault(); overlay(img); }
+      });
+    }
+  }
+
+  function markAll() {
+    document.querySelectorAll("article.bd-article img, main article img").forEach((img) => {
+      if (img.complete) mark(img); else img.addEventListener("load", () => mark(img), { once: true });
+    });
+    document.documentElement.dataset.figuresMarked = "1";
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", markAll); else markAll();
+  window.addEventListener("load", markAll);
+  window.addEventListener("resize", markAll);
+})();

@@ -1,0 +1,229 @@
+"""The paper-scale book: `python -m lowrank.book.build --scale paper` (`make paper`).
+
+Every notebook of the book is executed with its paper file on the best device present, one at a
+time, into `_build/paper/executed/<part>/<name>.ipynb` (keyed like the ci build, plus the hash of its
+paper parameters, so an unchanged notebook is not executed again). A notebook whose data set is not
+in its `data_root` is skipped with a one-line message; one without a paper file too. Each result is
+stored with its provenance in `results/paper/` (lowrank.book.paper_results). The HTML is rendered
+from `_build/paper/executed/` alone, with its own jupyter-cache, configuration and table of contents.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+from lowrank.book import build, notebooks, paper_results, runs
+
+__all__ = ["PAPER", "required_data", "missing_data", "execute_paper", "paper_toc", "main"]
+
+PAPER = build.BUILD / "paper"
+EXECUTED = PAPER / "executed"
+FIGURES = PAPER / "figures"
+CACHE = PAPER / ".jupyter_cache"
+REAL_DATA = ("mnist", "cifar10")
+PAPER_CELL_TIMEOUT = 48 * 3600  # seconds per cell: a paper-scale training cell may run for hours
+HEARTBEAT_S = 60.0  # how often a running notebook reports its elapsed time and cell
+
+
+def executed_path(name: str) -> Path:
+    return EXECUTED / f"{name}.ipynb"
+
+
+def required_data(params: dict) -> list[str]:
+    """The real data sets (`mnist`, `cifar10`) a parameter set reads: the values of `dataset` and of
+    any list parameter whose name starts with `dataset` (e.g. `datasets_used`)."""
+    found = []
+    for key, value in params.items():
+        if not key.startswith("dataset"):
+            continue
+        for v in value if isinstance(value, list) else [value]:
+            if v in REAL_DATA and v not in found:
+                found.append(v)
+    return found
+
+
+def missing_data(name: str, params: dict) -> str | None:
+    """None when every real data set `params` reads is in its `data_root`, else a one-line reason."""
+    from lowrank.core import datasets
+
+    for ds in required_data(params):
+        root = datasets.resolve_root(params.get("data_root") or None)
+        if not datasets.present(ds, root):
+            return (f"{ds} is not in {root} (data_root: {params.get('data_root')!r}): run "
+                    f"`lowrank data fetch {ds}` (into {datasets.DEFAULT_DATA_ROOT}/, the default root) and set data_root to that folder")
+    return None
+
+
+def _key(name: str, params: dict) -> str:
+    return build.execution_key(name) + runs.run_hash(name, params)
+
+
+def _progress(name: str) -> str:
+    """`cell k of n` from papermill's partial output notebook (it is rewritten after every cell)."""
+    import nbformat
+
+    for partial in executed_path(name).parent.glob(f".{executed_path(name).stem}.*/output.ipynb"):
+        try:
+            nb = nbformat.read(partial, as_version=4)
+        except Exception:  # being rewritten this instant
+            return ""
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        status = [c.metadata.get("papermill", {}).get("status") for c in code]
+        running = status.index("running") + 1 if "running" in status else status.count("completed")
+        return f", code cell {running} of {len(code)}"
+    return ""
+
+
+def _heartbeat(name: str, t0: float, stop: threading.Event) -> None:
+    while not stop.wait(HEARTBEAT_S):
+        print(f"      {name}: {time.time() - t0:.0f} s elapsed{_progress(name)}", flush=True)
+
+
+def _execute_one(name: str, params: dict) -> float:
+    """Execute `name` at paper scale, store its result; return the wall time in seconds."""
+    from lowrank.core.device import describe_device
+
+    key_path = EXECUTED / f"{name}.key"
+    key_path.unlink(missing_ok=True)
+    for leftover in executed_path(name).parent.glob(f".{executed_path(name).stem}.*"):  # a killed earlier run's
+        shutil.rmtree(leftover, ignore_errors=True)
+    started = dt.datetime.now(dt.timezone.utc)
+    t0 = time.time()
+    stop = threading.Event()
+    threading.Thread(target=_heartbeat, args=(name, t0, stop), daemon=True).start()
+    try:
+        values = notebooks.execute(name, executed_path(name), parameters=params, figure_dir=FIGURES / name,
+                                   figure_url=f"../../figures/{name}", timeout=PAPER_CELL_TIMEOUT)
+    finally:
+        stop.set()
+    wall = round(time.time() - t0, 2)
+    from lowrank.book.verdicts import GLUE_PREFIX
+
+    found = {k[len(GLUE_PREFIX):]: v for k, v in values.items() if k.startswith(GLUE_PREFIX)}
+    provenance = {"code": runs.code_key(name), "git": runs._git_state(), "versions": runs._versions(),
+                  "device": describe_device(), "start": started.isoformat(timespec="seconds"),
+                  "end": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "wall_s": wall,
+                  "run_folder": None}
+    paper_results.store(name, params, found, provenance)
+    key_path.write_text(_key(name, params))
+    return wall
+
+
+def execute_paper(names, force: bool = False) -> tuple[list[str], dict[str, str]]:
+    """Execute `names` at paper scale (those not current, or all with `force`), one at a time.
+
+    Returns (the notebooks with a current executed paper-scale notebook, `{skipped name: reason}`).
+    A failing notebook stops nothing: it is reported, and the build exits non-zero at the end.
+    """
+    from lowrank.core.device import describe_device
+
+    print(f"paper scale on {describe_device()}", flush=True)
+    ready, skipped, failed = [], {}, {}
+    for i, name in enumerate(names, 1):
+        tag = f"  [{i}/{len(names)}] {name}"
+        try:
+            params = runs.resolve_parameters(name, scale="paper")
+        except runs.ParameterError as err:
+            skipped[name] = str(err)
+            print(f"{tag}: skipped: {err}", flush=True)
+            continue
+        reason = missing_data(name, params)
+        if reason:
+            skipped[name] = reason
+            print(f"{tag}: skipped: {reason}", flush=True)
+            continue
+        key_path = EXECUTED / f"{name}.key"
+        if not force and executed_path(name).is_file() and key_path.is_file() and \
+                key_path.read_text() == _key(name, params):
+            ready.append(name)
+            print(f"{tag}: current (cache hit)", flush=True)
+            continue
+        print(f"{tag}: executing at paper scale (started {time.strftime('%H:%M:%S')})", flush=True)
+        try:
+            wall = _execute_one(name, params)
+        except Exception as err:  # report, go on with the next notebook
+            failed[name] = err
+            print(f"{tag}: FAILED ({type(err).__name__}: {str(err)[-2000:]})", flush=True)
+            continue
+        ready.append(name)
+        print(f"{tag}: {wall:.1f} s, result stored in results/paper/{name}/", flush=True)
+    if failed:
+        raise SystemExit(f"{len(failed)} notebook(s) failed at paper scale: {', '.join(sorted(failed))}")
+    return ready, skipped
+
+
+def paper_toc(executed: list[str]) -> dict:
+    """The book's table of contents without the notebooks that have no paper-scale execution."""
+    keep = {f"notebooks/{n}" for n in executed}
+
+    def prune(node):
+        if isinstance(node, list):
+            return [p for p in (prune(x) for x in node) if p is not None]
+        if not isinstance(node, dict):
+            return node
+        if str(node.get("file", "")).startswith("notebooks/") and node["file"] not in keep:
+            return None
+        out = {k: prune(v) for k, v in node.items()}
+        for k in ("sections", "chapters", "parts"):
+            if k in out and not out[k]:
+                del out[k]
+        if "caption" in out and "chapters" not in out:
+            return None
+        return out
+
+    return prune(yaml.safe_load((notebooks.REPO_ROOT / "_toc.yml").read_text()))
+
+
+def render(executed: list[str]) -> Path:
+    """The paper-scale HTML from `_build/paper/executed/` alone; returns its index page."""
+    config = yaml.safe_load((notebooks.REPO_ROOT / "_config.yml").read_text())
+    config["title"] = f"{config['title']} (paper scale)"
+    config["execute"]["cache"] = str(CACHE)
+    root = notebooks.REPO_ROOT  # jupyter-book reads local extensions relative to the config file
+    if (config.get("sphinx") or {}).get("local_extensions"):
+        config["sphinx"]["local_extensions"] = {k: str(root / v) for k, v in config["sphinx"]["local_extensions"].items()}
+    if config.get("bibtex_bibfiles"):
+        config["bibtex_bibfiles"] = [str(root / f) for f in config["bibtex_bibfiles"]]
+    toc = paper_toc(executed)
+    PAPER.mkdir(parents=True, exist_ok=True)
+    (PAPER / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+    (PAPER / "_toc.yml").write_text(yaml.safe_dump(toc, sort_keys=False))
+    build.fill_jupyter_cache(executed, cache_dir=CACHE, executed_at=executed_path)
+    ledger = notebooks.REPO_ROOT / "book" / "ledger.md"
+    before = ledger.read_text() if ledger.is_file() else None
+    try:  # the ledger page as the ci build writes it, linking only the pages this book has
+        from lowrank.book.ledger import write_ledger
+
+        toc_files = build.toc_files() - {f"notebooks/{n}" for n in build.book_notebooks() if n not in executed}
+        write_ledger(ledger, {n: build.executed_path(n) for n in build.book_notebooks()}, toc_files)
+        # not strict: prose pages link to notebooks a skipped data set left out of this book
+        return build.build_html(True, output=PAPER, strict=False, figures=FIGURES,
+                                extra=("--config", str(PAPER / "_config.yml"), "--toc", str(PAPER / "_toc.yml")))
+    finally:
+        if before is not None:
+            ledger.write_text(before)
+
+
+def main(only=None, *, force: bool = False, html: bool = True) -> None:
+    # `timeout`, a cancelled CI job: unwind (temporary files removed, kernel shut down) instead of dying
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    names = list(only) if only else build.book_notebooks()
+    for name in names:
+        notebooks.source_path(name)  # a clear error for a wrong name
+    start = time.time()
+    ready, skipped = execute_paper(names, force=force)
+    if skipped:
+        print(f"{len(skipped)} notebook(s) skipped at paper scale: {', '.join(sorted(skipped))}")
+    if html and ready:
+        index = render([n for n in build.book_notebooks() if n in ready])
+        print(f"\nThe paper-scale book is at {index} ({len(ready)} notebooks; {time.time() - start:.0f} s)")
+    elif html:
+        print("no notebook executed at paper scale: no paper-scale book rendered")

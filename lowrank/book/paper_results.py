@@ -1,0 +1,116 @@
+"""Paper-scale results kept in the repository, with their provenance.
+
+A paper-scale run's verdicts and provenance are stored as two small JSON files in
+`results/paper/<part>/<name>/` (`verdicts.json`, `provenance.json`): the git commit and dirty flag,
+the package versions, the device, the wall time in seconds, the full parameter set and its hash
+(`parameter_hash`), and the code key of the run (`lowrank.book.runs.code_key`, for reference). The ledger's paper column reads them with `paper_results(name)`.
+
+A stored result is *stale* when the parameters a paper-scale run of the notebook would use today
+(its parameter cell's defaults overlaid by `params/paper/<part>/<name>.yaml`) no longer hash to the
+stored hash: the paper file or a default changed since the result was measured. (A change of code
+alone does not make a result stale; `provenance["code"]` says which code measured it.)
+
+    lowrank results store RUN_FOLDER [RUN_FOLDER ...]   # a finished `lowrank run NAME --scale paper`
+    lowrank results list                                 # every stored result, stale or current
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+from pathlib import Path
+
+from lowrank.book import notebooks, runs
+
+__all__ = ["RESULTS", "result_dir", "paper_parameters", "parameter_hash", "store", "store_run", "paper_results", "stored_names"]
+
+RESULTS = notebooks.REPO_ROOT / "results" / "paper"
+
+
+def result_dir(name: str, root: Path | None = None) -> Path:
+    return (RESULTS if root is None else Path(root)) / name
+
+
+def parameter_hash(name: str, params: dict) -> str:
+    """SHA-256 (first 16 hex digits) of the notebook's name and its full parameter set."""
+    import hashlib
+
+    text = json.dumps({"notebook": name, "parameters": params}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def paper_parameters(name: str) -> dict:
+    """The full parameter set of a paper-scale run of `name` as of now (raises ParameterError)."""
+    return runs.resolve_parameters(name, scale="paper")
+
+
+def store(name: str, params: dict, verdicts: dict, provenance: dict, root: Path | None = None) -> Path:
+    """Write `name`'s paper-scale verdicts and provenance to `results/paper/<name>/`, atomically.
+
+    Parameters
+    ----------
+    params : the full parameter set the run used; it must equal `paper_parameters(name)` (a run with
+        other parameters is not the paper's configuration and is refused with ParameterError).
+    verdicts : `{verdict name: record}` as glued by the notebook.
+    provenance : the run's provenance (git, versions, device, wall_s, start, end); kept as given,
+        with the parameter hash and the time of storing added.
+    """
+    expected = paper_parameters(name)
+    if params != expected:
+        diff = sorted(k for k in set(params) | set(expected) if params.get(k) != expected.get(k))
+        raise runs.ParameterError(f"{name}: not a paper-scale run: parameters {diff} differ from "
+                                  f"{notebooks.paper_params_path(name)} and the notebook's defaults")
+    if not verdicts:
+        raise runs.ParameterError(f"{name}: the run glued no verdicts; nothing to store")
+    record = {**provenance, "notebook": name, "parameters": params, "parameter_hash": parameter_hash(name, params),
+              "stored": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    final = result_dir(name, root)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    (tmp / "verdicts.json").write_text(json.dumps(verdicts, indent=2, sort_keys=True) + "\n")
+    (tmp / "provenance.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    old = final.parent / f".{final.name}.old-{os.getpid()}"
+    if final.exists():
+        os.rename(final, old)
+    os.rename(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def store_run(folder, root: Path | None = None) -> Path:
+    """Store the result of a finished run folder (`lowrank run NAME --scale paper`)."""
+    run = runs.load_run(folder)
+    prov = run["provenance"]
+    keep = {k: prov.get(k) for k in ("git", "versions", "device", "start", "end", "wall_s", "code")}
+    keep["run_folder"] = Path(folder).name
+    return store(prov["notebook"], prov["parameters"], run["verdicts"], keep, root)
+
+
+def paper_results(name: str, root: Path | None = None) -> dict | None:
+    """`{"verdicts", "provenance", "stale", "stale_reason"}` of `name`'s stored paper-scale result,
+    None when there is none. `stale` is True when the parameters of a paper-scale run today differ
+    from the stored ones (`stale_reason` says which), or the paper file is gone."""
+    folder = result_dir(name, root)
+    if not (folder / "provenance.json").is_file():
+        return None
+    prov = json.loads((folder / "provenance.json").read_text())
+    verdicts = json.loads((folder / "verdicts.json").read_text())
+    try:
+        now = paper_parameters(name)
+    except (runs.ParameterError, FileNotFoundError, ValueError) as err:
+        return {"verdicts": verdicts, "provenance": prov, "stale": True, "stale_reason": str(err)}
+    stored = prov.get("parameters", {})
+    changed = sorted(k for k in set(now) | set(stored) if now.get(k) != stored.get(k))
+    stale = parameter_hash(name, now) != prov.get("parameter_hash") or bool(changed)
+    reason = f"parameters changed since the run: {', '.join(changed) or 'hash'}" if stale else None
+    return {"verdicts": verdicts, "provenance": prov, "stale": stale, "stale_reason": reason}
+
+
+def stored_names(root: Path | None = None) -> list[str]:
+    """`part/name` of every stored result."""
+    base = RESULTS if root is None else Path(root)
+    return sorted(p.parent.relative_to(base).as_posix() for p in base.glob("*/*/provenance.json"))

@@ -1,0 +1,253 @@
+"""Paper-scale results with provenance in results/paper/: stored from a run folder, read back by
+`paper_results(name)`, and shown as stale once the notebook's paper parameters change."""
+
+import json
+import shutil
+
+import pytest
+import yaml
+
+from lowrank.book import cli, notebooks, paper_results as pr, runs
+
+NAME = "gradients/decomposition"
+
+
+def _run_folder(tmp_path, params, verdicts=None):
+    folder = tmp_path / "runs" / NAME / runs.run_hash(NAME, params)
+    folder.mkdir(parents=True)
+    verdicts = verdicts if verdicts is not None else {
+        "identity_residual": {"name": "identity_residual", "claim": "I-1", "kind": "check", "measured": 1e-15,
+                              "outcome": "holds", "scale": "paper"}}
+    prov = {"notebook": NAME, "parameters": params, "hash": folder.name, "git": {"commit": "abc", "dirty": False},
+            "versions": {"torch": "x"}, "device": "cpu (2 threads)", "start": "2026-11-30T00:00:00+00:00",
+            "end": "2026-11-30T00:01:00+00:00", "wall_s": 60.0}
+    (folder / "provenance.json").write_text(json.dumps(prov))
+    (folder / "verdicts.json").write_text(json.dumps(verdicts))
+    runs.write_manifest(folder)
+    return folder
+
+
+def test_store_and_read_back_with_provenance(tmp_path):
+    params = pr.paper_parameters(NAME)
+    assert params["scale"] == "paper"
+    stored = pr.store_run(_run_folder(tmp_path, params), root=tmp_path / "results")
+    assert stored == tmp_path / "results" / NAME
+    assert sorted(p.name for p in stored.iterdir()) == ["provenance.json", "verdicts.json"]
+    r = pr.paper_results(NAME, root=tmp_path / "results")
+    assert r["stale"] is False and r["stale_reason"] is None
+    assert r["verdicts"]["identity_residual"]["outcome"] == "holds"
+    p = r["provenance"]
+    assert p["git"]["commit"] == "abc" and p["wall_s"] == 60.0 and p["device"].startswith("cpu")
+    assert p["parameter_hash"] == pr.parameter_hash(NAME, params) and p["versions"] == {"torch": "x"}
+    assert pr.stored_names(tmp_path / "results") == [NAME]
+    assert pr.paper_results("gradients/relu", root=tmp_path / "results") is None
+
+
+def test_a_result_whose_paper_file_changed_is_stale(tmp_path, monkeypatch):
+    results = tmp_path / "results"
+    pr.store_run(_run_folder(tmp_path, pr.paper_parameters(NAME)), root=results)
+    assert pr.paper_results(NAME, root=results)["stale"] is False
+    paper = yaml.safe_load(notebooks.paper_params_path(NAME).read_text())
+    paper["n"] = paper["n"] + 1
+    edited = tmp_path / "paper.yaml"
+    edited.write_text(yaml.safe_dump(paper))
+    monkeypatch.setattr(notebooks, "paper_params_path", lambda name: edited)
+    r = pr.paper_results(NAME, root=results)
+    assert r["stale"] is True and r["stale_reason"].endswith(": n")
+    monkeypatch.setattr(notebooks, "paper_params_path", lambda name: tmp_path / "absent.yaml")
+    r = pr.paper_results(NAME, root=results)
+    assert r["stale"] is True and "no paper-scale parameter file" in r["stale_reason"]
+
+
+def test_only_paper_scale_runs_with_verdicts_are_stored(tmp_path):
+    ci = runs.resolve_parameters(NAME, scale="ci")
+    with pytest.raises(runs.ParameterError, match="not a paper-scale run: parameters .*'n'"):
+        pr.store_run(_run_folder(tmp_path, ci), root=tmp_path / "results")
+    with pytest.raises(runs.ParameterError, match="no verdicts"):
+        pr.store_run(_run_folder(tmp_path / "b", pr.paper_parameters(NAME), verdicts={}), root=tmp_path / "results")
+    assert not (tmp_path / "results").exists()
+
+
+def test_cli_store_and_list(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(pr, "RESULTS", tmp_path / "results")
+    assert cli.main(["results", "list"]) == 0 and "no paper-scale results in" in capsys.readouterr().out
+    folder = _run_folder(tmp_path, pr.paper_parameters(NAME))
+    assert cli.main(["results", "store", str(folder)]) == 0
+    assert cli.main(["results", "list"]) == 0
+    out = capsys.readouterr().out
+    assert f"{NAME}: 1 verdicts, 60.0 s on cpu (2 threads), commit abc: current" in out
+
+
+@pytest.mark.parametrize("name", pr.stored_names())
+def test_every_stored_result_is_complete(name):
+    """(A stale result stays: the ledger marks it; re-measuring may need hours on a GPU.)"""
+    r = pr.paper_results(name)
+    assert r["verdicts"] and all(v["scale"] == "paper" for v in r["verdicts"].values())
+    p = r["provenance"]
+    assert p["git"]["commit"] and p["versions"]["torch"] and p["device"] and p["wall_s"] > 0
+    assert p["parameter_hash"] == pr.parameter_hash(name, p["parameters"])
+
+
+# ---- the paper-scale build (`python -m lowrank.book.build --scale paper`) ----------------------------
+
+def test_notebooks_without_their_data_are_skipped_with_the_fetch_command(tmp_path):
+    from lowrank.book import paper_build as pb
+
+    assert pb.required_data({"dataset": "cifar10", "data_root": "x"}) == ["cifar10"]
+    assert pb.required_data({"datasets_used": ["mnist", "digits"], "dataset": "digits"}) == ["mnist"]
+    assert pb.required_data(pr.paper_parameters(NAME)) == []
+    reason = pb.missing_data("sgd/rank_bound", {"dataset": "cifar10", "data_root": str(tmp_path)})
+    assert f"cifar10 is not in {tmp_path}" in reason and "lowrank data fetch cifar10" in reason
+    (tmp_path / "cifar-10-batches-py").mkdir()
+    for n in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (tmp_path / "cifar-10-batches-py" / n).write_bytes(b"")
+    assert pb.missing_data("sgd/rank_bound", {"dataset": "cifar10", "data_root": str(tmp_path)}) is None
+
+
+def test_paper_build_executes_stores_caches_and_skips(tmp_path, monkeypatch, capsys):
+    """The build's bookkeeping with the kernel replaced by a stub (a real paper-scale execution takes
+    minutes to hours): one notebook executed and stored, one skipped for its data, then a cache hit."""
+    from lowrank.book import paper_build as pb
+    from lowrank.book.verdicts import GLUE_PREFIX
+
+    calls = []
+
+    def fake_execute(name, output, parameters=None, figure_dir=None, figure_url=None, timeout=None):
+        import time
+
+        import nbformat
+
+        calls.append((name, parameters, timeout))
+        partial = output.parent / f".{output.stem}.tmp" / "output.ipynb"  # as papermill leaves it mid-run
+        partial.parent.mkdir(parents=True)
+        cells = [nbformat.v4.new_code_cell("1", metadata={"papermill": {"status": s}})
+                 for s in ("completed", "completed", "running", "pending")]
+        nbformat.write(nbformat.v4.new_notebook(cells=cells), partial)
+        time.sleep(0.5)
+        shutil.rmtree(partial.parent)
+        output.write_text("{}")
+        return {f"{GLUE_PREFIX}identity_residual": {"name": "identity_residual", "claim": "I-1", "kind": "check",
+                                                    "measured": 1e-15, "outcome": "holds", "scale": "paper"}}
+
+    monkeypatch.setattr(notebooks, "execute", fake_execute)
+    monkeypatch.setattr(pb, "HEARTBEAT_S", 0.1)
+    monkeypatch.setattr(pb, "EXECUTED", tmp_path / "executed")
+    monkeypatch.setattr(pr, "RESULTS", tmp_path / "results")
+    data = tmp_path / "no-data"
+    real = runs.resolve_parameters
+
+    def resolve(name, scale="ci", **kw):
+        p = real(name, scale=scale, **kw)
+        return {**p, "data_root": str(data)} if "data_root" in p else p
+
+    monkeypatch.setattr(runs, "resolve_parameters", resolve)
+    ready, skipped = pb.execute_paper([NAME, "sgd/rank_bound"])
+    assert ready == [NAME] and list(skipped) == ["sgd/rank_bound"] and "cifar10 is not in" in skipped["sgd/rank_bound"]
+    assert len(calls) == 1 and calls[0][1] == pr.paper_parameters(NAME) and calls[0][2] >= 3600
+    r = pr.paper_results(NAME)
+    assert r["stale"] is False and r["provenance"]["wall_s"] >= 0 and r["provenance"]["git"]["commit"]
+    assert pb.execute_paper([NAME])[0] == [NAME] and len(calls) == 1, "a current notebook was executed again"
+    out = capsys.readouterr().out
+    assert "paper scale on " in out and "skipped: cifar10 is not in" in out and "current (cache hit)" in out
+    assert f"{NAME}: 0 s elapsed, code cell 3 of 4" in out  # the heartbeat of a running notebook
+
+
+def test_paper_toc_keeps_prose_and_the_executed_notebooks_only():
+    from lowrank.book import build, paper_build as pb
+
+    toc = pb.paper_toc([NAME])
+    files = set()
+
+    def walk(node):
+        if isinstance(node, dict):
+            files.update([node["file"]] if "file" in node else [])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(toc)
+    assert f"notebooks/{NAME}" in files and not any(f.startswith("notebooks/") and f != f"notebooks/{NAME}"
+                                                    for f in files)
+    assert {f for f in build.toc_files() if not f.startswith("notebooks/")} <= files | {toc["root"]}
+
+
+def test_the_ledger_marks_a_stale_paper_result():
+    from lowrank.book import ledger
+
+    v = {"name": "identity_residual", "claim": "I-1", "kind": "check", "measured": 1e-15, "outcome": "holds",
+         "controls": [], "threshold": {"op": "<=", "value": 1e-12, "origin": "identity"}, "expected": "round-off"}
+    row = {"claim": "I-1", "notebook": NAME, "exists": True, "verdict": v, "paper": v, "paper_date": "2026-11-30"}
+    assert "stale" not in ledger._row_html({**row, "paper_stale": False}, set())
+    assert ">stale<" in ledger._row_html({**row, "paper_stale": True}, set())
+
+
+PROBE = """---
+jupytext:
+  text_representation: {{extension: .md, format_name: myst, format_version: 0.13}}
+kernelspec: {{display_name: Python 3, language: python, name: python3}}
+---
+
+# Probe {name}
+
+```{{code-cell}} ipython3
+:tags: [parameters]
+
+scale = "ci"
+n = 2
+dataset = "{dataset}"
+data_root = "data"
+```
+
+```{{code-cell}} ipython3
+from lowrank.book import verdicts as V
+v = V.check("n_squared", claim="P-1", measured=float(n * n), scale=scale, expected="n^2",
+            threshold=V.Threshold(">=", 0.0, "probe"))
+print("n squared is", n * n, "at", scale, "scale")
+```
+
+The value is {{glue:text}}`n_squared`.
+"""
+
+
+def test_make_paper_on_a_probe_book(tmp_path):
+    """`python -m lowrank.book.build --scale paper` end to end on a two-page copy of the book: the page
+    with a paper file is executed with it, stored with provenance and rendered in the paper-scale
+    HTML; the page whose CIFAR-10 is absent is skipped with the fetch command; the ci build is untouched."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from lowrank.book import build
+
+    root = tmp_path / "book"
+    shutil.copytree(build.PACKAGE, root / "lowrank", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(build.REPO_ROOT / "book" / "_ext", root / "book" / "_ext")
+    for rel in ("_config.yml", "book/references.bib", "book/claims.yaml"):
+        shutil.copy(build.REPO_ROOT / rel, root / rel)
+    (root / "book" / "intro.md").write_text("# Probe book\n")
+    (root / "_toc.yml").write_text("format: jb-book\nroot: book/intro\nchapters:\n"
+                                   "  - file: notebooks/probe/square\n  - file: notebooks/probe/needs_cifar\n")
+    (root / "notebooks" / "probe").mkdir(parents=True)
+    (root / "notebooks" / "probe" / "square.md").write_text(PROBE.format(name="A", dataset="digits"))
+    (root / "notebooks" / "probe" / "needs_cifar.md").write_text(PROBE.format(name="B", dataset="cifar10"))
+    (root / "params" / "paper" / "probe").mkdir(parents=True)
+    for nb in ("square", "needs_cifar"):
+        (root / "params" / "paper" / "probe" / f"{nb}.yaml").write_text("scale: paper\nn: 7\n")
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    out = subprocess.run([sys.executable, "-m", "lowrank.book.build", "--scale", "paper"], cwd=root, env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "probe/needs_cifar: skipped: cifar10 is not in" in out.stdout and "lowrank data fetch cifar10" in out.stdout
+    page = (root / "_build" / "paper" / "_build" / "html" / "notebooks" / "probe" / "square.html").read_text()
+    assert "n squared is 49 at paper scale" in page and "(paper scale)" in page
+    assert "# Parameters" in page and "n = 7" in page  # the injected paper parameters are shown
+    assert not (root / "_build" / "paper" / "_build" / "html" / "notebooks" / "probe" / "needs_cifar.html").exists()
+    stored = json.loads((root / "results" / "paper" / "probe" / "square" / "provenance.json").read_text())
+    assert stored["parameters"]["n"] == 7 and stored["wall_s"] > 0 and stored["device"].startswith(("cpu", "cuda"))
+    verdict = json.loads((root / "results" / "paper" / "probe" / "square" / "verdicts.json").read_text())
+    assert verdict["n_squared"]["measured"] == 49.0 and verdict["n_squared"]["scale"] == "paper"
+    assert not (root / "results" / "paper" / "probe" / "needs_cifar").exists()
+    assert not (root / "_build" / "executed").exists() and not (root / "_build" / "html").exists()

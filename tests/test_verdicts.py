@@ -1,0 +1,73 @@
+"""The verdict machinery: checks apart from claims, claims judged beside their negative controls."""
+
+import json
+import math
+
+import pytest
+
+from lowrank.book import verdicts as V
+
+T = V.Threshold(">=", 0.667, "paper l.83: two thirds of the cells")
+
+
+def _claim(measured, control, **kw):
+    return V.claim("c", claim="I-1", measured=measured, threshold=T, controls=V.Control("constant predictor", control),
+                   expected="agreement >= 2/3", scale="ci", **kw)
+
+
+def test_a_claim_whose_control_passes_is_uninformative():
+    assert _claim(0.78, 0.70).outcome == "uninformative"
+    assert not _claim(0.78, 0.70).agrees
+    assert _claim(0.78, 0.40).outcome == "agrees"
+    assert _claim(0.50, 0.70).outcome == "disagrees"  # a miss stays a miss whatever the control
+
+
+def test_any_passing_control_makes_it_uninformative_and_each_is_recorded():
+    v = V.claim("c", claim="I-1", measured=0.9, threshold=T, expected="", scale="ci",
+                controls=[V.Control("never residue", 0.1), V.Control("always data", 0.8)])
+    assert v.outcome == "uninformative"
+    assert [c["passes"] for c in v.controls] == [False, True]
+
+
+def test_a_claim_needs_a_control_and_a_threshold_its_origin():
+    with pytest.raises(ValueError, match="needs at least one Control"):
+        V.claim("c", claim="I-1", measured=0.9, threshold=T, controls=[], expected="", scale="ci")
+    with pytest.raises(ValueError, match="origin"):
+        V.Threshold(">=", 0.5, " ")
+    with pytest.raises(ValueError, match="finite"):
+        V.Threshold("<=", math.nan, "paper")
+    with pytest.raises(ValueError, match="op must be"):
+        V.Threshold("=>", 0.5, "paper")
+
+
+def test_a_check_never_counts_as_a_claim():
+    c = V.check("identity", claim="I-1", measured=1e-15, threshold=V.Threshold("<=", 1e-12, "identity"),
+                expected="round-off", scale="ci")
+    assert c.kind == "check" and c.outcome == "holds" and c.controls == []
+    failing = V.check("identity", claim="I-1", measured=1e-3, threshold=V.Threshold("<=", 1e-12, "identity"),
+                      expected="round-off", scale="ci")
+    assert failing.outcome == "fails"
+    assert c.outcome not in V.CLAIM_OUTCOMES and failing.outcome not in V.CLAIM_OUTCOMES
+
+
+def test_paper_only_claims_at_ci_scale_need_the_paper_scale():
+    assert _claim(0.9, 0.1, paper_scale_only=True).outcome == "needs paper scale"
+    assert V.claim("c", claim="I-1", measured=0.9, threshold=T, controls=V.Control("x", 0.1), expected="",
+                   scale="paper", paper_scale_only=True).outcome == "agrees"
+
+
+def test_between_thresholds_and_nan():
+    band = V.Threshold("between", (0.4, 0.6), "Prop. 4.1 exponent 1/2 +- 0.1 fixed in advance")
+    assert band.met(0.5) and not band.met(0.7) and not band.met(math.nan)
+    with pytest.raises(ValueError, match="measured value is nan"):
+        _claim(math.nan, 0.1)
+
+
+def test_excluded_runs_are_counted_and_the_record_is_json():
+    v = _claim(0.8, 0.1, excluded=V.Excluded(2, 8, "diverged"), details={"per_band": [0.5, 0.9]})
+    d = json.loads(json.dumps(v.as_dict()))
+    assert d["excluded"] == {"count": 2, "total": 8, "reason": "diverged"}
+    assert d["threshold"]["origin"].startswith("paper")
+    with pytest.raises(ValueError):
+        V.Excluded(9, 8, "diverged")
+    assert "control constant predictor: 0.1" in v.rounded() and v.rounded().endswith("(agrees)")
