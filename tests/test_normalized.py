@@ -60,6 +60,7 @@ def test_paper_cnn_has_the_papers_sizes():
 def test_tree_cnn_is_a_non_overlapping_tree():
     net = normalized.tree_cnn((1, 64))
     assert net.depth == 6 and net.num_patches() == [32, 16, 8, 4, 2]
+    assert normalized.tree_cnn((3, 9, 9), kernel_size=3).num_patches() == [9]  # 2-D, 3x3 patches
     assert net.feature_dim == 2
     # one channel, kernel 2, unit filters: the Toeplitz product is sqrt of the product of the patch counts
     assert net.product_norm("toeplitz") == pytest.approx(net.product_norm() * math.sqrt(32 * 16 * 8 * 4 * 2), rel=1e-6)

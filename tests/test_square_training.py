@@ -160,3 +160,26 @@ def test_nc_shuffled_and_convention_columns():
     assert (h.nc1 != h.shuffled_nc1).all()
     with pytest.raises(ValueError, match="nc_convention"):
         training.SquareConfig(epochs=1, lr=0.1, nc_convention="global")
+
+
+def test_summaries_against_hand_computed_tables():
+    import numpy as np
+    from scipy import stats
+
+    from lowrank.square import summaries
+
+    history = pd.DataFrame({"epoch": [0, 5, 10], "nc1": [4.0, 3.0, 1.0], "shuffled_nc1": [4.0, 4.0, 3.0],
+                            "nc3": [0.1, 0.2, 0.09]})
+    t = summaries.nc_falls(history, 2.0, keys=("nc1", "nc3", "nc4"))
+    got = {(r.metric, r.labels): r.falls for r in t.itertuples()}
+    assert got == {("nc1", "true"): True, ("nc1", "shuffled"): False, ("nc3", "true"): False,
+                   ("nc3", "shuffled"): False, ("nc4", "true"): False, ("nc4", "shuffled"): False}
+    layers = pd.DataFrame({"epoch": [0, 0, 0, 4, 4, 4, 8, 8, 8], "layer": [1, 2, 3] * 3,
+                           "classifier": [False, False, True] * 3, "rank": [8, 6, 1, 4, 6, 1, 2, 3, 1],
+                           "update_norm": [np.nan] * 3 + [5.0, 2.0, 9.0, 1.0, 1.0, 0.5]})
+    assert summaries.hidden_rank_ratio(layers) == pytest.approx((2 / 8 + 3 / 6) / 2)
+    # layer 1: ranks (4, 2), norms (5, 1) -> +1; layer 2: ranks (6, 3), norms (2, 1) -> +1
+    assert summaries.rank_update_correlation(layers) == pytest.approx(1.0)
+    assert summaries.rank_update_correlation(layers, reverse=True) == pytest.approx(-1.0)
+    one = layers[layers.layer == 1].dropna()
+    assert stats.spearmanr(one["rank"], one.update_norm).statistic == pytest.approx(1.0)

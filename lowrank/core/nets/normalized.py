@@ -195,15 +195,17 @@ class NormalizedNet(nn.Module):
         return math.prod(self.layer_norms(conv))
 
     def num_patches(self) -> list[int]:
-        """Output positions of every body layer (1 for a linear layer): the product over spatial axes
-        of the per-axis count of `lowrank.core.nets.conv.num_patches` (which counts a square input)."""
+        """Output positions of every body layer (1 for a linear layer), by
+        `lowrank.core.nets.conv.num_patches` (a 1-D conv counted as a 2-D one with a second axis of 1)."""
         out = []
         for layer, shape in zip(self.body, self._layer_in_shapes):
+            k, s, p = layer.kernel_size, layer.stride, layer.padding
             if layer.kind == "linear":
                 out.append(1)
+            elif layer.kind == "conv1d":
+                out.append(num_patches((shape[1], 1), (k, 1), (s, 1), (p, 0)))
             else:
-                out.append(math.prod(math.isqrt(num_patches(s, layer.kernel_size, layer.stride, layer.padding))
-                                     for s in shape[1:]))
+                out.append(num_patches(tuple(shape[1:]), k, s, p))
         return out
 
     def weight_matrices(self) -> list[NormalizedWeight]:

@@ -1,0 +1,69 @@
+"""Summaries of `train_square` histories that the Part III verdicts are computed from.
+
+Each function reads the tidy tables of a `SquareRun` (`history`, one row per logged epoch; `layers`,
+one row per logged epoch and layer) and returns plain numbers or a small table.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["NC_CORE", "NC_MEANS", "nc_falls", "hidden_rank_ratio", "rank_update_correlation"]
+
+NC_CORE = ("nc1", "nc2_equinorm_classifiers", "nc2_equiangular_classifiers", "nc3", "nc4")
+NC_MEANS = ("nc2_equinorm_means", "nc2_equiangular_means")
+
+
+def nc_falls(history: pd.DataFrame, factor: float, keys=NC_CORE, prefixes=("", "shuffled_")) -> pd.DataFrame:
+    """Whether each NC metric falls by `factor` from its first logged value (the initialisation) to its last.
+
+    Parameters
+    ----------
+    history : one run's history (rows in epoch order), with the metric columns `prefix + key`.
+    factor : the fall required, final <= initial / factor (no floor: a metric that starts low must fall too).
+    keys : the metric names; prefixes : "" for the true labels, "shuffled_" for the null model.
+
+    Returns
+    -------
+    DataFrame with one row per (metric, labels): metric, labels ("true" or "shuffled"), initial, final, falls.
+    A missing column gives NaN values and `falls = False`.
+    """
+    first, last = history.iloc[0], history.iloc[-1]
+    rows = []
+    for key in keys:
+        for prefix in prefixes:
+            a, b = first.get(prefix + key, np.nan), last.get(prefix + key, np.nan)
+            rows.append({"metric": key, "labels": "shuffled" if prefix else "true", "initial": a, "final": b,
+                         "falls": bool(b <= a / factor)})
+    return pd.DataFrame(rows)
+
+
+def _hidden(layers: pd.DataFrame) -> pd.DataFrame:
+    return layers[~layers.classifier.astype(bool)]
+
+
+def hidden_rank_ratio(layers: pd.DataFrame) -> float:
+    """Mean over the hidden layers (the classifier left out) of final / initial numerical rank, for one
+    run's `layers` table (rows in epoch order)."""
+    grp = _hidden(layers).groupby("layer")["rank"]
+    return float((grp.last() / grp.first()).mean())
+
+
+def rank_update_correlation(layers: pd.DataFrame, reverse: bool = False) -> float:
+    """Mean over the hidden layers of the Spearman correlation, over the logged epochs, between the
+    numerical rank of `V_k` and its update norm (Eq. 53 relates the two). Layers whose rank never
+    changes are skipped (their correlation is undefined); NaN when none is left.
+
+    reverse : pair the ranks with the update norms in reversed time order (the negative control).
+    """
+    from scipy import stats
+
+    out = []
+    for _, g in _hidden(layers).dropna(subset=["update_norm"]).groupby("layer"):
+        norms = g.update_norm.to_numpy()[::-1] if reverse else g.update_norm.to_numpy()
+        if g["rank"].nunique() > 1:
+            out.append(stats.spearmanr(g["rank"], norms).statistic)
+    return float(np.mean(out)) if out else math.nan
