@@ -195,7 +195,7 @@ def test_ledger_summary_counts_equal_the_glued_verdicts(server, browser):
     expected = Counter()
     for name in build.book_notebooks():
         for v in _glued(name).values():
-            expected[(v["kind"], v["outcome"] if v["kind"] != "legacy" else "any")] += 1
+            expected[(v["kind"], v["outcome"])] += 1
     for page in ("book/ledger.html", "book/intro.html"):
         tab, _, _ = _open(browser, server, page)
         shown = tab.evaluate("""() => [...document.querySelectorAll('.ledger-cards[data-scale="ci"] .count')]

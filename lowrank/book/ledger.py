@@ -85,7 +85,7 @@ def ledger_rows(executed: dict[str, Path], results_root: Path | None = None) -> 
 
 def ledger_counts(rows: list[dict], scale: str = "ci") -> dict[str, Counter]:
     """`{kind: Counter(outcome)}` over the measured rows at `scale` ("ci" or "paper")."""
-    counts: dict[str, Counter] = {"claim": Counter(), "check": Counter(), "legacy": Counter()}
+    counts: dict[str, Counter] = {"claim": Counter(), "check": Counter()}
     for r in rows:
         v = r["verdict"] if scale == "ci" else r.get("paper")
         if v:
@@ -122,7 +122,7 @@ def verdict_url(row: dict, base: str) -> str:
 
 
 def _cards(counts: dict[str, Counter], scale: str) -> str:
-    claims, checks, legacy = counts["claim"], counts["check"], counts["legacy"]
+    claims, checks = counts["claim"], counts["check"]
     cards = [(o, claims[o], f"claims {LABEL[o]}", "claim") for o in CLAIM_OUTCOMES]
     cards += [(o, checks[o], f"checks {LABEL[o]}", "check") for o in CHECK_OUTCOMES]
     out = [f'<div class="ledger-cards" data-scale="{scale}">']
@@ -130,10 +130,6 @@ def _cards(counts: dict[str, Counter], scale: str) -> str:
         style = OUTCOME_STYLE[outcome] if n else "none"
         out.append(f'<div class="ledger-card outcome-{style}"><span class="count" data-kind="{kind}" '
                    f'data-outcome="{_e(outcome)}" data-scale="{scale}">{n}</span><span class="label">{_e(label)}</span></div>')
-    if sum(legacy.values()):
-        out.append(f'<div class="ledger-card outcome-none"><span class="count" data-kind="legacy" data-outcome="any" '
-                   f'data-scale="{scale}">{sum(legacy.values())}</span><span class="label">not yet claims or checks '
-                   f'(no control; not evidence)</span></div>')
     out.append("</div>")
     return "".join(out)
 
@@ -149,8 +145,6 @@ def _by_part(rows: list[dict]) -> str:
                 continue
             badges = [badge(o, _count(c["claim"][o], "claim", o)) for o in CLAIM_OUTCOMES if c["claim"][o]]
             badges += [badge(o, _count(c["check"][o], "check", o)) for o in CHECK_OUTCOMES if c["check"][o]]
-            if sum(c["legacy"].values()):
-                badges.append(badge(None, f"{sum(c['legacy'].values())} not converted"))
             items.append(f'<li><strong>{_e(title)}</strong>, {scale} scale: {" ".join(badges) or "nothing measured"}</li>')
     out = f'<ul class="ledger-by-part">{"".join(items)}</ul>'
     if not any(sum(c.values()) for c in ledger_counts(rows, "paper").values()):
@@ -161,21 +155,15 @@ def _by_part(rows: list[dict]) -> str:
 
 
 def _disagreements(rows: list[dict], base: str) -> str:
-    """Claims that disagree, checks that fail and, apart, unconverted verdicts that disagree."""
+    """Claims that disagree and checks that fail."""
     def item(r):
         v = r["verdict"]
         return (f'<li>{badge(v["outcome"])} <a href="{_e(verdict_url(r, base))}">{_e(r["claim"])} · '
                 f'{_e(v.get("description") or v["name"])}</a></li>')
 
-    bad = [r for r in rows if r["verdict"] and r["verdict"]["outcome"] in ("disagrees", "fails")]
-    converted = [item(r) for r in bad if r["verdict"]["kind"] != "legacy"]
-    legacy = [item(r) for r in bad if r["verdict"]["kind"] == "legacy"]
-    out = (f'<ul class="ledger-disagreements">{"".join(converted)}</ul>' if converted
-           else "<p>No claim disagrees and no check fails at ci scale.</p>")
-    if legacy:
-        out += ('<details class="ledger-legacy"><summary>Verdicts not yet converted to claims and checks that '
-                f'disagree ({len(legacy)})</summary><ul class="ledger-disagreements">{"".join(legacy)}</ul></details>')
-    return out
+    bad = [item(r) for r in rows if r["verdict"] and r["verdict"]["outcome"] in ("disagrees", "fails")]
+    return (f'<ul class="ledger-disagreements">{"".join(bad)}</ul>' if bad
+            else "<p>No claim disagrees and no check fails at ci scale.</p>")
 
 
 def summary_html(rows: list[dict], base: str) -> str:
@@ -200,7 +188,7 @@ def _control_text(v: dict) -> str:
 def _threshold_text(v: dict) -> str:
     thr = v.get("threshold") or {}
     op, value = thr.get("op"), thr.get("value")
-    if op in (None, "legacy"):
+    if op is None:
         rule = ""
     elif op == "between":
         rule = f"in [{value[0]:.4g}, {value[1]:.4g}] "
@@ -219,7 +207,7 @@ def _row_html(r: dict, toc_files: set[str]) -> str:
                 f"(<code>{_e(nb)}</code>)</td></tr>")
     name = _e(v.get("description") or v["name"])
     link = f'<a href="{_e(verdict_url(r, "../"))}">{name}</a>' if in_book else name
-    kind = "not yet a claim or check" if v["kind"] == "legacy" else v["kind"]
+    kind = v["kind"]
     ci = f'{v["measured"]:.3g} ({badge(v["outcome"])})'
     pv = r.get("paper")
     stale = (' <span class="outcome-badge outcome-none" title="the paper file changed since this run">stale</span>'
@@ -235,8 +223,8 @@ def _row_html(r: dict, toc_files: set[str]) -> str:
 
 
 def _part_table(rows: list[dict], toc_files: set[str]) -> str:
-    """Claims first, then checks, then unconverted verdicts, in claims.yaml order within each."""
-    order = {"claim": 0, "check": 1, "legacy": 2}
+    """Claims first, then checks, in claims.yaml order within each."""
+    order = {"claim": 0, "check": 1}
     rows = sorted(rows, key=lambda r: order.get((r["verdict"] or {}).get("kind"), 3))
     head = ["verdict (links to its row)", "negative control", "expects (origin of the threshold)", "ci scale",
             "paper scale"]
@@ -292,8 +280,6 @@ def part_summary_html(rows: list[dict], part: str, base: str) -> str:
     c = ledger_counts(part_rows, "ci")
     badges = [badge(o, _count(c["claim"][o], "claim", o)) for o in CLAIM_OUTCOMES if c["claim"][o]]
     badges += [badge(o, _count(c["check"][o], "check", o)) for o in CHECK_OUTCOMES if c["check"][o]]
-    if sum(c["legacy"].values()):
-        badges.append(badge(None, f"{sum(c['legacy'].values())} not yet claims or checks"))
     return (f'<p class="ledger-part-summary">At ci scale: {" ".join(badges) or "nothing measured yet"}</p>'
             + _disagreements(part_rows, base))
 

@@ -33,7 +33,7 @@ import operator
 from dataclasses import asdict, dataclass, field
 
 __all__ = ["Threshold", "Control", "Excluded", "Verdict", "check", "claim", "show", "summary", "GLUE_PREFIX",
-           "OUTCOMES", "CHECK_OUTCOMES", "CLAIM_OUTCOMES", "record"]
+           "OUTCOMES", "CHECK_OUTCOMES", "CLAIM_OUTCOMES"]
 
 GLUE_PREFIX = "verdict."
 CHECK_OUTCOMES = ("holds", "fails", "loose")
@@ -196,14 +196,6 @@ def claim(name, *, claim, measured, threshold: Threshold, controls, expected, sc
         outcome = "agrees"
     v = Verdict(name, claim, "claim", m, expected, asdict(threshold), outcome, scale, recorded,
                 asdict(excluded) if excluded else None, description, note, dict(details or {}))
-    return _glue(v)
-
-
-def record(name, *, claim, measured, expected, agrees, scale, description="", note="", details=None) -> Verdict:
-    """Legacy verdict of a notebook not yet converted to `check` / `claim`: kind "legacy", no control,
-    no threshold origin. The ledger lists it apart and never counts it as evidence."""
-    v = Verdict(name, claim, "legacy", float(measured), expected, {"op": "legacy", "value": None, "origin": "not stated"},
-                "agrees" if agrees else "disagrees", scale, [], None, description, note, dict(details or {}))
     return _glue(v)
 
 
