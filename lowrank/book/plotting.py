@@ -75,3 +75,41 @@ def _show_download_links(stem: str) -> None:
     links = " · ".join(f'<a href="{base}/{stem}.{ext}" download>{label}</a>'
                        for ext, label in (("csv", "data (CSV)"), ("svg", "figure (SVG)")))
     display(HTML(f'<p class="figure-downloads">Download: {links}</p>'))
+
+
+def rank_and_accuracy_curves(avg, *, panel: str, panel_values, colour: str, colour_values, colour_label,
+                             panel_title, rank_column: str, alternative_column: str | None = None,
+                             rank_label: str = "average rank", cmap: str = "viridis", title: str = ""):
+    """The rank-versus-hyperparameter pages' figure: one column per value of `panel`, one colour per
+    value of `colour`; top row the average rank per epoch (dashed: `alternative_column`, the other
+    rank convention), bottom row train (solid) and test (dashed) accuracy.
+
+    Parameters
+    ----------
+    avg : table with columns `epoch`, `train_acc`, `test_acc`, `panel`, `colour` and the rank columns.
+    panel_values, colour_values : the values to draw, in order.
+    colour_label, panel_title : functions of a value giving the legend label and the column title.
+    Returns the figure.
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    colours = dict(zip(colour_values, plt.get_cmap(cmap)(np.linspace(0, 0.9, len(colour_values)))))
+    fig, axes = plt.subplots(2, len(panel_values), figsize=(4.2 * len(panel_values), 6.4), sharex=True, squeeze=False)
+    for j, p in enumerate(panel_values):
+        for c in colour_values:
+            run = avg[(avg[panel] == p) & (avg[colour] == c)]
+            axes[0, j].plot(run["epoch"], run[rank_column], color=colours[c], label=colour_label(c))
+            if alternative_column:
+                axes[0, j].plot(run["epoch"], run[alternative_column], color=colours[c], ls="--", lw=1)
+            axes[1, j].plot(run["epoch"], run["train_acc"], color=colours[c])
+            axes[1, j].plot(run["epoch"], run["test_acc"], color=colours[c], ls="--")
+        axes[0, j].set_title(panel_title(p), fontsize=10)
+        axes[1, j].set_xlabel("epoch")
+    axes[0, 0].set_ylabel(rank_label)
+    axes[1, 0].set_ylabel("accuracy (test dashed)")
+    axes[0, 0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
