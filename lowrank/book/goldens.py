@@ -129,7 +129,16 @@ def _commit() -> str:
 
 
 def write_block(name: str, entries: dict, path: Path = GOLDEN, order: list[str] | None = None) -> None:
-    """Replace notebook `name`'s block in the golden file (atomically), keeping the other blocks."""
+    """Replace notebook `name`'s block in the golden file (atomically, under a lock so that two
+    measuring commands never lose each other's blocks), keeping the other blocks."""
+    import fcntl
+
+    with open(Path(path).with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _write_block(name, entries, Path(path), order)
+
+
+def _write_block(name: str, entries: dict, path: Path, order: list[str] | None) -> None:
     golden = load(path) if Path(path).is_file() else {}
     golden[name] = entries
     names = [n for n in (order or []) if n in golden] + sorted(n for n in golden if n not in (order or []))
