@@ -188,7 +188,7 @@ def compare_spread(recorded: dict, fresh: dict) -> list[dict]:
 
 
 def _moved(a: float, b: float) -> bool:
-    return abs(a - b) > 1e-6 * max(abs(a), abs(b), FLOOR)
+    return abs(a - b) > 1e-5 * max(abs(a), abs(b), FLOOR)  # goldens keep 6 significant digits
 
 
 def verdict_diff(executed: dict[str, Path], golden: dict | None = None) -> list[dict]:
