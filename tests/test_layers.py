@@ -1,7 +1,6 @@
 """The package's layers: imports run one way only (book -> parts -> core), parts never import each
 other, and the science imports without the book, sweep or test stacks."""
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -14,24 +13,13 @@ LAYER = {"core": 0, **{p: 1 for p in PARTS}, "book": 2}
 
 
 def imported_lowrank_modules(path: Path, package_dir: Path = PACKAGE) -> set[str]:
-    """Absolute `lowrank.<sub>...` names imported by the file (relative imports resolved)."""
-    module = ".".join(path.relative_to(package_dir.parent).with_suffix("").parts)
-    package = module.rpartition(".")[0] if path.name != "__init__.py" else module.removesuffix(".__init__")
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.startswith("lowrank"))
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                name = ".".join(base + ([node.module] if node.module else []))
-            else:
-                name = node.module or ""
-            if name == "lowrank":
-                found.update(f"lowrank.{a.name}" for a in node.names)
-            elif name.startswith("lowrank."):
-                found.add(name)
-    return found
+    """Absolute `lowrank.<sub>...` names imported by the file (relative imports resolved), by the
+    book build's own import reader (`lowrank.book.build._imports`)."""
+    from lowrank.book.build import _imports
+
+    is_package = path.name == "__init__.py"
+    module = ".".join(path.relative_to(package_dir.parent).with_suffix("").parts).removesuffix(".__init__")
+    return {n for n in _imports(path.read_text(), module, is_package) if n.startswith("lowrank.")}
 
 
 def subpackage(module_or_path) -> str:
