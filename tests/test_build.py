@@ -3,6 +3,7 @@
 import shutil
 
 from lowrank.book import build
+from probe_book import probe_notebook
 
 NB = "gradients/decomposition"
 
@@ -27,26 +28,6 @@ def test_key_changes_with_used_code_only(tmp_path, monkeypatch):
     assert build.execution_key(NB) != before
 
 
-PROBE = """---
-jupytext:
-  text_representation: {{extension: .md, format_name: myst, format_version: 0.13}}
-kernelspec: {{display_name: Python 3, language: python, name: python3}}
----
-
-# Probe {name}
-
-```{{code-cell}} ipython3
-:tags: [parameters]
-
-scale = "ci"
-```
-
-```{{code-cell}} ipython3
-{code}
-```
-"""
-
-
 def test_changed_function_shows_up_in_rebuilt_book(tmp_path):
     """Build a two-page book on a copy of the package, change a function one page uses, rebuild:
     that page shows the new value, the other page is not executed again."""
@@ -65,9 +46,9 @@ def test_changed_function_shows_up_in_rebuilt_book(tmp_path):
     (root / "_toc.yml").write_text("format: jb-book\nroot: book/intro\nchapters:\n"
                                    "  - file: notebooks/probe/uses_spectral\n  - file: notebooks/probe/plain\n")
     (root / "notebooks" / "probe").mkdir(parents=True)
-    (root / "notebooks" / "probe" / "uses_spectral.md").write_text(PROBE.format(
+    (root / "notebooks" / "probe" / "uses_spectral.md").write_text(probe_notebook(
         name="A", code="from lowrank.core import spectral\nprint('stable rank', spectral.stable_rank([[3.0, 0], [0, 4.0]]))"))
-    (root / "notebooks" / "probe" / "plain.md").write_text(PROBE.format(name="B", code="print('no lowrank here')"))
+    (root / "notebooks" / "probe" / "plain.md").write_text(probe_notebook(name="B", code="print('no lowrank here')"))
     env = {**os.environ, "PYTHONPATH": str(root)}
 
     def build_book():

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from lowrank.book import cli, notebooks, paper_results as pr, runs
+from probe_book import probe_notebook
 
 NAME = "gradients/decomposition"
 
@@ -183,32 +184,15 @@ def test_the_ledger_marks_a_stale_paper_result():
     assert ">stale<" in ledger._row_html({**row, "paper_stale": True}, set())
 
 
-PROBE = """---
-jupytext:
-  text_representation: {{extension: .md, format_name: myst, format_version: 0.13}}
-kernelspec: {{display_name: Python 3, language: python, name: python3}}
----
-
-# Probe {name}
-
-```{{code-cell}} ipython3
-:tags: [parameters]
-
-scale = "ci"
-n = 2
-dataset = "{dataset}"
-data_root = "data"
-```
-
-```{{code-cell}} ipython3
-from lowrank.book import verdicts as V
+PROBE_CODE = """from lowrank.book import verdicts as V
 v = V.check("n_squared", claim="P-1", measured=float(n * n), scale=scale, expected="n^2",
             threshold=V.Threshold(">=", 0.0, "probe"))
-print("n squared is", n * n, "at", scale, "scale")
-```
+print("n squared is", n * n, "at", scale, "scale")"""
 
-The value is {{glue:text}}`n_squared`.
-"""
+
+def _probe(name, dataset):
+    return probe_notebook(name, PROBE_CODE, f'n = 2\ndataset = "{dataset}"\ndata_root = "data"\n',
+                          "The value is {glue:text}`n_squared`.")
 
 
 def test_make_paper_on_a_probe_book(tmp_path):
@@ -231,8 +215,8 @@ def test_make_paper_on_a_probe_book(tmp_path):
     (root / "_toc.yml").write_text("format: jb-book\nroot: book/intro\nchapters:\n"
                                    "  - file: notebooks/probe/square\n  - file: notebooks/probe/needs_cifar\n")
     (root / "notebooks" / "probe").mkdir(parents=True)
-    (root / "notebooks" / "probe" / "square.md").write_text(PROBE.format(name="A", dataset="digits"))
-    (root / "notebooks" / "probe" / "needs_cifar.md").write_text(PROBE.format(name="B", dataset="cifar10"))
+    (root / "notebooks" / "probe" / "square.md").write_text(_probe("A", "digits"))
+    (root / "notebooks" / "probe" / "needs_cifar.md").write_text(_probe("B", "cifar10"))
     (root / "params" / "paper" / "probe").mkdir(parents=True)
     for nb in ("square", "needs_cifar"):
         (root / "params" / "paper" / "probe" / f"{nb}.yaml").write_text("scale: paper\nn: 7\n")
