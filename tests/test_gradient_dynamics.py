@@ -79,15 +79,6 @@ def test_residue_alignment_bad_inputs():
 # --------------------------------------------------------------------------- norms
 
 
-def test_top_singular_value_matches_svdvals_small_and_large():
-    g = torch.Generator().manual_seed(1)
-    for shape in [(30, 40), (260, 300)]:
-        M = torch.randn(*shape, generator=g, dtype=torch.float64)
-        assert gd.top_singular_value(M) == pytest.approx(float(torch.linalg.svdvals(M)[0]), rel=1e-10)
-    with pytest.raises(ValueError, match="at least 2 dimensions"):
-        gd.top_singular_value(torch.ones(3))
-
-
 def test_term_norms_match_full_svd():
     p = small_problem()
     dec = decomposition.decompose_problem(p)
@@ -344,9 +335,12 @@ def test_single_index_draw_is_seeded_and_shaped():
 def test_rank_one_statistics_against_svd():
     p = small_problem(nu=0.75)
     s, row = gd.rank_one_statistics(p)
+    full, row_full = gd.rank_one_statistics(p, spectrum=True)
     dec = decomposition.decompose_problem(p)
     sv = torch.linalg.svdvals(dec.G)
-    torch.testing.assert_close(s, sv)
+    torch.testing.assert_close(full, sv)
+    torch.testing.assert_close(s, sv[:2])
+    assert row == row_full
     assert row["s2_over_s1"] == pytest.approx(float(sv[1] / sv[0]))
     assert row["S1_over_G"] == pytest.approx(float(torch.linalg.svdvals(dec.S1)[0] / sv[0]), rel=1e-10)
     assert row["norm_S12_S2"] == pytest.approx(float(torch.linalg.svdvals(dec.S12 + dec.S2)[0]), rel=1e-10)

@@ -289,3 +289,15 @@ def test_execute_leaves_no_work_folder_and_cleans_dead_ones(tmp_path, monkeypatc
     with pytest.raises(RuntimeError, match="kernel died"):
         notebooks.execute(NB, tmp_path / "nb.ipynb")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_lowrank_run_shows_progress_per_cell(tmp_path, monkeypatch, capsys):
+    """`lowrank run` is not silent while it works: papermill's bar counts the executed cells."""
+    monkeypatch.setattr(runs, "RUNS", tmp_path)
+    args = ["run", NB]
+    for k, v in TINY.items():
+        args += ["-p", k, json.dumps(v)]
+    assert cli.main(args) == 0
+    captured = capsys.readouterr()
+    assert "Executing" in captured.err and "cell" in captured.err
+    assert f"wrote {tmp_path}" in captured.out

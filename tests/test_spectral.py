@@ -118,6 +118,43 @@ def test_leading_left_vectors():
     np.testing.assert_allclose(np.abs(U.numpy().T @ Un), np.eye(2), atol=1e-10)
 
 
+def test_count_outliers_from_leading_values_equals_from_matrix():
+    rng = np.random.default_rng(5)
+    M = rng.standard_normal((250, 300)) / np.sqrt(300) + 20 * np.outer(np.eye(250)[0], np.eye(300)[0])
+    s = torch.from_numpy(np.linalg.svd(M, compute_uv=False))
+    assert spectral.count_outliers(M) == spectral.count_outliers(s[:6]) == 1
+
+
+@pytest.mark.parametrize("shape", [(30, 40), (260, 300), (700, 500)])
+@pytest.mark.parametrize("k", [1, 2, 6])
+def test_top_singular_matches_numpy_full_svd(shape, k):
+    """ARPACK (large matrices) and the sliced full SVD (small ones) against NumPy's LAPACK SVD:
+    values to 1e-12 of s_1, vectors to 1e-8 in |cos| on a spectrum with distinct leading values."""
+    rng = np.random.default_rng(sum(shape) + k)
+    m, n = shape
+    decay = np.concatenate([[40.0, 25.0, 15.0, 10.0, 7.0, 5.0], 3.0 * np.linspace(1, 0.1, min(m, n) - 6)])
+    M = planted(m, n, decay, seed=sum(shape))
+    U, s, Vh = np.linalg.svd(M, full_matrices=False)
+    top = spectral.top_singular(M, k)
+    assert top.U.shape == (m, k) and top.s.shape == (k,) and top.Vh.shape == (k, n)
+    np.testing.assert_allclose(top.s.numpy(), s[:k], rtol=0, atol=1e-12 * s[0])
+    np.testing.assert_allclose(np.abs(np.sum(top.U.numpy() * U[:, :k], axis=0)), 1.0, atol=1e-8)
+    np.testing.assert_allclose(np.abs(np.sum(top.Vh.numpy() * Vh[:k], axis=1)), 1.0, atol=1e-8)
+    assert spectral.top_singular_value(M) == pytest.approx(s[0], rel=1e-12)
+
+
+def test_top_singular_is_deterministic_and_accepts_a_start_vector():
+    M = torch.from_numpy(np.random.default_rng(3).standard_normal((300, 400)))
+    a, b = spectral.top_singular(M, 3), spectral.top_singular(M, 3)
+    assert torch.equal(a.s, b.s) and torch.equal(a.U, b.U)
+    warm = spectral.top_singular(M, 3, v0=a.U[:, 0])
+    np.testing.assert_allclose(warm.s.numpy(), a.s.numpy(), rtol=1e-12)
+    with pytest.raises(ValueError, match="v0 must have length 300"):
+        spectral.top_singular(M, 3, v0=torch.ones(400))
+    with pytest.raises(ValueError, match="k must be an integer between 1 and 300"):
+        spectral.top_singular(M, 0)
+
+
 @pytest.mark.parametrize(
     "call, message",
     [

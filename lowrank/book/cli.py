@@ -60,7 +60,7 @@ def _overrides(pairs) -> dict:
 def cmd_run(args) -> int:
     overrides = _overrides(args.p)
     params = runs.resolve_parameters(args.name, scale=args.scale, params_file=args.params, overrides=overrides)
-    folder, reused = runs.run(args.name, params, force=args.force)
+    folder, reused = runs.run(args.name, params, force=args.force, progress=True)
     print(f"{'reused' if reused else 'wrote'} {folder}")
     for v in runs.load_run(folder)["verdicts"].values():
         controls = "".join(f"; control {c['name']}: {c['value']:.4g}" for c in v.get("controls", []))

@@ -184,11 +184,12 @@ def _kernel_manager_class():
 
 
 def execute(name: str, output: Path, parameters: dict | None = None, figure_dir: Path | None = None,
-            figure_url: str | None = None, timeout: int = 1800) -> dict:
+            figure_url: str | None = None, timeout: int = 1800, progress: bool = False) -> dict:
     """Execute notebook `name` with papermill into `output` (.ipynb), atomically.
 
     The kernel runs in the notebook's folder; figures go to `figure_dir` (LOWRANK_FIGURE_DIR) and
-    their download links point at `figure_url` (LOWRANK_FIGURE_URL). Returns the glued values.
+    their download links point at `figure_url` (LOWRANK_FIGURE_URL). `progress` shows papermill's
+    bar on stderr (cells done, elapsed, estimated time left). Returns the glued values.
     On failure nothing is left at `output`.
     """
     import logging
@@ -219,7 +220,7 @@ def execute(name: str, output: Path, parameters: dict | None = None, figure_dir:
             start = time.time()
             papermill.execute_notebook(
                 str(src), str(partial), parameters=parameters or {}, cwd=str(source_path(name).parent),
-                kernel_name="python3", progress_bar=False, execution_timeout=timeout,
+                kernel_name="python3", progress_bar=progress, execution_timeout=timeout,
                 kernel_manager_class=_kernel_manager_class(),
             )
         finally:

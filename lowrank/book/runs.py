@@ -523,11 +523,13 @@ def run_dir(name: str, params: dict) -> Path:
     return RUNS / name / run_hash(name, params)
 
 
-def run(name: str, params: dict, *, force: bool = False, runs_root: Path | None = None) -> tuple[Path, bool]:
+def run(name: str, params: dict, *, force: bool = False, runs_root: Path | None = None,
+        progress: bool = False) -> tuple[Path, bool]:
     """Execute `name` with the (already resolved) `params` into its run folder.
 
     Returns `(folder, reused)`. An existing complete folder whose files match its manifest is
-    reused unless `force`; one that does not match is run again (said on stderr).
+    reused unless `force`; one that does not match is run again (said on stderr). `progress` shows
+    the executed cells with elapsed time on stderr.
     """
     notebooks.check_name(name)
     root = check_output_folder(runs_root if runs_root is not None else RUNS, "runs folder")
@@ -544,7 +546,7 @@ def run(name: str, params: dict, *, force: bool = False, runs_root: Path | None 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        _execute_into(tmp, name, params, final.name)
+        _execute_into(tmp, name, params, final.name, progress)
         if final.exists():  # a rerun: swap in the new folder, then drop the old one
             old = work_name(final, "old")
             os.rename(final, old)
@@ -558,7 +560,7 @@ def run(name: str, params: dict, *, force: bool = False, runs_root: Path | None 
     return final, False
 
 
-def _execute_into(tmp: Path, name: str, params: dict, run_name: str) -> None:
+def _execute_into(tmp: Path, name: str, params: dict, run_name: str, progress: bool = False) -> None:
     """Execute the notebook into the fresh folder `tmp`: notebook, figures, verdicts, parameters,
     provenance, then the manifest of them all."""
     from lowrank.book.verdicts import GLUE_PREFIX
@@ -566,7 +568,8 @@ def _execute_into(tmp: Path, name: str, params: dict, run_name: str) -> None:
 
     started = dt.datetime.now(dt.timezone.utc)
     t0 = time.time()
-    values = notebooks.execute(name, tmp / "notebook.ipynb", parameters=params, figure_dir=tmp / "figures")
+    values = notebooks.execute(name, tmp / "notebook.ipynb", parameters=params, figure_dir=tmp / "figures",
+                               progress=progress)
     found = {k[len(GLUE_PREFIX):]: v for k, v in values.items() if k.startswith(GLUE_PREFIX)}
     (tmp / "verdicts.json").write_text(json.dumps(found, indent=2, sort_keys=True))
     (tmp / "parameters.json").write_text(json.dumps(params, indent=2, sort_keys=True))

@@ -7,7 +7,9 @@ float64 by default. A single matrix gives Python numbers; a batch gives tensors 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from lowrank.core.validation import as_tensor, check_choice
@@ -28,6 +30,9 @@ __all__ = [
     "conv_weight_as_matrix",
     "count_outliers",
     "leading_left_vectors",
+    "TopSingular",
+    "top_singular",
+    "top_singular_value",
 ]
 
 
@@ -273,15 +278,21 @@ def count_outliers(M, max_outliers: int = 5, gap: float = 1.5) -> int:
     """Number of singular values of `M` separated from the bulk.
 
     The count is the largest `k <= max_outliers` with `s_k / s_{k+1} >= gap` (0 when there is
-    none): the leading values sit above the last large gap among the top `max_outliers + 1`.
+    none): the leading values sit above the last large gap among the top `max_outliers + 1`
+    (only those are computed, `top_singular`). `M` may also be those leading singular values,
+    descending (a 1-D tensor), when they are already at hand.
     """
     if not gap > 1:
         raise ValueError(f"gap must be greater than 1, got {gap}")
     if not isinstance(max_outliers, int) or max_outliers < 1:
         raise ValueError(f"max_outliers must be a positive integer, got {max_outliers!r}")
-    s = singular_values(M)
-    if s.ndim != 1:
-        raise ValueError("count_outliers takes a single matrix")
+    if isinstance(M, torch.Tensor) and M.ndim == 1:
+        s = M
+    else:
+        M = _matrix(M)
+        if M.ndim != 2:
+            raise ValueError("count_outliers takes a single matrix")
+        s = top_singular(M, min(max_outliers + 1, min(M.shape))).s
     k_max = min(max_outliers, s.shape[0] - 1)
     ratios = s[:k_max] / s[1 : k_max + 1].clamp(min=torch.finfo(s.dtype).tiny)
     big = torch.nonzero(ratios >= gap).flatten()
@@ -290,10 +301,62 @@ def count_outliers(M, max_outliers: int = 5, gap: float = 1.5) -> int:
 
 def leading_left_vectors(M, k: int = 1) -> torch.Tensor:
     """The `k` leading left singular vectors of a matrix, as columns (signs are arbitrary)."""
-    U, _, _ = torch.linalg.svd(_matrix(M), full_matrices=False)
-    if not 1 <= k <= U.shape[-1]:
-        raise ValueError(f"k must be between 1 and {U.shape[-1]}, got {k}")
-    return U[..., :k]
+    M = _matrix(M)
+    if M.ndim != 2:
+        raise ValueError(f"M must be a matrix, got shape {tuple(M.shape)}")
+    if not isinstance(k, int) or not 1 <= k <= min(M.shape):
+        raise ValueError(f"k must be between 1 and {min(M.shape)}, got {k}")
+    return top_singular(M, k).U
+
+
+class TopSingular(NamedTuple):
+    """The `k` leading singular triplets of a matrix: `M ~ U diag(s) Vh`, `s` descending."""
+
+    U: torch.Tensor  # m x k
+    s: torch.Tensor  # k
+    Vh: torch.Tensor  # k x n
+
+
+# Below this smallest dimension (or for k above a quarter of it) a full LAPACK SVD is as fast as
+# ARPACK's Lanczos iterations and simpler.
+ITERATIVE_SVD_MIN_DIM = 200
+
+
+def top_singular(M, k: int = 1, *, v0=None) -> TopSingular:
+    """The `k` leading singular values and vectors of one matrix, without a full SVD.
+
+    On the CPU, for matrices whose smaller side exceeds `ITERATIVE_SVD_MIN_DIM` and `k` below a
+    quarter of it, ARPACK's implicitly restarted Lanczos method (`scipy.sparse.linalg.svds`) to
+    machine precision (`tol=0`) from a deterministic start vector: `v0` (length `min(M.shape)`,
+    e.g. the previous step's leading vector, which shortens the iteration) or a constant vector.
+    Otherwise (small matrices, large `k`, tensors on a GPU) a full `torch.linalg.svd` on the
+    input's device, sliced. Values agree with the full SVD to about 1e-13 of `s_1` (tested);
+    vectors up to sign, where the singular values are distinct.
+    """
+    M = _matrix(M, dtype=None)
+    if M.ndim != 2:
+        raise ValueError(f"M must be a matrix, got shape {tuple(M.shape)}")
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= min(M.shape):
+        raise ValueError(f"k must be an integer between 1 and {min(M.shape)}, got {k!r}")
+    small = min(M.shape)
+    if M.device.type != "cpu" or small <= ITERATIVE_SVD_MIN_DIM or 4 * k > small:
+        U, s, Vh = torch.linalg.svd(M, full_matrices=False)
+        return TopSingular(U[:, :k], s[:k], Vh[:k])
+    from scipy.sparse.linalg import svds
+
+    A = M.detach().numpy()
+    start = np.ones(small) if v0 is None else as_tensor(v0, "v0", min_ndim=1).detach().cpu().numpy()
+    if start.shape != (small,):
+        raise ValueError(f"v0 must have length {small} (the smaller side of M), got {start.shape}")
+    u, s, vh = svds(A, k=k, tol=0, v0=start)
+    order = np.argsort(s)[::-1].copy()
+    return TopSingular(torch.from_numpy(u[:, order].copy()).to(M.dtype), torch.from_numpy(s[order].copy()).to(M.dtype),
+                       torch.from_numpy(vh[order].copy()).to(M.dtype))
+
+
+def top_singular_value(M) -> float:
+    """`||M||_2` of one matrix (`top_singular` with k = 1)."""
+    return float(top_singular(M, 1).s[0])
 
 
 def conv_weight_as_matrix(weight) -> torch.Tensor:

@@ -41,7 +41,7 @@ from lowrank.core.validation import as_tensor, check_choice, check_positive
 from lowrank.core.data import SpikedData, generator, spiked_gaussian, triple_index_target
 from lowrank.core.nets import activation as get_activation
 from lowrank.core.nets import gamma_m, outer_weights, sphere_rows, two_layer_forward, weight_structure
-from lowrank.core.spectral import alignment, count_outliers, leading_left_vectors, orthonormal_basis, singular_values
+from lowrank.core.spectral import alignment, count_outliers, orthonormal_basis, top_singular, top_singular_value
 
 __all__ = [
     "Loss",
@@ -346,6 +346,9 @@ def decompose_problem(p: SpikedProblem, *, mu: str = "sample") -> Decomposition:
                      loss=p.loss, mu=mu, Sigma_hat=D.Sigma_hat)
 
 
+OUTLIER_SEARCH = 5  # leading singular values examined for outliers (`count_outliers`'s default)
+
+
 def spike_summary(dec: Decomposition, data: SpikedData, *, outlier_gap: float = 1.5, top: int = 5) -> dict:
     """The numbers Fig. 1 and its verdict read off one gradient.
 
@@ -356,13 +359,13 @@ def spike_summary(dec: Decomposition, data: SpikedData, *, outlier_gap: float = 
     `|cos(a o mu, z^T((r a^T) o sigma'_perp))|`, the alignment of the right vectors of S1 (and S12)
     and of S2: near 1, `S1 + S12 + S2` is close to rank one whatever its left vectors.
     """
-    s = singular_values(dec.G)
-    U2 = leading_left_vectors(dec.G, 2)
+    U, s, _ = top_singular(dec.G, max(top, OUTLIER_SEARCH + 1, 2))  # only the top is read: no full SVD
+    U2 = U[:, :2]
     row = {
         "identity_residual": dec.identity_residual(),
-        "outliers": count_outliers(dec.G, gap=outlier_gap),
+        "outliers": count_outliers(s, max_outliers=OUTLIER_SEARCH, gap=outlier_gap),
         **dec.spike_norms(),
-        "norm_E": float(singular_values(dec.E)[0]),
+        "norm_E": top_singular_value(dec.E),
         "align_u1_residue": alignment(U2[:, 0], data.X_B.T @ dec.r),
         "align_u1_q": alignment(U2[:, 0], data.q),
         "q_in_top2": float((U2.T @ data.q).norm()),
@@ -853,8 +856,9 @@ def conv1d_filter_low_rank(G, k: int, rank: int = 2, extra=None) -> FilterLowRan
     if not isinstance(rank, int) or rank < 1:
         raise ValueError(f"rank must be a positive integer, got {rank!r}")
     g = conv1d_filter_gradient(G, k)
-    U, s, Vh = torch.linalg.svd(as_tensor(G, "G"), full_matrices=False)
-    rank = min(rank, s.shape[0])
+    G = as_tensor(G, "G")
+    U, s, Vh = top_singular(G, min(rank, min(G.shape)))
+    rank = s.shape[0]
     comps = torch.stack([conv1d_filter_gradient(torch.outer(U[:, l], Vh[l]), k) for l in range(rank)], 1)
     g_low = comps @ s[:rank]
     basis = comps
@@ -902,7 +906,7 @@ def conv1d_measure(n: int, d: int, k: int, *, nu: float, activation: str, scalin
     r2w = conv1d_filter_low_rank(dec.G, k, rank=2, extra=w)
     resid = r2.g - r2.g_low
     g_norm = float(r2.g.norm())
-    s = singular_values(dec.G)
+    s = top_singular(dec.G, min(OUTLIER_SEARCH + 1, min(dec.G.shape))).s
     random_dir = torch.randn(k, generator=generator(seed + 7), dtype=torch.float64)
     has_resid = float(resid.norm()) > 0
     row = {"n": n, "d": d, "nu": nu, "activation": activation, "scaling": scaling, "seed": seed,
@@ -910,7 +914,7 @@ def conv1d_measure(n: int, d: int, k: int, *, nu: float, activation: str, scalin
            "eps1": r1.error, "eps2": r2.error, "eps2_subspace": r2.subspace_error, "eps2_plus_w": r2w.subspace_error,
            "residual_along_w": alignment(resid, w) if has_resid else 0.0,
            "residual_along_random": alignment(resid, random_dir) if has_resid else 0.0,
-           "g_along_w": float(abs(r2.g @ w) / g_norm), "outliers": count_outliers(dec.G),
+           "g_along_w": float(abs(r2.g @ w) / g_norm), "outliers": count_outliers(s, max_outliers=OUTLIER_SEARCH),
            "s2_over_s1": float(s[1] / s[0]), "s3_over_s1": float(s[2] / s[0])}
     for term in ("S1", "S12", "S2", "E"):
         row[f"fold_{term}"] = float(conv1d_filter_gradient(getattr(dec, term), k).norm()) / g_norm
@@ -973,8 +977,8 @@ def dominant_spike(G, residue_direction, q, *, gap: float = 1.5, max_outliers: i
     if x.shape != (G.shape[0],) or q.shape != (G.shape[0],):
         raise ValueError(f"residue_direction and q must have G's {G.shape[0]} rows, got "
                          f"{tuple(x.shape)} and {tuple(q.shape)}")
-    k = count_outliers(G, max_outliers=max_outliers, gap=gap)
-    U, s, _ = torch.linalg.svd(G, full_matrices=False)
+    U, s, _ = top_singular(G, min(max(max_outliers + 1, 2), min(G.shape)))
+    k = count_outliers(s, max_outliers=max_outliers, gap=gap)
     U2 = U[:, :2]
     a_res, a_q = alignment(U2[:, 0], x), alignment(U2[:, 0], q)
     x_in = float((U2.T @ (x / x.norm())).norm())

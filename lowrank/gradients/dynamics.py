@@ -28,12 +28,11 @@ from lowrank.core.data import generator, single_index_target, spiked_gaussian
 from lowrank.gradients.decomposition import Decomposition, decompose_problem, loss_function, residue_alignment
 from lowrank.core.nets import activation as get_activation
 from lowrank.core.nets import gamma_m, normalize_rows, outer_weights, sphere_rows, two_layer_forward
-from lowrank.core.spectral import alignment, principal_angles
+from lowrank.core.spectral import alignment, principal_angles, top_singular, top_singular_value
 
 __all__ = [
     "SlopeFit",
     "loglog_slope",
-    "top_singular_value",
     "term_norms",
     "rank_one_statistics",
     "sigma_perp",
@@ -53,21 +52,6 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- scaling (Prop. 4.1)
-
-
-def top_singular_value(M) -> float:
-    """`||M||_2` of one matrix: a full `svdvals` for small matrices, ARPACK (`scipy svds`, k = 1,
-    deterministic start vector, tolerance 1e-12) beyond 200 rows and columns."""
-    M = as_tensor(M, "M", min_ndim=2)
-    if M.ndim != 2:
-        raise ValueError(f"M must be a matrix, got shape {tuple(M.shape)}")
-    if min(M.shape) <= 200:
-        return float(torch.linalg.svdvals(M)[0])
-    from scipy.sparse.linalg import svds
-
-    A = M.numpy()
-    v0 = np.ones(min(A.shape)) / math.sqrt(min(A.shape))
-    return float(svds(A, k=1, tol=1e-12, v0=v0, return_singular_vectors=False)[0])
 
 
 class SlopeFit(NamedTuple):
@@ -128,7 +112,7 @@ def term_norms(dec: Decomposition, *, data=None) -> dict:
     return row
 
 
-def rank_one_statistics(problem) -> tuple[torch.Tensor, dict]:
+def rank_one_statistics(problem, *, spectrum: bool = False) -> tuple[torch.Tensor, dict]:
     """The statistics of Theorem 3.2's test on one problem's gradient (Fig. 3).
 
     Parameters
@@ -137,20 +121,21 @@ def rank_one_statistics(problem) -> tuple[torch.Tensor, dict]:
 
     Returns
     -------
-    `(s, row)`: the singular values of G, and `s2_over_s1` (the relative spectral error of G's best
+    `(s, row)`: the singular values of G (all of them with `spectrum=True`, else the top two), and `s2_over_s1` (the relative spectral error of G's best
     rank-one approximation), `align_u1_q` and `align_u1_residue` (|cos| of u1(G) with q and with
     X_B^T r), `EL_over_G` = ||G - S12 - S2||_2 / ||G||_2, `S1_over_G` = ||S1||_2 / ||G||_2, the median
     `mu_j`, `norm_S12_S2` = ||S12 + S2||_2 and `norm_S1` (all dimensionless ratios or gradient units).
     """
     dec = decompose_problem(problem)
-    U, s, _ = torch.linalg.svd(dec.G, full_matrices=False)
+    U, s, _ = top_singular(dec.G, 2)
     u1 = U[:, 0]
     norm_S1 = dec.spike_norms()["norm_S1"]
-    return s, {"s2_over_s1": float(s[1] / s[0]), "align_u1_q": alignment(u1, problem.data.q),
-               "align_u1_residue": alignment(u1, problem.data.X_B.T @ dec.r),
-               "EL_over_G": top_singular_value(dec.G - dec.S12 - dec.S2) / float(s[0]),
-               "S1_over_G": norm_S1 / float(s[0]), "mu_median": float(dec.mu.median()),
-               "norm_S12_S2": top_singular_value(dec.S12 + dec.S2), "norm_S1": norm_S1}
+    row = {"s2_over_s1": float(s[1] / s[0]), "align_u1_q": alignment(u1, problem.data.q),
+           "align_u1_residue": alignment(u1, problem.data.X_B.T @ dec.r),
+           "EL_over_G": top_singular_value(dec.G - dec.S12 - dec.S2) / float(s[0]),
+           "S1_over_G": norm_S1 / float(s[0]), "mu_median": float(dec.mu.median()),
+           "norm_S12_S2": top_singular_value(dec.S12 + dec.S2), "norm_S1": norm_S1}
+    return (torch.linalg.svdvals(dec.G) if spectrum else s), row
 
 
 # ----------------------------------------------------------------------------- ReLU (Prop. 3.1)
@@ -198,10 +183,10 @@ def relu_sign_structure(X, W, z, q) -> dict:
     if z.shape != (sp.shape[0],) or q.shape != (W.shape[1],):
         raise ValueError(f"z must have {sp.shape[0]} entries and q {W.shape[1]}, got {tuple(z.shape)}, {tuple(q.shape)}")
     sz, sw = torch.sign(z), torch.sign(as_tensor(W, "W") @ q)
-    U, s, Vh = torch.linalg.svd(sp, full_matrices=False)
+    U, s, Vh = top_singular(sp, 1)
     model = 0.5 * torch.outer(sz, sw)
     return {"align_left": alignment(U[:, 0], sz), "align_right": alignment(Vh[0], sw),
-            "relative_error": float(torch.linalg.matrix_norm(sp - model, 2) / s[0])}
+            "relative_error": top_singular_value(sp - model) / float(s[0])}
 
 
 class GapInterval(NamedTuple):
@@ -391,11 +376,12 @@ def train_weight_normalized(X, y, W0, a, *, activation: str, gamma: float, steps
 
     V = W0.clone()
     rows, Us, Ws = [], [], {}
-    u_init = None
+    u_init, start = None, None
     for t in range(steps + 1):
         W = normalize_rows(V)
         G, r, fx = _gradient(X, W, a, y, activation, gamma, loss)
-        U, s, _ = torch.linalg.svd(G, full_matrices=False)
+        U, s, Vh = top_singular(G, top_k, v0=start)  # warm start: G moves little per step
+        start = U[:, 0] if G.shape[0] <= G.shape[1] else Vh[0]
         u_init = U[:, 0] if u_init is None else u_init
         rows.append(_trace_row(t, float(lossf.value(fx, y).mean()), s, U[:, 0], u_init, refs, X_B, r, top_k))
         Us.append(U[:, :top_k].clone())
@@ -500,7 +486,7 @@ def initial_alignments(n: int, d: int, m: int, *, scaling: str, activation: str 
     W = sphere_rows(m, d, seed + 3)
     a = outer_weights(m, seed + 4)
     G, r = gradient_matrix(X, W, a, y, activation=activation, gamma=gamma_m(m, scaling), loss=loss)
-    U, s, _ = torch.linalg.svd(G, full_matrices=False)
+    U, s, _ = top_singular(G, 2)
     u1 = U[:, 0]
     return {"align_Xy": alignment(u1, X.T @ y), "align_Xr": alignment(u1, X.T @ r),
             "align_omega": alignment(u1, omega), "s1_over_s2": float(s[0] / s[1]),
