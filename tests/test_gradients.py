@@ -207,3 +207,25 @@ def test_device_is_cpu_here_and_overridable(monkeypatch):
     assert device.get_device().type == expected
     monkeypatch.setenv("LOWRANK_DEVICE", "cpu")
     assert device.get_device().type == "cpu"
+
+
+@pytest.mark.parametrize("loss", ["mse", "logistic"])
+def test_product_form_without_dense_matrices_matches_the_full_svd(loss):
+    """`dense=False` forms neither G nor E; their leading pairs from the product form agree with a
+    full SVD of the dense (autograd) gradient, and the summaries built on them do not change."""
+    p = decomposition.spiked_problem(240, 260, 300, alpha=0.0, nu=0.375, activation="tanh", loss=loss, seed=2)
+    dense = decomposition.decompose_problem(p)
+    lazy = decomposition.decompose_problem(p, dense=False)
+    assert lazy.G is None and lazy.E is None
+    with pytest.raises(ValueError, match="dense=False"):
+        lazy.identity_residual()
+    for term in ("G", "E"):
+        U, s, _ = np.linalg.svd(getattr(dense, term).numpy(), full_matrices=False)
+        top = lazy.top(term, 3)
+        np.testing.assert_allclose(top.s.numpy(), s[:3], rtol=0, atol=1e-11 * s[0])
+        np.testing.assert_allclose(np.abs(np.sum(top.U.numpy() * U[:, :3], axis=0)), 1.0, atol=1e-7)
+    assert lazy.spike_norms() == pytest.approx(dense.spike_norms(), rel=1e-12)
+    x = p.data.X_B.T @ dense.r
+    call, ref = decomposition.dominant_spike(lazy, x, p.data.q), decomposition.dominant_spike(dense.G, x, p.data.q)
+    assert call.label == ref.label and call.outliers == ref.outliers
+    assert call[2:] == pytest.approx(ref[2:], rel=1e-8)

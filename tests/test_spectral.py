@@ -143,6 +143,20 @@ def test_top_singular_matches_numpy_full_svd(shape, k):
     assert spectral.top_singular_value(M) == pytest.approx(s[0], rel=1e-12)
 
 
+@pytest.mark.parametrize("p, q", [(40, 50), (300, 260), (500, 700)])
+def test_top_singular_of_product_matches_the_formed_product(p, q):
+    rng = np.random.default_rng(p + q)
+    A = rng.standard_normal((350, p))
+    B = rng.standard_normal((350, q)) + 3.0 * np.outer(A[:, 0], np.ones(q)) / np.sqrt(q)
+    U, s, Vh = np.linalg.svd(A.T @ B, full_matrices=False)
+    top = spectral.top_singular_of_product(A, B, 3)
+    np.testing.assert_allclose(top.s.numpy(), s[:3], rtol=0, atol=1e-12 * s[0])
+    np.testing.assert_allclose(np.abs(np.sum(top.U.numpy() * U[:, :3], axis=0)), 1.0, atol=1e-8)
+    np.testing.assert_allclose(np.abs(np.sum(top.Vh.numpy() * Vh[:3], axis=1)), 1.0, atol=1e-8)
+    with pytest.raises(ValueError, match="same number of rows"):
+        spectral.top_singular_of_product(A, B[:-1])
+
+
 def test_top_singular_is_deterministic_and_accepts_a_start_vector():
     M = torch.from_numpy(np.random.default_rng(3).standard_normal((300, 400)))
     a, b = spectral.top_singular(M, 3), spectral.top_singular(M, 3)

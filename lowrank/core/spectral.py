@@ -33,6 +33,7 @@ __all__ = [
     "TopSingular",
     "top_singular",
     "top_singular_value",
+    "top_singular_of_product",
 ]
 
 
@@ -349,9 +350,44 @@ def top_singular(M, k: int = 1, *, v0=None) -> TopSingular:
     if start.shape != (small,):
         raise ValueError(f"v0 must have length {small} (the smaller side of M), got {start.shape}")
     u, s, vh = svds(A, k=k, tol=0, v0=start)
+    return _descending(u, s, vh, M.dtype)
+
+
+def _descending(u, s, vh, dtype) -> TopSingular:
+    """ARPACK's triplets (ascending) as a `TopSingular` (descending) of torch tensors."""
     order = np.argsort(s)[::-1].copy()
-    return TopSingular(torch.from_numpy(u[:, order].copy()).to(M.dtype), torch.from_numpy(s[order].copy()).to(M.dtype),
-                       torch.from_numpy(vh[order].copy()).to(M.dtype))
+    return TopSingular(*(torch.from_numpy(np.ascontiguousarray(x)).to(dtype) for x in (u[:, order], s[order], vh[order])))
+
+
+def top_singular_of_product(A, B, k: int = 1, *, v0=None) -> TopSingular:
+    """The `k` leading singular triplets of `A^T B` (A n x p, B n x q) without forming it.
+
+    ARPACK iterates on the operator `v -> A^T (B v)` (and its transpose), so each step costs
+    `O(n (p + q))` instead of the `O(n p q)` of the product; below `ITERATIVE_SVD_MIN_DIM` (or for
+    large `k`, or on a GPU) the product is formed and `top_singular` takes it. Agrees with the SVD
+    of the formed product to about 1e-13 of `s_1` (tested).
+    """
+    A = _matrix(A, "A", dtype=None)
+    B = _matrix(B, "B", dtype=None)
+    if A.ndim != 2 or B.ndim != 2 or A.shape[0] != B.shape[0]:
+        raise ValueError(f"A and B must be matrices with the same number of rows, got {tuple(A.shape)} and "
+                         f"{tuple(B.shape)}")
+    p, q = A.shape[1], B.shape[1]
+    small = min(p, q)
+    if A.device.type != "cpu" or small <= ITERATIVE_SVD_MIN_DIM or 4 * k > small:
+        return top_singular(A.T @ B, k, v0=v0)
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"k must be an integer between 1 and {small}, got {k!r}")
+    from scipy.sparse.linalg import LinearOperator, svds
+
+    An, Bn = A.detach().numpy(), B.detach().numpy()
+    op = LinearOperator((p, q), matvec=lambda v: An.T @ (Bn @ v), rmatvec=lambda u: Bn.T @ (An @ u),
+                        dtype=An.dtype)
+    start = np.ones(small) if v0 is None else as_tensor(v0, "v0", min_ndim=1).detach().cpu().numpy()
+    if start.shape != (small,):
+        raise ValueError(f"v0 must have length {small} (the smaller side of A^T B), got {start.shape}")
+    u, s, vh = svds(op, k=k, tol=0, v0=start)
+    return _descending(u, s, vh, A.dtype)
 
 
 def top_singular_value(M) -> float:

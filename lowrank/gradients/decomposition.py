@@ -41,7 +41,7 @@ from lowrank.core.validation import as_tensor, check_choice, check_positive
 from lowrank.core.data import SpikedData, generator, spiked_gaussian, triple_index_target
 from lowrank.core.nets import activation as get_activation
 from lowrank.core.nets import gamma_m, outer_weights, sphere_rows, two_layer_forward, weight_structure
-from lowrank.core.spectral import alignment, count_outliers, orthonormal_basis, top_singular, top_singular_value
+from lowrank.core.spectral import alignment, count_outliers, orthonormal_basis, top_singular, top_singular_of_product
 
 __all__ = [
     "Loss",
@@ -200,20 +200,35 @@ def rank_one_norm(u, v) -> float:
 
 
 class Decomposition(NamedTuple):
-    """`G` and its four terms, all d x m (the transposed orientation of the gradient in W)."""
+    """`G` and its four terms, all d x m (the transposed orientation of the gradient in W).
 
-    G: torch.Tensor  # d x m, autograd
-    S1: torch.Tensor
-    S12: torch.Tensor
-    S2: torch.Tensor
-    E: torch.Tensor
+    The dense matrices are None when `decompose(..., dense=False)` did not form them; the spikes'
+    `factors` and the `products` always give their norms and leading singular vectors (`top`).
+    """
+
+    G: torch.Tensor | None  # d x m, autograd
+    S1: torch.Tensor | None
+    S12: torch.Tensor | None
+    S2: torch.Tensor | None
+    E: torch.Tensor | None
     r: torch.Tensor  # n, residue
     mu: torch.Tensor  # m
     factors: dict | None = None  # {"S1": (u, v), "S12": (u, v), "S2": (u, v)} with S = u v^T
+    products: dict | None = None  # {"G": (A, B), "E": (A, B)} with the term = A^T B (A n x d, B n x m)
 
     def identity_residual(self) -> float:
         """`||G - (S1 + S12 + S2 + E)||_F / ||G||_F`: zero up to round-off."""
+        if self.G is None:
+            raise ValueError("this Decomposition was built with dense=False: no matrices to compare")
         return float((self.G - (self.S1 + self.S12 + self.S2 + self.E)).norm() / self.G.norm())
+
+    def top(self, term: str, k: int = 1, *, v0=None):
+        """The `k` leading singular triplets of `G` or `E` (a `spectral.TopSingular`), from their
+        product form `A^T B` without forming the d x m matrix (`top_singular_of_product`)."""
+        check_choice(term, "term", {"G", "E"})
+        if self.products is None:
+            raise ValueError("this Decomposition carries no products (build it with `decompose`)")
+        return top_singular_of_product(*self.products[term], k, v0=v0)
 
     def spike_norms(self) -> dict:
         """`{"norm_S1", "norm_S12", "norm_S2"}`: spectral norms of the three rank-one spikes by their
@@ -238,6 +253,7 @@ def decompose(
     mu: str = "sample",
     Sigma_hat=None,
     quadrature_nodes: int = 16,
+    dense: bool = True,
 ) -> Decomposition:
     """Gradient `G` (autograd) of the mean loss in W, transposed, and its four terms (closed form).
 
@@ -252,6 +268,9 @@ def decompose(
     mu : "sample" (column means of `sigma'(X W^T)`) or "quadrature" (`E[sigma'(w_j^T x)]` under
         `N(0, Sigma_hat + zeta^2 q q^T)`, `mu_quadrature`; needs `Sigma_hat`, d x d).
     quadrature_nodes : Gauss-Legendre nodes per sub-interval of `mu_quadrature`.
+    dense : form `G` (by autograd) and the four d x m terms. False skips them (a third of the
+        work: one n x d x m product instead of three); norms and leading vectors then come from the
+        factors and products (`spike_norms`, `top`), which are kept either way.
 
     Returns
     -------
@@ -270,15 +289,17 @@ def decompose(
         _check_pm1(y)
 
     X = X_B + zeta * torch.outer(z, q)
-    W_leaf = W.clone().requires_grad_(True)
-    Z = X @ W_leaf.T  # pre-activations, n x m: computed once, reused below
-    f = gamma * act.f(Z) @ a
-    (grad_W,) = torch.autograd.grad(lossf.value(f, y).mean(), W_leaf)
-    G = grad_W.T
-
-    f = f.detach()
+    if dense:
+        W_leaf = W.clone().requires_grad_(True)
+        Z = X @ W_leaf.T  # pre-activations, n x m: computed once, reused below
+        f = gamma * act.f(Z) @ a
+        (grad_W,) = torch.autograd.grad(lossf.value(f, y).mean(), W_leaf)
+        G, Z, f = grad_W.T, Z.detach(), f.detach()
+    else:
+        Z = X @ W.T
+        G, f = None, gamma * act.f(Z) @ a
     r = lossf.residue(f, y)
-    dsig = act.df(Z.detach())  # sigma'(X W^T), n x m
+    dsig = act.df(Z)  # sigma'(X W^T), n x m
     if mu == "sample":
         mu_vec = dsig.mean(0)
     else:
@@ -290,13 +311,15 @@ def decompose(
     amu = a * mu_vec
     ra_perp = r[:, None] * a[None, :] * perp  # (r a^T) o sigma'_perp, n x m
     c = gamma / n
-    S1 = c * torch.outer(X_B.T @ r, amu)  # the factors below give the spikes' norms in closed form
-    S12 = c * zeta * float(z @ r) * torch.outer(q, amu)
-    S2 = c * zeta * torch.outer(q, z @ ra_perp)
+    # S = u v^T: the factors give the spikes' norms in closed form; G = c X^T [(r a^T) o sigma'] and
+    # E = c X_B^T [(r a^T) o sigma'_perp] give G's and E's leading singular pairs without forming them
+    factors = {"S1": (c * X_B.T @ r, amu), "S12": (c * zeta * float(z @ r) * q, amu), "S2": (c * zeta * q, z @ ra_perp)}
+    products = {"G": (c * X, r[:, None] * a[None, :] * dsig), "E": (c * X_B, ra_perp)}
+    if not dense:
+        return Decomposition(None, None, None, None, None, r, mu_vec, factors, products)
+    S1, S12, S2 = (torch.outer(*factors[k]) for k in ("S1", "S12", "S2"))
     E = c * X_B.T @ ra_perp
-    XBr = X_B.T @ r
-    factors = {"S1": (c * XBr, amu), "S12": (c * zeta * float(z @ r) * q, amu), "S2": (c * zeta * q, z @ ra_perp)}
-    return Decomposition(G, S1, S12, S2, E, r, mu_vec, factors)
+    return Decomposition(G, S1, S12, S2, E, r, mu_vec, factors, products)
 
 
 class SpikedProblem(NamedTuple):
@@ -340,10 +363,10 @@ def spiked_problem(n: int, d: int, m: int, *, alpha: float, nu: float, activatio
     return SpikedProblem(data, y, W, a, gamma_m(m, scaling), activation, loss)
 
 
-def decompose_problem(p: SpikedProblem, *, mu: str = "sample") -> Decomposition:
+def decompose_problem(p: SpikedProblem, *, mu: str = "sample", dense: bool = True) -> Decomposition:
     D = p.data
     return decompose(D.X_B, D.z, D.q, D.zeta, p.W, p.a, p.y, activation=p.activation, gamma=p.gamma,
-                     loss=p.loss, mu=mu, Sigma_hat=D.Sigma_hat)
+                     loss=p.loss, mu=mu, Sigma_hat=D.Sigma_hat, dense=dense)
 
 
 OUTLIER_SEARCH = 5  # leading singular values examined for outliers (`count_outliers`'s default)
@@ -359,13 +382,13 @@ def spike_summary(dec: Decomposition, data: SpikedData, *, outlier_gap: float = 
     `|cos(a o mu, z^T((r a^T) o sigma'_perp))|`, the alignment of the right vectors of S1 (and S12)
     and of S2: near 1, `S1 + S12 + S2` is close to rank one whatever its left vectors.
     """
-    U, s, _ = top_singular(dec.G, max(top, OUTLIER_SEARCH + 1, 2))  # only the top is read: no full SVD
+    U, s, _ = dec.top("G", max(top, OUTLIER_SEARCH + 1, 2))  # only the top is read: no full SVD
     U2 = U[:, :2]
     row = {
         "identity_residual": dec.identity_residual(),
         "outliers": count_outliers(s, max_outliers=OUTLIER_SEARCH, gap=outlier_gap),
         **dec.spike_norms(),
-        "norm_E": top_singular_value(dec.E),
+        "norm_E": float(dec.top("E").s[0]),
         "align_u1_residue": alignment(U2[:, 0], data.X_B.T @ dec.r),
         "align_u1_q": alignment(U2[:, 0], data.q),
         "q_in_top2": float((U2.T @ data.q).norm()),
@@ -944,7 +967,7 @@ def dominant_spike(G, residue_direction, q, *, gap: float = 1.5, max_outliers: i
 
     Parameters
     ----------
-    G : d x m gradient. residue_direction : (d,), `X_B^T r`. q : (d,) spike direction.
+    G : d x m gradient, or a `Decomposition` (its product form, no matrix formed). residue_direction : (d,), `X_B^T r`. q : (d,) spike direction.
     gap : the ratio `s_k / s_{k+1}` that separates an outlier (`count_outliers`); max_outliers : how
     many leading values are examined; subspace_threshold : share of a direction in `U_2` that counts
     as "inside"; min_ratio : `s_2 / s_1` below which G counts as rank one.
@@ -967,17 +990,22 @@ def dominant_spike(G, residue_direction, q, *, gap: float = 1.5, max_outliers: i
 
     `residue_direction` is `X_B^T r` (or `X'_B^T r'` under input noise).
     """
-    G = as_tensor(G, "G", min_ndim=2)
+    if isinstance(G, Decomposition):  # its product form: no d x m matrix is formed
+        A, B = G.products["G"]
+        (rows, cols), top = (A.shape[1], B.shape[1]), G.top
+    else:
+        G = as_tensor(G, "G", min_ndim=2)
+        (rows, cols), top = G.shape, lambda _, k: top_singular(G, k)
     if not 0 < subspace_threshold <= 1:
         raise ValueError(f"subspace_threshold must be in (0, 1], got {subspace_threshold}")
     if not 0 <= min_ratio <= 1:
         raise ValueError(f"min_ratio must be in [0, 1], got {min_ratio}")
     x = as_tensor(residue_direction, "residue_direction", min_ndim=1)
     q = as_tensor(q, "q", min_ndim=1)
-    if x.shape != (G.shape[0],) or q.shape != (G.shape[0],):
-        raise ValueError(f"residue_direction and q must have G's {G.shape[0]} rows, got "
+    if x.shape != (rows,) or q.shape != (rows,):
+        raise ValueError(f"residue_direction and q must have G's {rows} rows, got "
                          f"{tuple(x.shape)} and {tuple(q.shape)}")
-    U, s, _ = top_singular(G, min(max(max_outliers + 1, 2), min(G.shape)))
+    U, s, _ = top("G", min(max(max_outliers + 1, 2), rows, cols))
     k = count_outliers(s, max_outliers=max_outliers, gap=gap)
     U2 = U[:, :2]
     a_res, a_q = alignment(U2[:, 0], x), alignment(U2[:, 0], q)
@@ -1045,4 +1073,4 @@ def rule_of_thumb_boundaries(beta: float) -> dict:
 
 def call_problem(dec: Decomposition, data: SpikedData, **kwargs) -> SpikeCall:
     """`dominant_spike` for a decomposed problem: residue direction `X_B^T r`, spike `q`."""
-    return dominant_spike(dec.G, data.X_B.T @ dec.r, data.q, **kwargs)
+    return dominant_spike(dec, data.X_B.T @ dec.r, data.q, **kwargs)

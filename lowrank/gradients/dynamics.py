@@ -27,8 +27,8 @@ from lowrank.core.validation import as_tensor, check_choice, check_positive
 from lowrank.core.data import generator, single_index_target, spiked_gaussian
 from lowrank.gradients.decomposition import Decomposition, decompose_problem, loss_function, residue_alignment
 from lowrank.core.nets import activation as get_activation
-from lowrank.core.nets import gamma_m, normalize_rows, outer_weights, sphere_rows, two_layer_forward
-from lowrank.core.spectral import alignment, principal_angles, top_singular, top_singular_value
+from lowrank.core.nets import gamma_m, normalize_rows, outer_weights, sphere_rows
+from lowrank.core.spectral import alignment, principal_angles, top_singular, top_singular_of_product, top_singular_value
 
 __all__ = [
     "SlopeFit",
@@ -96,15 +96,16 @@ def term_norms(dec: Decomposition, *, data=None) -> dict:
     """Spectral norms of `S1, S12, S2, E` and `G` of one decomposition.
 
     The three spikes are rank one, so their norms are products of vector norms (exact, no SVD:
-    `Decomposition.spike_norms`); `E` and `G` take one `top_singular_value` each. `r_rms` is
+    `Decomposition.spike_norms`); `E` and `G` come from their product form (`Decomposition.top`), so a
+    decomposition built with `dense=False` does. `r_rms` is
     `||r|| / sqrt(n)`; `data` (a `SpikedData`) adds `residue_alignment` `|z^T r| / (sqrt(n) ||r||)`.
     """
     if not isinstance(dec, Decomposition):
         raise TypeError(f"dec must be a gradients.Decomposition, got {type(dec).__name__}")
     row = {
         **dec.spike_norms(),
-        "norm_E": top_singular_value(dec.E),
-        "norm_G": top_singular_value(dec.G),
+        "norm_E": float(dec.top("E").s[0]),
+        "norm_G": float(dec.top("G").s[0]),
         "r_rms": float(dec.r.norm()) / math.sqrt(dec.r.shape[0]),
     }
     if data is not None:
@@ -127,7 +128,7 @@ def rank_one_statistics(problem, *, spectrum: bool = False) -> tuple[torch.Tenso
     `mu_j`, `norm_S12_S2` = ||S12 + S2||_2 and `norm_S1` (all dimensionless ratios or gradient units).
     """
     dec = decompose_problem(problem)
-    U, s, _ = top_singular(dec.G, 2)
+    U, s, _ = dec.top("G", 2)
     u1 = U[:, 0]
     norm_S1 = dec.spike_norms()["norm_S1"]
     row = {"s2_over_s1": float(s[1] / s[0]), "align_u1_q": alignment(u1, problem.data.q),
@@ -255,13 +256,18 @@ def gradient_matrix(X, W, a, y, *, activation: str, gamma: float, loss: str = "m
     return G, r
 
 
-def _gradient(X, W, a, y, activation, gamma, loss):
+def _gradient_factors(X, W, a, y, activation, gamma, loss):
+    """`(A, B, r, f)` with the transposed gradient `G = A^T B`: `A = (gamma/n) X`, `B = (r a^T) o sigma'(X W^T)`."""
     act = get_activation(activation)
-    lossf = loss_function(loss)
-    f = two_layer_forward(X, W, a, activation=activation, gamma=gamma)
-    r = lossf.residue(f, y)
-    G = (gamma / X.shape[0]) * X.T @ (r[:, None] * a[None, :] * act.df(X @ W.T))
-    return G, r, f
+    Z = X @ W.T
+    f = gamma * act.f(Z) @ a
+    r = loss_function(loss).residue(f, y)
+    return (gamma / X.shape[0]) * X, r[:, None] * a[None, :] * act.df(Z), r, f
+
+
+def _gradient(X, W, a, y, activation, gamma, loss):
+    A, B, r, f = _gradient_factors(X, W, a, y, activation, gamma, loss)
+    return A.T @ B, r, f
 
 
 class TrainingRun(NamedTuple):
@@ -485,8 +491,8 @@ def initial_alignments(n: int, d: int, m: int, *, scaling: str, activation: str 
     y = single_index_target(X, omega, noise_std=noise_std, seed=seed + 2, link=link)
     W = sphere_rows(m, d, seed + 3)
     a = outer_weights(m, seed + 4)
-    G, r = gradient_matrix(X, W, a, y, activation=activation, gamma=gamma_m(m, scaling), loss=loss)
-    U, s, _ = top_singular(G, 2)
+    A, B, r, _ = _gradient_factors(X, W, a, y, activation, gamma_m(m, scaling), loss)
+    U, s, _ = top_singular_of_product(A, B, 2)  # G = A^T B is never formed
     u1 = U[:, 0]
     return {"align_Xy": alignment(u1, X.T @ y), "align_Xr": alignment(u1, X.T @ r),
             "align_omega": alignment(u1, omega), "s1_over_s2": float(s[0] / s[1]),
