@@ -86,6 +86,7 @@ def test_every_stored_result_is_complete(name):
     assert r["verdicts"] and all(v["scale"] == "paper" for v in r["verdicts"].values())
     p = r["provenance"]
     assert p["git"]["commit"] and p["versions"]["torch"] and p["device"] and p["wall_s"] > 0
+    assert not p["git"].get("dirty"), "a stored result must come from committed code"
     assert p["parameter_hash"] == pr.parameter_hash(name, p["parameters"])
 
 
@@ -231,6 +232,7 @@ def test_make_paper_on_a_probe_book(tmp_path):
     assert not (root / "_build" / "paper" / "_build" / "html" / "notebooks" / "probe" / "needs_cifar.html").exists()
     stored = json.loads((root / "results" / "paper" / "probe" / "square" / "provenance.json").read_text())
     assert stored["parameters"]["n"] == 7 and stored["wall_s"] > 0 and stored["device"].startswith(("cpu", "cuda"))
+    assert stored["load_at_start"]["cpus"] >= 1  # a wall time on a busy machine says so
     verdict = json.loads((root / "results" / "paper" / "probe" / "square" / "verdicts.json").read_text())
     assert verdict["n_squared"]["measured"] == 49.0 and verdict["n_squared"]["scale"] == "paper"
     assert not (root / "results" / "paper" / "probe" / "needs_cifar").exists()

@@ -98,6 +98,7 @@ def test_run_folder_contents_reuse_and_report(tmp_path):
     assert not reused and folder.name == runs.run_hash(NB, params)
     prov = json.loads((folder / "provenance.json").read_text())
     assert prov["parameters"] == params and prov["wall_s"] > 0 and "commit" in prov["git"]
+    assert prov["load_at_start"]["cpus"] >= 1 and prov["load_at_end"]["load_average_1m"] >= 0
     assert set(prov["versions"]) >= {"torch", "numpy", "lowrank"}
     verdicts = json.loads((folder / "verdicts.json").read_text())
     assert verdicts["identity_residual"]["measured"] < 1e-12

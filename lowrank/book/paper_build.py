@@ -95,7 +95,7 @@ def _execute_one(name: str, params: dict) -> float:
     key_path.unlink(missing_ok=True)
     for leftover in executed_path(name).parent.glob(f".{executed_path(name).stem}.*"):  # a killed earlier run's
         shutil.rmtree(leftover, ignore_errors=True)
-    started = dt.datetime.now(dt.timezone.utc)
+    started, load = dt.datetime.now(dt.timezone.utc), runs.machine_load()
     t0 = time.time()
     stop = threading.Event()
     threading.Thread(target=_heartbeat, args=(name, t0, stop), daemon=True).start()
@@ -109,7 +109,7 @@ def _execute_one(name: str, params: dict) -> float:
 
     found = {k[len(GLUE_PREFIX):]: v for k, v in values.items() if k.startswith(GLUE_PREFIX)}
     provenance = {"code": runs.code_key(name), "git": runs._git_state(), "versions": runs._versions(),
-                  "device": describe_device(), "start": started.isoformat(timespec="seconds"),
+                  "device": describe_device(), "load_at_start": load, "load_at_end": runs.machine_load(), "start": started.isoformat(timespec="seconds"),
                   "end": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "wall_s": wall,
                   "run_folder": None}
     paper_results.store(name, params, found, provenance)

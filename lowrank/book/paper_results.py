@@ -85,7 +85,8 @@ def store_run(folder, root: Path | None = None) -> Path:
     """Store the result of a finished run folder (`lowrank run NAME --scale paper`)."""
     run = runs.load_run(folder)
     prov = run["provenance"]
-    keep = {k: prov.get(k) for k in ("git", "versions", "device", "start", "end", "wall_s", "code")}
+    keep = {k: prov.get(k) for k in ("git", "versions", "device", "load_at_start", "load_at_end", "start", "end",
+                                     "wall_s", "code")}
     keep["run_folder"] = Path(folder).name
     return store(prov["notebook"], prov["parameters"], run["verdicts"], keep, root)
 

@@ -519,6 +519,11 @@ def _versions() -> dict:
     return out
 
 
+def machine_load() -> dict:
+    """CPU count and the 1-minute load average: a wall time measured on a busy machine says so."""
+    return {"cpus": os.cpu_count(), "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
+
+
 def run_dir(name: str, params: dict) -> Path:
     return RUNS / name / run_hash(name, params)
 
@@ -566,7 +571,7 @@ def _execute_into(tmp: Path, name: str, params: dict, run_name: str, progress: b
     from lowrank.book.verdicts import GLUE_PREFIX
     from lowrank.core.device import describe_device
 
-    started = dt.datetime.now(dt.timezone.utc)
+    started, load = dt.datetime.now(dt.timezone.utc), machine_load()
     t0 = time.time()
     values = notebooks.execute(name, tmp / "notebook.ipynb", parameters=params, figure_dir=tmp / "figures",
                                progress=progress)
@@ -581,6 +586,8 @@ def _execute_into(tmp: Path, name: str, params: dict, run_name: str, progress: b
         "git": _git_state(),
         "versions": _versions(),
         "device": describe_device(),
+        "load_at_start": load,
+        "load_at_end": machine_load(),
         "start": started.isoformat(timespec="seconds"),
         "end": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "wall_s": round(time.time() - t0, 2),
