@@ -1,6 +1,6 @@
 """Benchmarks of the book on this machine; writes bench/RESULTS.md (a markdown table).
 
-    .venv/bin/python bench/run.py [--book] [--repeats 5] [--only decomposition ensemble monitors notebooks]
+    .venv/bin/python bench/run.py [--book] [--repeats 5] [--only decomposition ensemble monitors notebooks paper]
 
 Every number is a median over `--repeats` runs of the same measurement, and every ratio is of two
 numbers measured in the same invocation. `--book` also times a cold and a warm book build (it
@@ -58,6 +58,39 @@ def bench_decomposition(repeats):
     row("gradient decomposition at paper size (n=750, d=1000, m=1250), seconds", f"{t_dec:.3f}", "< 0.5",
         "yes" if t_dec < 0.5 else "no")
     row("  data, target and weights for it, seconds", f"{t_data:.3f}")
+    bench_part_one_work(repeats)
+
+
+def bench_part_one_work(repeats):
+    """What bounds the paper scale of Part I on this CPU: one n x d x m product, and the two units of
+    work the slowest page (mf_vs_ntk) repeats, at the paper's size, in the notebooks' one thread."""
+    from lowrank.core.nets import gamma_m
+    from lowrank.gradients import dynamics
+
+    torch.set_num_threads(1)
+    X, W = torch.randn(750, 1000, dtype=torch.float64), torch.randn(1250, 1000, dtype=torch.float64)
+    t_mm = median_time(lambda: X @ W.T, repeats)
+    row("one 750 x 1000 x 1250 float64 product, one thread, seconds (GFLOP/s)", f"{t_mm:.3f} "
+        f"({2 * 750 * 1000 * 1250 / t_mm / 1e9:.1f})")
+    t_draw = median_time(lambda: dynamics.initial_alignments(750, 1000, 1250, scaling="ntk"), repeats)
+    data, _, y, W0, a = dynamics.single_index_draw(750, 1000, 1250, nu=0.0, seed=0)
+    steps = 10
+    t_run = median_time(lambda: dynamics.train_weight_normalized(
+        data.X, y, W0, a, activation="sigmoid", gamma=gamma_m(1250, "mf"), steps=steps, X_B=data.X_B,
+        snapshot_steps=[0]), repeats)
+    t_step = t_run / (steps + 1)
+    row("  Fig. 4: one draw (data, one product, top-2 singular pairs of G = A^T B), seconds", f"{t_draw:.3f}")
+    row("  Figs. 5-6: one weight-normalised step (two products, warm-started top-2 pairs), seconds",
+        f"{t_step:.3f} ({t_step / t_mm:.1f} products)")
+    from lowrank.book import runs
+
+    p = runs.resolve_parameters("gradients/mf_vs_ntk", scale="paper")
+    draws = 2 * p["init_repeats"]
+    train_steps = (2 + len(p["spike_nus"])) * p["train_repeats"] * (p["steps"] + 1)
+    row(f"  mf_vs_ntk's paper file: {draws} draws + {train_steps} steps, at these times, seconds (a floor: "
+        f"the page's own bookkeeping and figures come on top)", f"{draws * t_draw + train_steps * t_step:.0f}",
+        f"<= {PAPER_TARGET_S}", "yes" if draws * t_draw + train_steps * t_step <= PAPER_TARGET_S else "no")
+    torch.set_num_threads(os.cpu_count() or 1)
 
 
 def _mlp_bn(data):
@@ -222,6 +255,39 @@ def bench_notebooks():
                 "yes" if wall <= 60 else "no")
 
 
+PAPER_TABLE_START, PAPER_TABLE_END = "<!-- paper-scale timings: bench/run.py --only paper -->", "<!-- end -->"
+PAPER_TARGET_S, PART_I_TARGET_S = 180, 900  # issue 19: each Part I notebook, and all nine together, on 2 cores
+
+
+def bench_paper():
+    """Paper-scale wall times of the stored results (results/paper/, measured by `make paper`), and
+    the cost line of every paper file regenerated from them."""
+    from lowrank.book import notebooks, paper_results
+
+    part_one = []
+    for name in notebooks.list_notebooks():
+        paper_results.write_cost_line(name)
+        r = paper_results.paper_results(name)
+        if r is None or r["stale"]:
+            continue
+        p = r["provenance"]
+        load = (p.get("load_at_start") or {}).get("load_average_1m")
+        where = f"{p['device']}, load {load:g}" if load is not None else p["device"]
+        target = f"<= {PAPER_TARGET_S}" if name.startswith("gradients/") else ""
+        meets = ("yes" if p["wall_s"] <= PAPER_TARGET_S else "no") if target else ""
+        row(f"notebook {name} at paper scale (stored result, {where}), seconds", f"{p['wall_s']:.0f}", target, meets)
+        if name.startswith("gradients/"):
+            part_one.append(p["wall_s"])
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    start, end = text.index(PAPER_TABLE_START) + len(PAPER_TABLE_START), text.index(PAPER_TABLE_END)
+    readme.write_text(text[:start] + "\n" + paper_results.timing_table() + "\n" + text[end:])
+    if part_one:
+        total = sum(part_one)
+        row(f"Part I at paper scale, {len(part_one)} stored notebooks together, seconds", f"{total:.0f}",
+            f"<= {PART_I_TARGET_S} (all nine)", "yes" if total <= PART_I_TARGET_S and len(part_one) == 9 else "no")
+
+
 def bench_book():
     env = {**os.environ}
     shutil.rmtree(build.BUILD, ignore_errors=True)
@@ -239,9 +305,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--book", action="store_true", help="also time a cold and a warm book build")
-    ap.add_argument("--only", nargs="+", choices=["decomposition", "ensemble", "monitors", "notebooks"])
+    ap.add_argument("--only", nargs="+", choices=["decomposition", "ensemble", "monitors", "notebooks", "paper"])
     args = ap.parse_args()
-    chosen = set(args.only or ["decomposition", "ensemble", "monitors", "notebooks"])
+    chosen = set(args.only or ["decomposition", "ensemble", "monitors", "notebooks", "paper"])
     if args.book:
         bench_book()
     if "decomposition" in chosen:
@@ -252,6 +318,8 @@ def main():
         bench_ensemble(args.repeats)
     if "notebooks" in chosen:
         bench_notebooks()
+    if "paper" in chosen:
+        bench_paper()
     machine = f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, " \
               f"{torch.get_num_threads()} threads"
     lines = [f"Measured {time.strftime('%Y-%m-%d')} on {machine} (`bench/run.py`, medians of {args.repeats}).", "",

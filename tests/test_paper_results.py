@@ -237,3 +237,48 @@ def test_make_paper_on_a_probe_book(tmp_path):
     assert verdict["n_squared"]["measured"] == 49.0 and verdict["n_squared"]["scale"] == "paper"
     assert not (root / "results" / "paper" / "probe" / "needs_cifar").exists()
     assert not (root / "_build" / "executed").exists() and not (root / "_build" / "html").exists()
+
+
+# ---- cost lines of the paper files: measured (bench/run.py writes them), never typed -----------------
+
+HAND_TYPED_COST = ("estimate", "gpu hour", "cpu:", "about 1", "min on", "h on cpu")
+
+
+@pytest.mark.parametrize("name", notebooks.list_notebooks())
+def test_every_paper_file_carries_the_generated_cost_line(name):
+    lines = notebooks.paper_params_path(name).read_text().splitlines()
+    cost = [line for line in lines if line.startswith(pr.COST_PREFIX)]
+    assert cost == [pr.cost_line(name)], "run `python bench/run.py --only paper` to regenerate it"
+    typed = [line for line in lines if line.startswith("#") and not line.startswith(pr.COST_PREFIX)
+             and any(word in line.lower() for word in HAND_TYPED_COST)]
+    assert not typed, f"a hand-typed cost in {name}'s paper file: {typed}"
+
+
+def test_cost_line_reads_the_stored_wall_time_and_goes_back_to_unmeasured_when_stale(tmp_path, monkeypatch):
+    params = pr.paper_parameters(NAME)
+    folder = _run_folder(tmp_path, params)
+    prov = json.loads((folder / "provenance.json").read_text())
+    prov["load_at_start"] = {"cpus": 2, "load_average_1m": 3.5}
+    (folder / "provenance.json").write_text(json.dumps(prov))
+    runs.write_manifest(folder)
+    root = tmp_path / "results"
+    assert "not measured" in pr.cost_line(NAME, root=root)
+    pr.store_run(folder, root=root)
+    line = pr.cost_line(NAME, root=root)
+    assert line.startswith(pr.COST_PREFIX) and "60 s on cpu (2 threads), 2 CPUs at load 3.5, 2026-11-30" in line
+    paper_file = tmp_path / "paper.yaml"
+    paper_file.write_text("# a header\nscale: paper\nn: 3\n")
+    monkeypatch.setattr(notebooks, "paper_params_path", lambda name: paper_file)
+    monkeypatch.setattr(pr, "paper_parameters", lambda name: {**params, "n": params["n"] + 1})  # now stale
+    assert pr.write_cost_line(NAME, root=root)
+    assert paper_file.read_text().splitlines()[:2] == ["# a header", pr.cost_line(NAME, root=root)]
+    assert "not measured" in paper_file.read_text()
+    assert not pr.write_cost_line(NAME, root=root)  # idempotent
+
+
+def test_readme_shows_the_stored_timings():
+    """README's paper-scale table is generated from results/paper (bench/run.py --only paper)."""
+    text = (notebooks.REPO_ROOT / "README.md").read_text()
+    start = "<!-- paper-scale timings: bench/run.py --only paper -->"
+    block = text[text.index(start) + len(start):text.index("<!-- end -->", text.index(start))]
+    assert block.strip() == pr.timing_table().strip(), "run `python bench/run.py --only paper`"

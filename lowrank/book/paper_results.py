@@ -24,7 +24,8 @@ from pathlib import Path
 
 from lowrank.book import notebooks, runs
 
-__all__ = ["RESULTS", "result_dir", "paper_parameters", "parameter_hash", "store", "store_run", "paper_results", "stored_names"]
+__all__ = ["RESULTS", "result_dir", "paper_parameters", "parameter_hash", "store", "store_run", "paper_results", "stored_names",
+           "cost_line", "write_cost_line", "timing_table"]
 
 RESULTS = notebooks.REPO_ROOT / "results" / "paper"
 
@@ -115,3 +116,57 @@ def stored_names(root: Path | None = None) -> list[str]:
     """`part/name` of every stored result."""
     base = RESULTS if root is None else Path(root)
     return sorted(p.parent.relative_to(base).as_posix() for p in base.glob("*/*/provenance.json"))
+
+
+COST_PREFIX = "# Cost"
+
+
+def cost_line(name: str, root: Path | None = None) -> str:
+    """The cost comment of `params/paper/<name>.yaml`: the wall time of the stored, current
+    paper-scale result with the device and the machine's load, or "not measured". Written by
+    `bench/run.py --only paper`, never by hand (a test compares every paper file with this)."""
+    r = paper_results(name, root)
+    if r is None or r["stale"]:
+        return (f"{COST_PREFIX}: not measured (no current result in results/paper/{name}; `make paper` measures it and "
+                f"`python bench/run.py --only paper` writes this line).")
+    p = r["provenance"]
+    load = (p.get("load_at_start") or {}).get("load_average_1m")
+    cpus = (p.get("load_at_start") or {}).get("cpus")
+    machine = f", {cpus} CPUs at load {load:g}" if cpus and load is not None else ""
+    return (f"{COST_PREFIX} (measured by `make paper`, written by bench/run.py): {p['wall_s']:.0f} s on "
+            f"{p['device']}{machine}, {str(p.get('start', ''))[:10]}.")
+
+
+def write_cost_line(name: str, root: Path | None = None) -> bool:
+    """Put `cost_line(name)` into the paper file: it replaces the old cost line, or follows the
+    leading comments. Returns whether the file changed."""
+    path = notebooks.paper_params_path(name)
+    lines = path.read_text().splitlines()
+    new = cost_line(name, root)
+    at = next((i for i, line in enumerate(lines) if line.startswith(COST_PREFIX)), None)
+    if at is None:
+        at = next((i for i, line in enumerate(lines) if not line.startswith("#")), len(lines))
+        lines.insert(at, new)
+    elif lines[at] == new:
+        return False
+    else:
+        lines[at] = new
+    path.write_text("\n".join(lines) + "\n")
+    return True
+
+
+def timing_table(root: Path | None = None) -> str:
+    """Markdown table of the stored, current paper-scale results' wall times (what README's paper-scale
+    section shows; `bench/run.py --only paper` writes it there)."""
+    lines = ["| notebook | seconds | device | CPUs, load at start | measured |", "|---|---|---|---|---|"]
+    for name in stored_names(root):
+        r = paper_results(name, root)
+        if r["stale"]:
+            continue
+        p = r["provenance"]
+        load = p.get("load_at_start") or {}
+        lines.append(f"| {name} | {p['wall_s']:.0f} | {p['device']} | {load.get('cpus', '?')}, "
+                     f"{load.get('load_average_1m', '?')} | {str(p.get('start', ''))[:10]} |")
+    if len(lines) == 2:
+        lines.append("| (no stored result yet) | | | | |")
+    return "\n".join(lines)
