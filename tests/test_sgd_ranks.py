@@ -125,3 +125,34 @@ def test_spearman_permutation_null():
     # the 5th percentile of the null for n = 8 sits near minus the one-sided 5 % critical value (0.643)
     assert -0.8 < null5 < -0.5
     assert ranks.spearman_with_permutation_null([1, 1, 1], [1, 2, 3]) == (0.0, 0.0)
+
+
+def test_fitting_correlation_keeps_fitting_runs_only():
+    from scipy.stats import spearmanr
+
+    final = pd.DataFrame({"run": range(6), "avg_rank": [1.0, 2, 3, 4, 5, 6],
+                          "test_acc": [0.9, 0.8, 0.7, 0.6, 0.99, 0.1], "train_acc": [1.0, 1, 1, 1, 0.5, 1]})
+    out = ranks.fitting_correlation(final, fit_threshold=0.99, diverged=[5])
+    assert out["fitting"] == 4 and out["runs"] == 6
+    assert out["rho"] == pytest.approx(-1.0)  # runs 0-3: rank up, accuracy down
+    kept = final[final["run"] != 5]
+    assert out["rho_all"] == pytest.approx(spearmanr(kept["avg_rank"], kept["test_acc"]).statistic)
+    assert out["test_acc_range"] == [0.6, 0.9]
+    none = ranks.fitting_correlation(final, fit_threshold=1.0 + 0.0, diverged=range(6))
+    assert none["fitting"] == 0 and none["rho"] == 0.0 and none["test_acc_range"] is None
+    with pytest.raises(ValueError, match="fit_threshold"):
+        ranks.fitting_correlation(final, fit_threshold=2)
+    with pytest.raises(ValueError, match="test_acc"):
+        ranks.fitting_correlation(final.drop(columns="test_acc"), fit_threshold=0.5)
+
+
+def test_collapse_or_moving_share_counts_by_hand():
+    from lowrank.sgd import noise
+
+    m = pd.DataFrame({"weight_decay": [0.0, 0.1, 0.1, 0.2, 0.0], "collapsed": [False, True, False, False, False],
+                      "moving": [True, False, False, True, False]})
+    assert noise.collapse_or_moving_share(m) == (pytest.approx(2 / 3), pytest.approx(0.5))
+    with pytest.raises(ValueError, match="lambda = 0"):
+        noise.collapse_or_moving_share(m[m["weight_decay"] > 0])
+    with pytest.raises(ValueError, match="moving"):
+        noise.collapse_or_moving_share(m.drop(columns="moving"))

@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["use_style", "figure_dir", "save_figure", "PALETTE"]
+__all__ = ["use_style", "figure_dir", "save_figure", "dataset_label", "PALETTE"]
 
 PALETTE = "colorblind"
 
@@ -19,6 +19,14 @@ def use_style():
     sns.set_theme(style="ticks", palette=PALETTE, context="notebook")
     mpl.rcParams.update({"figure.dpi": 100, "savefig.dpi": 150, "axes.grid": True, "grid.alpha": 0.3,
                          "svg.hashsalt": "lowrank", "svg.fonttype": "none"})
+
+
+DATASET_LABELS = {"digits": "8x8 digits", "mnist1d": "MNIST-1D", "mnist": "MNIST", "cifar10": "CIFAR-10"}
+
+
+def dataset_label(name: str) -> str:
+    """A data set's name in the reader's words (figure titles): "digits" -> "8x8 digits"; other names unchanged."""
+    return DATASET_LABELS.get(name, name)
 
 
 def figure_dir() -> Path:
@@ -95,7 +103,9 @@ def rank_and_accuracy_curves(avg, *, panel: str, panel_values, colour: str, colo
     import numpy as np
 
     colours = dict(zip(colour_values, plt.get_cmap(cmap)(np.linspace(0, 0.9, len(colour_values)))))
-    fig, axes = plt.subplots(2, len(panel_values), figsize=(4.2 * len(panel_values), 6.4), sharex=True, squeeze=False)
+    # at most ~9.5 in wide (a page's width), whatever the number of panels
+    fig, axes = plt.subplots(2, len(panel_values), figsize=(min(9.5, 4.2 * len(panel_values)), 6.4), sharex=True,
+                             squeeze=False)
     for j, p in enumerate(panel_values):
         for c in colour_values:
             run = avg[(avg[panel] == p) & (avg[colour] == c)]
@@ -108,7 +118,7 @@ def rank_and_accuracy_curves(avg, *, panel: str, panel_values, colour: str, colo
         axes[1, j].set_xlabel("epoch")
     axes[0, 0].set_ylabel(rank_label)
     axes[1, 0].set_ylabel("accuracy (test dashed)")
-    axes[0, 0].legend(fontsize=8)
+    axes[0, 0].legend(fontsize=10, loc="best")
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-__all__ = ["log_slope", "moving_table"]
+__all__ = ["log_slope", "moving_table", "collapse_or_moving_share"]
 
 
 def log_slope(epochs, values) -> float:
@@ -58,3 +58,15 @@ def moving_table(avg: pd.DataFrame, *, trend_epochs: int, collapse_tol: float, m
     zero_slope = out["loss"].map(zero["log_d_slope"])
     out["moving"] = ~out["collapsed"] & (zero_slope < 0) & (out["log_d_slope"] > moving_fraction * zero_slope)
     return out
+
+
+def collapse_or_moving_share(moving: pd.DataFrame) -> tuple[float, float]:
+    """The SGD-noise proposition's statistic on a `moving_table`: the share of lambda > 0 runs that
+    collapsed or keep moving, and the same share among the lambda = 0 runs (the negative control)."""
+    for c in ("weight_decay", "collapsed", "moving"):
+        if c not in moving.columns:
+            raise ValueError(f"moving has no column {c!r}")
+    pos, zero = moving[moving["weight_decay"] > 0], moving[moving["weight_decay"] == 0]
+    if pos.empty or zero.empty:
+        raise ValueError("moving needs runs with lambda > 0 and with lambda = 0")
+    return float((pos["collapsed"] | pos["moving"]).mean()), float((zero["collapsed"] | zero["moving"]).mean())

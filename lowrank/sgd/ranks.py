@@ -17,7 +17,7 @@ from lowrank.core.validation import check_choice
 
 __all__ = ["RANK_COLUMNS", "average_rank", "final_values", "rank_tables", "rank_trend", "TrendResult",
            "spearman_critical", "authors_layers", "RankSweep", "summarise", "rank_sweep", "rank_bound",
-           "spearman_with_permutation_null"]
+           "spearman_with_permutation_null", "fitting_correlation"]
 
 # the per-layer monitor columns of `lowrank.core.train` (averaged or dropped when layers are averaged)
 _LAYER_COLUMNS = ("layer", "layer_index", "classifier", "shape", "rank", "rank_frobenius", "stable_rank",
@@ -148,7 +148,7 @@ def summarise(table: pd.DataFrame, *, layers=None) -> RankSweep:
 
 
 def rank_sweep(*, model: str, dataset: str, grid, epochs: int, data_root=None, cnn_width: float = 1.0,
-               augment: bool = False, layers=None, **train_options) -> RankSweep:
+               augment: bool = False, rotation: str = "uniform", layers=None, **train_options) -> RankSweep:
     """Train `grid` (dicts with `batch_size`, `lr`, `weight_decay`, `momentum`, `seed`) of the network
     named `model` on `dataset` (`lowrank.core.train.sweep`, one ensemble per batch size) and summarise it.
 
@@ -158,6 +158,8 @@ def rank_sweep(*, model: str, dataset: str, grid, epochs: int, data_root=None, c
     dataset : "digits", "mnist1d", or "mnist" / "cifar10" read from `data_root`
         (default `lowrank.core.datasets.DEFAULT_DATA_ROOT`).
     augment : the paper's training augmentation (`lowrank.core.train.augment_images`), image data only.
+    rotation : its rotation: "uniform" within +-15 degrees (the authors' code), "multiples" of 15
+        degrees (a literal reading of the paper's text, l.1290) or "none".
     train_options : `lowrank.core.train.TrainConfig` fields (milestones, lr_decay, eps, loss, ...).
     """
     from lowrank.core import datasets, train
@@ -166,7 +168,8 @@ def rank_sweep(*, model: str, dataset: str, grid, epochs: int, data_root=None, c
     root = datasets.DEFAULT_DATA_ROOT if data_root is None else data_root
     data = datasets.load(dataset, root=root) if dataset in ("mnist", "cifar10") else datasets.load(dataset)
     make, data = zoo.for_data(model, data, cnn_width=cnn_width)  # digits become 1x8x8 images for conv nets
-    augmenter = (lambda x, g: train.augment_images(x, g)) if augment else None
+    check_choice(rotation, "rotation", train.ROTATIONS)
+    augmenter = (lambda x, g: train.augment_images(x, g, rotation=rotation)) if augment else None
     table = train.sweep(make, data, list(grid), epochs=epochs, augment=augmenter, **train_options)
     return summarise(table, layers=layers)
 
@@ -201,3 +204,27 @@ def spearman_with_permutation_null(x, y, *, seed: int = 0, permutations: int = 1
     rng = np.random.default_rng(seed)
     null = [spearmanr(rng.permutation(x), y).statistic for _ in range(permutations)]
     return float(spearmanr(x, y).statistic), float(np.nanpercentile(null, 5))
+
+
+def fitting_correlation(final: pd.DataFrame, *, fit_threshold: float, column: str = "avg_rank", seed: int = 0,
+                        diverged=()) -> dict:
+    """The generalisation hypothesis's statistic (figures gen_1, gen_2): over the runs that fit the
+    training set (final `train_acc` >= `fit_threshold`, not in `diverged`), Spearman's rho of
+    `column` (the final average rank) and `test_acc`, with the 5th percentile of its permutation null
+    (`spearman_with_permutation_null`).
+
+    Returns a dict: `rho`, `null_5`, `rho_all` (every run not diverged), `fitting` and `runs` (counts,
+    diverged runs included in `runs`), `test_acc_range` ([min, max] over the fitting runs, or None).
+    """
+    if not 0 <= fit_threshold <= 1:
+        raise ValueError(f"fit_threshold must be in [0, 1], got {fit_threshold}")
+    for c in (column, "test_acc", "train_acc", "run"):
+        if c not in final.columns:
+            raise ValueError(f"final has no column {c!r}")
+    kept = final[~final["run"].isin(list(diverged))]
+    fit = kept[kept["train_acc"] >= fit_threshold]
+    rho, null_5 = spearman_with_permutation_null(fit[column], fit["test_acc"], seed=seed)
+    rho_all = spearman_with_permutation_null(kept[column], kept["test_acc"], seed=seed)[0]
+    return {"rho": rho, "null_5": null_5, "rho_all": rho_all, "fitting": int(len(fit)),
+            "runs": int(len(final) + len(set(diverged) - set(final["run"]))),
+            "test_acc_range": [float(fit["test_acc"].min()), float(fit["test_acc"].max())] if len(fit) else None}
