@@ -22,6 +22,13 @@ def test_a_claim_whose_control_passes_is_uninformative():
     assert _claim(0.50, 0.70).outcome == "disagrees"  # a miss stays a miss whatever the control
 
 
+def test_a_claim_with_every_run_excluded_is_uninformative_whatever_the_number():
+    left_none = V.Excluded(6, 6, "train accuracy below the fit threshold")
+    assert _claim(0.0, 0.1, excluded=left_none).outcome == "uninformative"
+    assert _claim(0.9, 0.1, excluded=left_none).outcome == "uninformative"
+    assert _claim(0.9, 0.1, excluded=V.Excluded(5, 6, "diverged")).outcome == "agrees"
+
+
 def test_any_passing_control_makes_it_uninformative_and_each_is_recorded():
     v = V.claim("c", claim="I-1", measured=0.9, threshold=T, expected="", scale="ci",
                 controls=[V.Control("never residue", 0.1), V.Control("always data", 0.8)])

@@ -180,7 +180,8 @@ def claim(name, *, claim, measured, threshold: Threshold, controls, expected, sc
     """An empirical statement of a paper, judged beside its negative control(s) by the same threshold.
 
     controls: a Control or a list of them (at least one). paper_scale_only: the paper claims it only
-    at its own sizes, so at ci scale the outcome is "needs paper scale" whatever the number.
+    at its own sizes, so at ci scale the outcome is "needs paper scale" whatever the number. A claim
+    whose `excluded` leaves no run is "uninformative" whatever the number.
     """
     m = _finite(name, measured)
     recorded = _controls(name, controls, threshold)
@@ -188,6 +189,8 @@ def claim(name, *, claim, measured, threshold: Threshold, controls, expected, sc
         raise ValueError(f"claim {name} needs at least one Control (a trivial predictor or null model)")
     if paper_scale_only and scale != "paper":
         outcome = "needs paper scale"
+    elif excluded is not None and excluded.count == excluded.total:
+        outcome = "uninformative"  # every run was left out: the number measures nothing
     elif not threshold.met(m):
         outcome = "disagrees"
     elif any(c["passes"] for c in recorded):
