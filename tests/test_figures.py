@@ -95,3 +95,22 @@ def test_count_colours_one_colour_per_whole_number():
     for bad in ([], [1.5], [-1], [float("nan")]):
         with pytest.raises(ValueError):
             plotting.count_colours(bad)
+
+
+def test_titles_in_words():
+    assert plotting.describe_network("mlp", {"widths": [128]}) == "MLP, 1 hidden layer of 128"
+    assert plotting.describe_network("mlp", {"widths": [128, 128]}) == "MLP, 2 hidden layers of 128"
+    assert plotting.describe_network("mlp", {"widths": [64, 32]}) == "MLP, hidden layers of 64, 32"
+    assert plotting.describe_network("mlp") == "MLP, 2 hidden layers of 256"  # make's default widths
+    assert plotting.describe_network("paper_cnn", {"channels": [8]}) == "the paper's 6-layer CNN"
+    assert plotting.describe_network("tree_cnn", {"kernel_size": 2, "channels": 4}) == \
+        "tree CNN, kernel = stride = 2, 4 channels"
+    assert plotting.describe_task("digits", [1, 2]) == 'digits, "1" vs "2"'
+    assert plotting.describe_task("cifar10", list(range(10))) == "CIFAR-10, classes 0-9"
+    assert plotting.describe_task("mnist", [0, 3, 5]) == "MNIST, classes 0, 3, 5"
+    for bad in (("mlp2", None),):
+        with pytest.raises(ValueError):
+            plotting.describe_network(*bad)
+    for bad in (("svhn", [1, 2]), ("digits", [1])):
+        with pytest.raises(ValueError):
+            plotting.describe_task(*bad)

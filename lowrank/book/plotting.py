@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 
 __all__ = ["use_style", "figure_dir", "save_figure", "PALETTE", "MAX_WIDTH", "MIN_FONT", "panel_grid",
-           "legend_below", "count_colours", "legibility"]
+           "legend_below", "count_colours", "legibility", "describe_network", "describe_task"]
 
 PALETTE = "colorblind"
 # A figure is shown in the page's column (about 750 px wide, drawn at 100 px per inch): drawn no wider
@@ -208,3 +208,43 @@ def legibility(svg) -> dict:
     if small:
         problems.append(f"text below {MIN_FONT} pt: {small[:5]}")
     return {"width_in": width_in, "min_font_pt": min_font, "problems": problems}
+
+
+_DATASET_WORDS = {"digits": "digits", "mnist1d": "MNIST-1D", "mnist": "MNIST", "cifar10": "CIFAR-10"}
+
+
+def describe_task(dataset: str, classes) -> str:
+    """A data set and its classes in a reader's words, for titles: 'digits, "1" vs "2"',
+    'CIFAR-10, classes 0-9', 'MNIST, classes 0, 3, 5'."""
+    if dataset not in _DATASET_WORDS:
+        raise ValueError(f"dataset must be one of {sorted(_DATASET_WORDS)}, got {dataset!r}")
+    classes = [int(c) for c in classes]
+    if len(classes) < 2:
+        raise ValueError(f"classes must list at least two classes, got {classes!r}")
+    if len(classes) == 2:
+        which = f'"{classes[0]}" vs "{classes[1]}"'
+    elif classes == list(range(classes[0], classes[-1] + 1)):
+        which = f"classes {classes[0]}-{classes[-1]}"
+    else:
+        which = "classes " + ", ".join(map(str, classes))
+    return f"{_DATASET_WORDS[dataset]}, {which}"
+
+
+def describe_network(arch: str, arch_kwargs: dict | None = None) -> str:
+    """A network of `lowrank.core.nets.normalized.make` in a reader's words, for titles:
+    'MLP, 1 hidden layer of 128', 'MLP, hidden layers of 64, 32', "the paper's 6-layer CNN",
+    'tree CNN, kernel = stride = 2, 1 channel'."""
+    kw = dict(arch_kwargs or {})
+    if arch == "mlp":
+        widths = [int(w) for w in kw.get("widths", (256, 256))]
+        if not widths:
+            return "linear model (no hidden layer)"
+        if len(set(widths)) == 1:
+            return f"MLP, {len(widths)} hidden layer{'s' if len(widths) > 1 else ''} of {widths[0]}"
+        return "MLP, hidden layers of " + ", ".join(map(str, widths))
+    if arch == "paper_cnn":
+        return "the paper's 6-layer CNN"
+    if arch == "tree_cnn":
+        k, ch = int(kw.get("kernel_size", 2)), int(kw.get("channels", 1))
+        return f"tree CNN, kernel = stride = {k}, {ch} channel{'s' if ch > 1 else ''}"
+    raise ValueError(f"arch must be mlp, paper_cnn or tree_cnn, got {arch!r}")
