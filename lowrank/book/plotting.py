@@ -6,13 +6,21 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["use_style", "figure_dir", "save_figure", "dataset_label", "PALETTE"]
+__all__ = ["use_style", "figure_dir", "save_figure", "PALETTE", "MAX_WIDTH", "MIN_FONT", "panel_grid",
+           "legend_below", "count_colours", "legibility", "describe_network", "describe_task", "dataset_label"]
 
 PALETTE = "colorblind"
+# A figure is shown in the page's column (about 750 px wide, drawn at 100 px per inch): drawn no wider
+# than MAX_WIDTH inches with no text below MIN_FONT points, no text is shown below about 9 px.
+MAX_WIDTH = 9.5  # inches
+MIN_FONT = 10  # points; seaborn's "notebook" context (use_style) draws 11-12 pt by default
 
 
 def use_style():
-    """Seaborn's ticks style with the colour-blind-safe palette; call once per notebook."""
+    """Seaborn's ticks style with the colour-blind-safe palette; call once per notebook.
+
+    Seaborn's "notebook" context sets the font sizes (12 pt labels and titles, 11 pt ticks and
+    legends); a figure passes a smaller `fontsize=` nowhere below MIN_FONT."""
     import matplotlib as mpl
     import seaborn as sns
 
@@ -104,7 +112,7 @@ def rank_and_accuracy_curves(avg, *, panel: str, panel_values, colour: str, colo
 
     colours = dict(zip(colour_values, plt.get_cmap(cmap)(np.linspace(0, 0.9, len(colour_values)))))
     # at most ~9.5 in wide (a page's width), whatever the number of panels
-    fig, axes = plt.subplots(2, len(panel_values), figsize=(min(9.5, 4.2 * len(panel_values)), 6.4), sharex=True,
+    fig, axes = plt.subplots(2, len(panel_values), figsize=(min(MAX_WIDTH, 4.2 * len(panel_values)), 6.4), sharex=True,
                              squeeze=False)
     for j, p in enumerate(panel_values):
         for c in colour_values:
@@ -123,3 +131,127 @@ def rank_and_accuracy_curves(avg, *, panel: str, panel_values, colour: str, colo
         fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def panel_grid(n: int, *, panel=(4.0, 3.0), ncols: int | None = None, **subplots):
+    """`n` panels of `panel` (width, height) inches, in rows of at most `ncols` and never wider than
+    MAX_WIDTH (more panels wrap onto more rows). Constrained layout, so that `legend_below` and a
+    suptitle find room; unused cells of the last row are removed.
+
+    Returns (figure, list of the n axes in reading order).
+    """
+    import matplotlib.pyplot as plt
+
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    width, height = panel
+    if not (0 < width <= MAX_WIDTH and height > 0):
+        raise ValueError(f"panel must be (width <= {MAX_WIDTH}, height) in inches, positive, got {panel!r}")
+    if ncols is not None and (not isinstance(ncols, int) or ncols < 1):
+        raise ValueError(f"ncols must be a positive int, got {ncols!r}")
+    fit = max(1, int(MAX_WIDTH // width))
+    cols = min(n, ncols or fit, fit)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False,
+                             layout="constrained", **subplots)
+    flat = list(axes.ravel())
+    for ax in flat[n:]:
+        ax.remove()
+    return fig, flat[:n]
+
+
+def legend_below(fig, axes=None, *, ncol: int | None = None, **kwargs):
+    """One legend for the whole figure, below the panels (never over the data): the labelled
+    artists of `axes` (default: every axes of `fig`), each label once. Needs constrained layout
+    (`panel_grid`, or `plt.subplots(..., layout="constrained")`)."""
+    handles, labels = [], []
+    for ax in (fig.axes if axes is None else axes):
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    if not labels:
+        raise ValueError("legend_below: no labelled artist in the given axes")
+    return fig.legend(handles, labels, loc="outside lower center", ncol=ncol or min(len(labels), 4), **kwargs)
+
+
+def count_colours(values, cmap: str = "viridis") -> dict:
+    """A distinct colour for each whole number from 0 to max(values): {count: colour}, for a map of
+    counts drawn with a legend of the integers instead of a continuous colour bar."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    arr = np.asarray(values, dtype=float)
+    if arr.size == 0 or not np.all(np.isfinite(arr)) or np.any(arr < 0) or np.any(arr != np.round(arr)):
+        raise ValueError("values must be non-empty, finite, whole and non-negative")
+    top = int(arr.max())
+    colours = plt.get_cmap(cmap, top + 1)
+    return {k: colours(k) for k in range(top + 1)}
+
+
+def legibility(svg) -> dict:
+    """Width (inches) and smallest font (points) of a figure saved as SVG by `save_figure`.
+
+    The size of a text element is the largest of its parts, so that the exponent of a tick label
+    like 10^-2 (drawn at 70 %) counts as part of a legible label. Returns
+    {"width_in", "min_font_pt", "problems": [what breaks MAX_WIDTH or MIN_FONT]}."""
+    import re
+    import xml.etree.ElementTree as ET
+
+    root = ET.parse(svg).getroot()
+    width = root.get("width", "")
+    if not width.endswith("pt"):
+        raise ValueError(f"{svg}: SVG width {width!r} is not in points")
+    width_in = float(width[:-2]) / 72
+    size = re.compile(r"font-size:\s*([0-9.]+)px")  # matplotlib's SVG: 1 px = 1 pt (72 per inch)
+    texts = []
+    for el in root.iter("{http://www.w3.org/2000/svg}text"):
+        sizes = [float(m) for node in el.iter() for m in size.findall(node.get("style", ""))]
+        words = re.sub(r"\s+", "", "".join(el.itertext()))
+        if sizes and words:
+            texts.append((max(sizes), words))
+    min_font = min((s for s, _ in texts), default=float("inf"))
+    problems = []
+    if width_in > MAX_WIDTH + 0.1:  # a tight bounding box may add a few points of padding
+        problems.append(f"{width_in:.1f} in wide (at most {MAX_WIDTH})")
+    small = sorted({w for s, w in texts if s < MIN_FONT - 1e-6})
+    if small:
+        problems.append(f"text below {MIN_FONT} pt: {small[:5]}")
+    return {"width_in": width_in, "min_font_pt": min_font, "problems": problems}
+
+
+def describe_task(dataset: str, classes) -> str:
+    """A data set and its classes in a reader's words, for titles: '8x8 digits, "1" vs "2"',
+    'CIFAR-10, classes 0-9', 'MNIST, classes 0, 3, 5'."""
+    if dataset not in DATASET_LABELS:
+        raise ValueError(f"dataset must be one of {sorted(DATASET_LABELS)}, got {dataset!r}")
+    classes = [int(c) for c in classes]
+    if len(classes) < 2:
+        raise ValueError(f"classes must list at least two classes, got {classes!r}")
+    if len(classes) == 2:
+        which = f'"{classes[0]}" vs "{classes[1]}"'
+    elif classes == list(range(classes[0], classes[-1] + 1)):
+        which = f"classes {classes[0]}-{classes[-1]}"
+    else:
+        which = "classes " + ", ".join(map(str, classes))
+    return f"{dataset_label(dataset)}, {which}"
+
+
+def describe_network(arch: str, arch_kwargs: dict | None = None) -> str:
+    """A network of `lowrank.core.nets.normalized.make` in a reader's words, for titles:
+    'MLP, 1 hidden layer of 128', 'MLP, hidden layers of 64, 32', "the paper's 6-layer CNN",
+    'tree CNN, kernel = stride = 2, 1 channel'."""
+    kw = dict(arch_kwargs or {})
+    if arch == "mlp":
+        widths = [int(w) for w in kw.get("widths", (256, 256))]
+        if not widths:
+            return "linear model (no hidden layer)"
+        if len(set(widths)) == 1:
+            return f"MLP, {len(widths)} hidden layer{'s' if len(widths) > 1 else ''} of {widths[0]}"
+        return "MLP, hidden layers of " + ", ".join(map(str, widths))
+    if arch == "paper_cnn":
+        return "the paper's 6-layer CNN"
+    if arch == "tree_cnn":
+        k, ch = int(kw.get("kernel_size", 2)), int(kw.get("channels", 1))
+        return f"tree CNN, kernel = stride = {k}, {ch} channel{'s' if ch > 1 else ''}"
+    raise ValueError(f"arch must be mlp, paper_cnn or tree_cnn, got {arch!r}")

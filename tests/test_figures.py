@@ -1,0 +1,116 @@
+"""Figures are legible in the page column: drawn no wider than plotting.MAX_WIDTH inches, no text
+below plotting.MIN_FONT points (read from the SVG each notebook saved through save_figure); and the
+plotting helpers behind that."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from lowrank.book import build, plotting  # noqa: E402
+
+NAMES = build.book_notebooks()
+# Part II's pages are made legible separately (issue #20); their figures are reported, not yet required.
+PENDING = {n for n in NAMES if n.startswith("sgd/")}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason="Part II figures pending (#20)",
+                                                                          strict=False)) if n in PENDING else n
+                                  for n in NAMES])
+def test_figures_fit_the_page_column(name, executed_notebooks):
+    executed_notebooks[name]  # executes it when stale, which writes its figures
+    svgs = sorted((build.FIGURES / name).glob("*.svg"))
+    assert svgs, f"{name}: no figure"
+    bad = {p.name: plotting.legibility(p)["problems"] for p in svgs}
+    bad = {k: v for k, v in bad.items() if v}
+    assert not bad, f"{name}: figures not legible in the page column: {bad}"
+
+
+def _save(fig, tmp_path, monkeypatch, stem="f"):
+    import pandas as pd
+
+    monkeypatch.setenv("LOWRANK_FIGURE_DIR", str(tmp_path))
+    paths = plotting.save_figure(fig, stem, pd.DataFrame({"x": [1]}))
+    plt.close(fig)
+    return paths["svg"]
+
+
+def test_legibility_reads_width_and_smallest_font(tmp_path, monkeypatch):
+    plotting.use_style()
+    fig, ax = plt.subplots(figsize=(12, 3))
+    ax.plot([1, 10], [1, 100])
+    ax.set_yscale("log")  # tick labels 10^k: their exponents are drawn at 70 %, and do not count
+    ax.set_title("a title", fontsize=8)
+    report = plotting.legibility(_save(fig, tmp_path, monkeypatch))
+    assert report["width_in"] > plotting.MAX_WIDTH
+    assert report["min_font_pt"] == pytest.approx(8)
+    assert any("wide" in p for p in report["problems"])
+    assert any("atitle" in p for p in report["problems"])
+
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.plot([1, 10], [1, 100])
+    ax.set_yscale("log")
+    ax.set_title(r"$\|S_1\|_2$ against $\nu$")
+    report = plotting.legibility(_save(fig, tmp_path, monkeypatch, "g"))
+    assert report["problems"] == [] and report["min_font_pt"] >= plotting.MIN_FONT
+
+
+def test_panel_grid_wraps_rows_to_the_column_width():
+    fig, axes = plotting.panel_grid(5, panel=(3.0, 2.0))
+    assert len(axes) == 5 and len(fig.axes) == 5
+    width, height = fig.get_size_inches()
+    assert width <= plotting.MAX_WIDTH and width == pytest.approx(9.0) and height == pytest.approx(4.0)
+    plt.close(fig)
+    fig, axes = plotting.panel_grid(4, panel=(3.0, 2.0), ncols=2)
+    assert tuple(fig.get_size_inches()) == pytest.approx((6.0, 4.0))
+    plt.close(fig)
+    fig, axes = plotting.panel_grid(1, panel=(9.5, 2.0))
+    assert len(axes) == 1
+    plt.close(fig)
+    for bad in ({"n": 0}, {"n": 2.0}, {"n": 2, "panel": (10, 2)}, {"n": 2, "panel": (3, 0)}, {"n": 2, "ncols": 0}):
+        with pytest.raises(ValueError):
+            plotting.panel_grid(**bad)
+
+
+def test_legend_below_collects_each_label_once():
+    fig, axes = plotting.panel_grid(2, panel=(3.0, 2.0))
+    for ax in axes:
+        ax.plot([0, 1], [0, 1], label="a")
+        ax.plot([0, 1], [1, 0], label="b")
+    legend = plotting.legend_below(fig)
+    assert [t.get_text() for t in legend.get_texts()] == ["a", "b"]
+    assert all(ax.get_legend() is None for ax in axes)
+    plt.close(fig)
+    fig, ax = plt.subplots(layout="constrained")
+    with pytest.raises(ValueError):
+        plotting.legend_below(fig)
+    plt.close(fig)
+
+
+def test_count_colours_one_colour_per_whole_number():
+    colours = plotting.count_colours([1, 2, 3, 1])
+    assert list(colours) == [0, 1, 2, 3] and len(set(colours.values())) == 4
+    for bad in ([], [1.5], [-1], [float("nan")]):
+        with pytest.raises(ValueError):
+            plotting.count_colours(bad)
+
+
+def test_titles_in_words():
+    assert plotting.describe_network("mlp", {"widths": [128]}) == "MLP, 1 hidden layer of 128"
+    assert plotting.describe_network("mlp", {"widths": [128, 128]}) == "MLP, 2 hidden layers of 128"
+    assert plotting.describe_network("mlp", {"widths": [64, 32]}) == "MLP, hidden layers of 64, 32"
+    assert plotting.describe_network("mlp") == "MLP, 2 hidden layers of 256"  # make's default widths
+    assert plotting.describe_network("paper_cnn", {"channels": [8]}) == "the paper's 6-layer CNN"
+    assert plotting.describe_network("tree_cnn", {"kernel_size": 2, "channels": 4}) == \
+        "tree CNN, kernel = stride = 2, 4 channels"
+    assert plotting.describe_task("digits", [1, 2]) == '8x8 digits, "1" vs "2"'
+    assert plotting.describe_task("cifar10", list(range(10))) == "CIFAR-10, classes 0-9"
+    assert plotting.describe_task("mnist", [0, 3, 5]) == "MNIST, classes 0, 3, 5"
+    for bad in (("mlp2", None),):
+        with pytest.raises(ValueError):
+            plotting.describe_network(*bad)
+    for bad in (("svhn", [1, 2]), ("digits", [1])):
+        with pytest.raises(ValueError):
+            plotting.describe_task(*bad)
