@@ -66,3 +66,22 @@ def test_changed_function_shows_up_in_rebuilt_book(tmp_path):
     page, plain_again = build_book()
     assert "stable rank 3.125" in page, "the rebuilt book shows a stale output"
     assert plain_again == plain_stamp, "a page that does not use the changed module was executed again"
+
+
+def test_a_figure_the_notebook_no_longer_draws_does_not_linger(tmp_path, monkeypatch):
+    """Each execution starts from an empty figure folder: a renamed figure leaves no stale file
+    behind (it would be published and checked as if the page still drew it)."""
+    drawn = iter(["old_name", "new_name"])
+
+    def fake_execute(name, output, figure_dir=None, **kwargs):
+        figure_dir.mkdir(parents=True, exist_ok=True)
+        (figure_dir / f"{next(drawn)}.svg").write_text("<svg/>")
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text("{}")
+
+    monkeypatch.setattr(build, "FIGURES", tmp_path / "figures")
+    monkeypatch.setattr(build, "EXECUTED", tmp_path / "executed")
+    monkeypatch.setattr(build, "execute", fake_execute)
+    for _ in range(2):
+        build._execute_one(NB, "key", 1)
+    assert sorted(p.name for p in (tmp_path / "figures" / NB).iterdir()) == ["new_name.svg"]

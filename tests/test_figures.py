@@ -12,13 +12,9 @@ import pytest  # noqa: E402
 from lowrank.book import build, plotting  # noqa: E402
 
 NAMES = build.book_notebooks()
-# Part II's pages are made legible separately (issue #20); their figures are reported, not yet required.
-PENDING = {n for n in NAMES if n.startswith("sgd/")}
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason="Part II figures pending (#20)",
-                                                                          strict=False)) if n in PENDING else n
-                                  for n in NAMES])
+@pytest.mark.parametrize("name", NAMES)
 def test_figures_fit_the_page_column(name, executed_notebooks):
     executed_notebooks[name]  # executes it when stale, which writes its figures
     svgs = sorted((build.FIGURES / name).glob("*.svg"))

@@ -118,6 +118,7 @@ def _execute_one(name: str, key: str, threads: int) -> tuple[str, float]:
     os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by the kernel
     start = time.time()
     _key_path(name).unlink(missing_ok=True)
+    shutil.rmtree(FIGURES / name, ignore_errors=True)  # a figure the notebook no longer draws must not linger
     # pages are notebooks/<part>/<name>.html; figures are published in figures/<part>/<name>/
     execute(name, executed_path(name), figure_dir=FIGURES / name, figure_url=f"../../figures/{name}")
     _key_path(name).write_text(key)
