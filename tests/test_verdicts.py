@@ -90,3 +90,16 @@ def test_a_check_whose_wrong_version_also_holds_is_loose():
                      controls=[V.Control("a quarter of the rank budget", 0)])
     assert (tight.outcome, loose.outcome, broken.outcome) == ("holds", "loose", "fails")
     assert loose.controls[0]["passes"] and not tight.controls[0]["passes"]
+
+
+def test_trend_claim_counts_exclusions_and_records_no_evidence_as_least_favourable():
+    trend = {"worst": 0.9, "per_group": {16: 0.9, 32: 1.0}, "excluded": 1, "total": 6}
+    control = V.Control("untrained networks (epoch 0)", 0.1)
+    v = V.trend_claim("t", claim="II-5", scale="ci", trend=trend, controls=control, critical=0.8, values="4 rates",
+                      paper="l.548", group="batch size", min_train_acc=0.5)
+    assert v.outcome == "agrees" and v.measured == 0.9 and v.threshold["value"] == 0.8
+    assert v.excluded == {"count": 1, "total": 6, "reason": "diverged or train accuracy < 0.5"}
+    assert v.details["per_group"] == {"16": 0.9, "32": 1.0} and "l.548" in v.threshold["origin"]
+    empty = V.trend_claim("t", claim="II-5", scale="ci", trend={**trend, "worst": math.nan}, controls=control,
+                          critical=0.8, values="4 rates", paper="l.548", group="batch size", min_train_acc=0.5)
+    assert empty.measured == -1.0 and empty.outcome == "disagrees" and "no evidence" in empty.note

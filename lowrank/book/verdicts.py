@@ -32,7 +32,7 @@ import math
 import operator
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["Threshold", "Control", "Excluded", "Verdict", "check", "claim", "show", "summary", "GLUE_PREFIX",
+__all__ = ["Threshold", "Control", "Excluded", "Verdict", "check", "claim", "trend_claim", "show", "summary", "GLUE_PREFIX",
            "OUTCOMES", "CHECK_OUTCOMES", "CLAIM_OUTCOMES"]
 
 GLUE_PREFIX = "verdict."
@@ -200,6 +200,34 @@ def claim(name, *, claim, measured, threshold: Threshold, controls, expected, sc
     v = Verdict(name, claim, "claim", m, expected, asdict(threshold), outcome, scale, recorded,
                 asdict(excluded) if excluded else None, description, note, dict(details or {}))
     return _glue(v)
+
+
+_claim = claim  # trend_claim's own `claim` argument (the claim id) hides the function
+
+
+def trend_claim(name, *, claim, scale, trend, controls, critical: float, values: str, paper: str, group: str,
+                min_train_acc: float, description="", details=None) -> Verdict:
+    """A claim that the final rank moves with a hyperparameter in the paper's direction in every
+    group of runs (Part II's rank-versus-hyperparameter figures).
+
+    trend : `lowrank.sgd.ranks.rank_trend`'s result; `trend["worst"]` (the least favourable signed
+        Spearman rho over the groups) is measured, its excluded runs counted. A NaN worst (no group
+        with enough runs left) is recorded as -1, the least favourable value, with a note.
+    critical : the one-sided 5 % critical rho for the number of hyperparameter values (fixed in
+        advance), described by `values` (e.g. "4 learning rates"). paper : the line stating the
+        direction (e.g. "l.548: larger mu, lower rank"). group : what a group is (e.g. "batch size").
+    """
+    worst = float(trend["worst"])
+    finite = math.isfinite(worst)
+    return _claim(
+        name, claim=claim, scale=scale, measured=worst if finite else -1.0,
+        threshold=Threshold(">=", critical, f"one-sided 5 % critical Spearman rho for {values} (fixed in advance); "
+                            f"paper {paper}"),
+        controls=controls, expected=f"signed Spearman rho >= {critical:.3g} at every {group}",
+        excluded=Excluded(trend["excluded"], trend["total"], f"diverged or train accuracy < {min_train_acc:g}"),
+        description=description, note="" if finite else f"too few runs left at every {group}: recorded as -1 (no evidence)",
+        details={"per_group": {f"{k:g}" if isinstance(k, float) else str(k): round(v, 3) for k, v in trend["per_group"].items()},
+                 **(details or {})})
 
 
 def _glue(v: Verdict) -> Verdict:
