@@ -323,6 +323,29 @@ class TopSingular(NamedTuple):
 ITERATIVE_SVD_MIN_DIM = 200
 
 
+def _check_k(k, small: int) -> None:
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= small:
+        raise ValueError(f"k must be an integer between 1 and {small}, got {k!r}")
+
+
+def _full_svd_is_simpler(device: torch.device, small: int, k: int) -> bool:
+    return device.type != "cpu" or small <= ITERATIVE_SVD_MIN_DIM or 4 * k > small
+
+
+def _arpack(op, shape: tuple, k: int, v0, dtype, what: str) -> TopSingular:
+    """ARPACK's k leading triplets of `op` (a matrix or a LinearOperator), descending, to machine
+    precision, from `v0` (length min(shape)) or a constant start vector."""
+    from scipy.sparse.linalg import svds
+
+    small = min(shape)
+    start = np.ones(small) if v0 is None else as_tensor(v0, "v0", min_ndim=1).detach().cpu().numpy()
+    if start.shape != (small,):
+        raise ValueError(f"v0 must have length {small} (the smaller side of {what}), got {start.shape}")
+    u, s, vh = svds(op, k=k, tol=0, v0=start)
+    order = np.argsort(s)[::-1].copy()  # ARPACK returns them ascending
+    return TopSingular(*(torch.from_numpy(np.ascontiguousarray(x)).to(dtype) for x in (u[:, order], s[order], vh[order])))
+
+
 def top_singular(M, k: int = 1, *, v0=None) -> TopSingular:
     """The `k` leading singular values and vectors of one matrix, without a full SVD.
 
@@ -337,26 +360,11 @@ def top_singular(M, k: int = 1, *, v0=None) -> TopSingular:
     M = _matrix(M, dtype=None)
     if M.ndim != 2:
         raise ValueError(f"M must be a matrix, got shape {tuple(M.shape)}")
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= min(M.shape):
-        raise ValueError(f"k must be an integer between 1 and {min(M.shape)}, got {k!r}")
-    small = min(M.shape)
-    if M.device.type != "cpu" or small <= ITERATIVE_SVD_MIN_DIM or 4 * k > small:
+    _check_k(k, min(M.shape))
+    if _full_svd_is_simpler(M.device, min(M.shape), k):
         U, s, Vh = torch.linalg.svd(M, full_matrices=False)
         return TopSingular(U[:, :k], s[:k], Vh[:k])
-    from scipy.sparse.linalg import svds
-
-    A = M.detach().numpy()
-    start = np.ones(small) if v0 is None else as_tensor(v0, "v0", min_ndim=1).detach().cpu().numpy()
-    if start.shape != (small,):
-        raise ValueError(f"v0 must have length {small} (the smaller side of M), got {start.shape}")
-    u, s, vh = svds(A, k=k, tol=0, v0=start)
-    return _descending(u, s, vh, M.dtype)
-
-
-def _descending(u, s, vh, dtype) -> TopSingular:
-    """ARPACK's triplets (ascending) as a `TopSingular` (descending) of torch tensors."""
-    order = np.argsort(s)[::-1].copy()
-    return TopSingular(*(torch.from_numpy(np.ascontiguousarray(x)).to(dtype) for x in (u[:, order], s[order], vh[order])))
+    return _arpack(M.detach().numpy(), tuple(M.shape), k, v0, M.dtype, "M")
 
 
 def top_singular_of_product(A, B, k: int = 1, *, v0=None) -> TopSingular:
@@ -372,22 +380,15 @@ def top_singular_of_product(A, B, k: int = 1, *, v0=None) -> TopSingular:
     if A.ndim != 2 or B.ndim != 2 or A.shape[0] != B.shape[0]:
         raise ValueError(f"A and B must be matrices with the same number of rows, got {tuple(A.shape)} and "
                          f"{tuple(B.shape)}")
-    p, q = A.shape[1], B.shape[1]
-    small = min(p, q)
-    if A.device.type != "cpu" or small <= ITERATIVE_SVD_MIN_DIM or 4 * k > small:
+    shape = (A.shape[1], B.shape[1])
+    _check_k(k, min(shape))
+    if _full_svd_is_simpler(A.device, min(shape), k):
         return top_singular(A.T @ B, k, v0=v0)
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"k must be an integer between 1 and {small}, got {k!r}")
-    from scipy.sparse.linalg import LinearOperator, svds
+    from scipy.sparse.linalg import LinearOperator
 
     An, Bn = A.detach().numpy(), B.detach().numpy()
-    op = LinearOperator((p, q), matvec=lambda v: An.T @ (Bn @ v), rmatvec=lambda u: Bn.T @ (An @ u),
-                        dtype=An.dtype)
-    start = np.ones(small) if v0 is None else as_tensor(v0, "v0", min_ndim=1).detach().cpu().numpy()
-    if start.shape != (small,):
-        raise ValueError(f"v0 must have length {small} (the smaller side of A^T B), got {start.shape}")
-    u, s, vh = svds(op, k=k, tol=0, v0=start)
-    return _descending(u, s, vh, A.dtype)
+    op = LinearOperator(shape, matvec=lambda v: An.T @ (Bn @ v), rmatvec=lambda u: Bn.T @ (An @ u), dtype=An.dtype)
+    return _arpack(op, shape, k, v0, A.dtype, "A^T B")
 
 
 def top_singular_value(M) -> float:
