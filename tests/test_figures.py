@@ -98,7 +98,8 @@ def test_titles_in_words():
     assert plotting.describe_network("mlp", {"widths": [128, 128]}) == "MLP, 2 hidden layers of 128"
     assert plotting.describe_network("mlp", {"widths": [64, 32]}) == "MLP, hidden layers of 64, 32"
     assert plotting.describe_network("mlp") == "MLP, 2 hidden layers of 256"  # make's default widths
-    assert plotting.describe_network("paper_cnn", {"channels": [8]}) == "the paper's 6-layer CNN"
+    assert plotting.describe_network("paper_cnn") == "the paper's 6-layer CNN"
+    assert plotting.describe_network("paper_cnn", {"channels": [8]}) == "the paper's CNN shape, 3 layers, channels 8"
     assert plotting.describe_network("tree_cnn", {"kernel_size": 2, "channels": 4}) == \
         "tree CNN, kernel = stride = 2, 4 channels"
     assert plotting.describe_task("digits", [1, 2]) == '8x8 digits, "1" vs "2"'

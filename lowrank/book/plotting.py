@@ -241,17 +241,28 @@ def describe_network(arch: str, arch_kwargs: dict | None = None) -> str:
     """A network of `lowrank.core.nets.normalized.make` in a reader's words, for titles:
     'MLP, 1 hidden layer of 128', 'MLP, hidden layers of 64, 32', "the paper's 6-layer CNN",
     'tree CNN, kernel = stride = 2, 1 channel'."""
+    import inspect
+
+    from lowrank.core.nets import normalized
+
     kw = dict(arch_kwargs or {})
+
+    def arg(constructor, name):  # the value the network was built with: given, else the constructor's default
+        return kw.get(name, inspect.signature(constructor).parameters[name].default)
+
     if arch == "mlp":
-        widths = [int(w) for w in kw.get("widths", (256, 256))]
+        widths = [int(w) for w in arg(normalized.mlp, "widths")]
         if not widths:
             return "linear model (no hidden layer)"
         if len(set(widths)) == 1:
             return f"MLP, {len(widths)} hidden layer{'s' if len(widths) > 1 else ''} of {widths[0]}"
         return "MLP, hidden layers of " + ", ".join(map(str, widths))
     if arch == "paper_cnn":
-        return "the paper's 6-layer CNN"
+        channels = [int(c) for c in arg(normalized.paper_cnn, "channels")]
+        if channels == list(inspect.signature(normalized.paper_cnn).parameters["channels"].default):
+            return "the paper's 6-layer CNN"
+        return f"the paper's CNN shape, {len(channels) + 2} layers, channels " + ", ".join(map(str, channels))
     if arch == "tree_cnn":
-        k, ch = int(kw.get("kernel_size", 2)), int(kw.get("channels", 1))
+        k, ch = int(arg(normalized.tree_cnn, "kernel_size")), int(arg(normalized.tree_cnn, "channels"))
         return f"tree CNN, kernel = stride = {k}, {ch} channel{'s' if ch > 1 else ''}"
     raise ValueError(f"arch must be mlp, paper_cnn or tree_cnn, got {arch!r}")
