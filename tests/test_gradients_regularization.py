@@ -233,3 +233,17 @@ def test_real_data_matrix_on_digits():
         decomposition.real_data_matrix("cifar10")
     with pytest.raises(FileNotFoundError):
         decomposition.real_data_matrix("mnist", data_root="/nonexistent/folder")
+
+
+def test_spike_shares_on_hand_counted_configurations():
+    import pandas as pd
+
+    rows = pd.DataFrame({  # threshold 0.5; each row one configuration
+        "residue_0": [0.9, 0.9, 0.2, 0.9], "q_0": [0.8, 0.1, 0.1, 0.9],
+        "residue_in_top2": [0.7, 0.3, 0.1, 0.6], "q_in_top2": [0.6, 0.9, 0.2, 0.4]})
+    # kept: row 0 (both stay), row 2 (neither was present); lost: row 1 (residue), row 3 (q)
+    assert decomposition.spikes_kept_share(rows, threshold=0.5) == 0.5
+    # gone: only row 2 has both below 0.5
+    assert decomposition.spikes_gone_share(rows, threshold=0.5) == 0.25
+    with pytest.raises(ValueError, match="no column"):
+        decomposition.spikes_kept_share(rows.drop(columns="q_0"), threshold=0.5)

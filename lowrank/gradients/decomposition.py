@@ -60,6 +60,8 @@ __all__ = [
     "weight_decay_gradient",
     "WeightDecayScales",
     "weight_decay_scales",
+    "spikes_kept_share",
+    "spikes_gone_share",
     "tau2_from_rho",
     "add_input_noise",
     "noisy_problem",
@@ -452,6 +454,35 @@ def weight_decay_scales(W, *, gamma: float, n: int, nu: float) -> WeightDecaySca
     wn = float(torch.linalg.matrix_norm(W, ord=2))
     base = math.sqrt(W.shape[0]) * gamma / wn
     return WeightDecayScales(base, base * float(n) ** float(nu), wn)
+
+
+def _spike_columns(rows, columns) -> None:
+    missing = [c for c in columns if c not in rows]
+    if missing:
+        raise ValueError(f"rows has no column(s) {missing}")
+    if len(rows) == 0:
+        raise ValueError("rows is empty")
+
+
+def spikes_kept_share(rows, *, threshold: float) -> float:
+    """Share of configurations (rows) that keep every spike present without weight decay.
+
+    A spike is present when its direction has at least `threshold` of its norm in G's top-two left
+    singular subspace: the residue direction `residue_in_top2` and the data spike `q_in_top2` at the
+    row's lambda, `residue_0` and `q_0` at lambda = 0 (`dominant_spike`'s numbers). A spike absent at
+    lambda = 0 cannot be lost.
+    """
+    _spike_columns(rows, ("residue_0", "q_0", "residue_in_top2", "q_in_top2"))
+    kept = ((rows["residue_0"] < threshold) | (rows["residue_in_top2"] >= threshold)) & (
+        (rows["q_0"] < threshold) | (rows["q_in_top2"] >= threshold))
+    return float(kept.mean())
+
+
+def spikes_gone_share(rows, *, threshold: float) -> float:
+    """Share of configurations in which neither spike is present (both `residue_in_top2` and
+    `q_in_top2` below `threshold`): weight decay has buried both."""
+    _spike_columns(rows, ("residue_in_top2", "q_in_top2"))
+    return float(((rows["residue_in_top2"] < threshold) & (rows["q_in_top2"] < threshold)).mean())
 
 
 def tau2_from_rho(n: int, rho: float) -> float:
