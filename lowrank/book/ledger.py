@@ -143,9 +143,7 @@ def _by_part(rows: list[dict]) -> str:
             c = per[part]
             if scale == "paper" and not any(sum(c[k].values()) for k in c):
                 continue
-            badges = [badge(o, _count(c["claim"][o], "claim", o)) for o in CLAIM_OUTCOMES if c["claim"][o]]
-            badges += [badge(o, _count(c["check"][o], "check", o)) for o in CHECK_OUTCOMES if c["check"][o]]
-            items.append(f'<li><strong>{_e(title)}</strong>, {scale} scale: {" ".join(badges) or "nothing measured"}</li>')
+            items.append(f'<li><strong>{_e(title)}</strong>, {scale} scale: {_count_badges(c) or "nothing measured"}</li>')
     out = f'<ul class="ledger-by-part">{"".join(items)}</ul>'
     if not any(sum(c.values()) for c in ledger_counts(rows, "paper").values()):
         out += ('<p class="ledger-note">No stored paper-scale result yet (<code>make paper</code>, or '
@@ -274,13 +272,18 @@ def _count(n: int, noun: str, outcome: str) -> str:
     return f"{n} {noun} {outcome}" if n == 1 else f"{n} {noun}s {LABEL[outcome]}"
 
 
+def _count_badges(c: dict) -> str:
+    """A badge per outcome present in `c` (`ledger_counts`' claims, then checks), as HTML."""
+    badges = [badge(o, _count(c["claim"][o], "claim", o)) for o in CLAIM_OUTCOMES if c["claim"][o]]
+    badges += [badge(o, _count(c["check"][o], "check", o)) for o in CHECK_OUTCOMES if c["check"][o]]
+    return " ".join(badges)
+
+
 def part_summary_html(rows: list[dict], part: str, base: str) -> str:
     """One part's verdicts at ci scale (badges) and its disagreements, linked from `base`."""
     part_rows = [r for r in rows if _part(r) == part]
-    c = ledger_counts(part_rows, "ci")
-    badges = [badge(o, _count(c["claim"][o], "claim", o)) for o in CLAIM_OUTCOMES if c["claim"][o]]
-    badges += [badge(o, _count(c["check"][o], "check", o)) for o in CHECK_OUTCOMES if c["check"][o]]
-    return (f'<p class="ledger-part-summary">At ci scale: {" ".join(badges) or "nothing measured yet"}</p>'
+    badges = _count_badges(ledger_counts(part_rows, "ci"))
+    return (f'<p class="ledger-part-summary">At ci scale: {badges or "nothing measured yet"}</p>'
             + _disagreements(part_rows, base))
 
 
