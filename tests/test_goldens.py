@@ -84,8 +84,9 @@ def test_measure_runs_the_second_cpu_path_in_the_kernel(monkeypatch):
     monkeypatch.setenv(verdicts.STABILITY_ENV, "tests/golden_verdicts.yaml")
     monkeypatch.delenv(goldens.CPU_PATH_ENV, raising=False)  # restored (unset) after the test
     runs = goldens.measure("gradients/decomposition", [0, 1], jobs=1)
-    assert list(runs) == ["seed offset 0", "seed offset 1", f"seed offset 0, {goldens.CPU_PATH_ENV}=default"]
-    assert seen == [(0, None, None), (1, None, None), (0, "default", None)]
+    assert list(runs) == ["seed offset 0", "seed offset 1", f"seed offset 0, {goldens.CPU_PATH_ENV}=default",
+                          f"seed offset 0, {goldens.CPU_PATH_ENV}=avx2"]
+    assert seen == [(0, None, None), (1, None, None), (0, "default", None), (0, "avx2", None)]
 
 
 class _InlinePool:

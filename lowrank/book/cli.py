@@ -121,7 +121,7 @@ def cmd_goldens(args) -> int:
     recorded, stale = goldens.load(), 0
     for name in args.names:
         print(f"{name}: executing {len(seeds)} seed offsets ({args.seeds}) and offset 0 under "
-              f"{goldens.CPU_PATH_ENV}=default, {args.jobs} at a time", flush=True)
+              f"{goldens.CPU_PATH_ENV}={' and '.join(goldens.OTHER_PATHS)}, {args.jobs} at a time", flush=True)
         fresh = goldens.entries_from_runs(goldens.measure(name, seeds, jobs=args.jobs), goldens._commit())
         if args.check:
             for row in goldens.compare_spread(recorded.get(name, {}), fresh):

@@ -7,9 +7,10 @@ The file is `tests/golden_verdicts.yaml`: one block per notebook, one entry per 
 
 `value` is the verdict of the default run (the notebook's own seeds); `abs` is TOLERANCE_RULE applied
 to every run: the seeds shifted by 1, 2, ... (a `seed` parameter moves by k, a `seeds` list by k times
-its length, so the draws never overlap) and the default run again under a second CPU code path
-(`ATEN_CPU_CAPABILITY=default`, torch's portable kernels: rounding differs between machines, and it
-reproduces such a difference on one machine). `outcomes` counts the outcomes seen over those runs; an
+its length, so the draws never overlap) and the default run again under the other CPU code paths torch
+can take on a machine of this kind (`ATEN_CPU_CAPABILITY=default`, its portable kernels, and `avx2`;
+the native run is AVX-512 where the CPU has it): rounding differs between machines, and these paths
+reproduce such differences on one machine. `outcomes` counts the outcomes seen over those runs; an
 entry with more than one is `unstable`, and the ci book shows that verdict as unstable
 (lowrank.book.verdicts). A stable entry's outcome must be met exactly. When the tolerance covers the
 statistic's whole range (a verdict that records `statistic_range`), the entry says so
@@ -40,6 +41,7 @@ __all__ = ["GOLDEN", "TOLERANCE_RULE", "CPU_PATH_ENV", "load", "seed_overrides",
 GOLDEN = notebooks.REPO_ROOT / "tests" / "golden_verdicts.yaml"
 CPU_PATH_ENV = "ATEN_CPU_CAPABILITY"  # "default": torch's portable CPU kernels (no AVX2/AVX-512)
 SECOND_PATH = "default"
+OTHER_PATHS = (SECOND_PATH, "avx2")  # each measured at seed offset 0 beside the native path
 TOLERANCE_RULE = ("abs = 1.5 x the range of the values over every run (seed offsets and the second CPU path), "
                   "and at least 1e-10 (round-off level)")
 FLOOR = 1e-10
@@ -47,7 +49,7 @@ HEADER = f"""\
 # Golden verdicts at ci scale, written by `lowrank goldens measure NAME --seeds 0-4` (lowrank/book/goldens.py).
 # value: the verdict of the notebook's default run; outcome: its outcome; control: the first negative
 # control's value (claims). Tolerance rule: {TOLERANCE_RULE}.
-# `outcomes`: the outcomes seen over the runs (seed offsets, and offset 0 under {CPU_PATH_ENV}={SECOND_PATH});
+# `outcomes`: the outcomes seen over the runs (seed offsets, and offset 0 under {CPU_PATH_ENV}={" and ".join(OTHER_PATHS)});
 # more than one makes the entry unstable. `spread` is the observed range; `measured` names the commit and runs. Entries are never
 # edited by hand and a tolerance is never widened to make a failing check pass: re-measure instead.
 """
@@ -104,12 +106,12 @@ def _label(k: int, cpu_path: str | None) -> str:
     return f"seed offset {k}" + (f", {CPU_PATH_ENV}={cpu_path}" if cpu_path else "")
 
 
-def measure(name: str, seeds: list[int], jobs: int = 2, second_path_offsets=(0,)) -> dict[str, dict]:
+def measure(name: str, seeds: list[int], jobs: int = 2, cpu_paths=OTHER_PATHS) -> dict[str, dict]:
     """`{run label: {verdict name: record}}`, the default run first: the notebook executed once per seed
-    offset, and once per offset in `second_path_offsets` under the second CPU path, `jobs` at a time.
-    Outcomes are the runs' own (no recorded stability applies)."""
+    offset, and at offset 0 once per CPU path of `cpu_paths`, `jobs` at a time. Outcomes are the runs'
+    own (no recorded stability applies)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # as the book build: one thread per kernel
-    plan = [(k, None) for k in seeds] + [(k, SECOND_PATH) for k in second_path_offsets]
+    plan = [(k, None) for k in seeds] + [(0, path) for path in cpu_paths]
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = {_label(k, path): pool.submit(_execute, name, k, path) for k, path in plan}
         return {label: f.result() for label, f in futures.items()}
