@@ -345,3 +345,49 @@ def test_rank_one_statistics_against_svd():
     assert row["S1_over_G"] == pytest.approx(float(torch.linalg.svdvals(dec.S1)[0] / sv[0]), rel=1e-10)
     assert row["norm_S12_S2"] == pytest.approx(float(torch.linalg.svdvals(dec.S12 + dec.S2)[0]), rel=1e-10)
     assert 0 <= row["align_u1_q"] <= 1 and row["mu_median"] == pytest.approx(float(dec.mu.median()))
+
+
+def test_random_alignment_quantile_against_monte_carlo():
+    rng = np.random.default_rng(0)
+    d = 50
+    v = rng.standard_normal((200_000, d))
+    cos = np.abs(v[:, 0]) / np.linalg.norm(v, axis=1)  # |cos| with the first basis vector
+    assert gd.random_alignment_quantile(d, 0.95) == pytest.approx(np.quantile(cos, 0.95), rel=0.01)
+    assert gd.random_alignment_quantile(d, 0.5) == pytest.approx(np.quantile(cos, 0.5), rel=0.01)
+    assert gd.random_alignment_quantile(10_000, 0.95) == pytest.approx(1.96 / 100, rel=0.01)
+    with pytest.raises(ValueError, match="d must be"):
+        gd.random_alignment_quantile(1)
+    with pytest.raises(ValueError, match="level"):
+        gd.random_alignment_quantile(10, 1.0)
+
+
+def test_one_switch_from_residue():
+    assert gd.one_switch_from_residue([-0.5, -0.1, 0.2, 0.9]) == 1.0
+    assert gd.one_switch_from_residue([0.5, -0.1, 0.2]) == 0.0  # starts on q
+    assert gd.one_switch_from_residue([-0.5, 0.1, -0.2, 0.3]) == 0.0  # three changes of side
+    assert gd.one_switch_from_residue([-0.5, -0.4, -0.3]) == 0.0  # never switches
+    assert gd.one_switch_from_residue([-0.5, 0.0]) == 1.0  # zero counts as the q side
+    with pytest.raises(ValueError, match="at least two"):
+        gd.one_switch_from_residue([-0.5])
+
+
+def test_initial_lead_matches_an_explicit_svd():
+    data, omega, y, W, a = gd.single_index_draw(30, 20, 25, nu=0.5, seed=3)
+    gamma = 1 / 25
+    lead = gd.initial_lead(data.X, y, W, a, activation="tanh", gamma=gamma, X_B=data.X_B, q=data.q)
+    # independently: autograd gradient of the MSE loss, full SVD
+    V = W.clone().requires_grad_(True)
+    f = gamma * torch.tanh(data.X @ V.T) @ a
+    (0.5 * ((f - y) ** 2).mean()).backward()
+    U = torch.linalg.svd(V.grad.T, full_matrices=False)[0]
+    r = (f - y).detach()
+    res = data.X_B.T @ r
+    expected = abs(float(U[:, 0] @ data.q)) / float(data.q.norm()) - abs(float(U[:, 0] @ res)) / float(res.norm())
+    assert lead == pytest.approx(expected, abs=1e-10)
+
+
+def test_margin_over_rest():
+    assert gd.margin_over_rest({"relu": 0.0, "elu": -0.2, "silu": -0.1}, "relu", ["relu", "elu", "silu"]) == pytest.approx(0.1)
+    assert gd.margin_over_rest({"relu": 0.0, "elu": -0.2}, "elu", ["relu", "elu"]) == pytest.approx(-0.2)
+    with pytest.raises(ValueError, match="at least one"):
+        gd.margin_over_rest({"relu": 0.0}, "relu", ["relu"])
