@@ -391,3 +391,26 @@ def test_margin_over_rest():
     assert gd.margin_over_rest({"relu": 0.0, "elu": -0.2}, "elu", ["relu", "elu"]) == pytest.approx(-0.2)
     with pytest.raises(ValueError, match="at least one"):
         gd.margin_over_rest({"relu": 0.0}, "relu", ["relu"])
+
+
+def test_exponent_fits_recover_planted_power_laws():
+    import pandas as pd
+
+    ns = np.array([50, 100, 200, 400, 800] * 2, dtype=float)
+    nu, shift = 0.25, 0.0
+    beta = 0.8
+    table = pd.DataFrame({"nu": nu, "activation": "tanh", "n": ns, "r_rms": 2.0,
+                          "residue_alignment": 3 * ns ** (-beta / 2),
+                          "norm_S1": 2.0 * 5 * ns ** 0.0, "norm_S12": 2.0 * ns ** (nu - beta / 2),
+                          "norm_S2": 2.0 * ns ** 0.1, "norm_E": 2.0 * 7 * ns ** -0.4})
+    fits = gd.exponent_fits(table, shift=shift).set_index("term")
+    assert fits.loc["S1", "fitted"] == pytest.approx(0.0, abs=1e-12)
+    assert fits.loc["S12", "fitted"] == pytest.approx(nu - beta / 2)
+    assert fits.loc["S12", "predicted"] == pytest.approx(nu - beta / 2)  # beta recovered from residue_alignment
+    assert fits.loc["S2", "predicted"] == pytest.approx(nu) and fits.loc["S2", "fitted"] == pytest.approx(0.1)
+    assert fits.loc["E", "fitted"] == pytest.approx(-0.4) and np.isnan(fits.loc["E", "predicted"])
+    assert fits.loc["r", "fitted"] == pytest.approx(0.0, abs=1e-12)
+    mf = gd.exponent_fits(table, shift=-0.5).set_index("term")
+    assert mf.loc["S1", "predicted"] == -0.5
+    with pytest.raises(ValueError, match="no column"):
+        gd.exponent_fits(table.drop(columns="norm_E"), shift=0.0)

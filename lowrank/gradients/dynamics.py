@@ -33,6 +33,7 @@ from lowrank.core.spectral import alignment, principal_angles, top_singular, top
 __all__ = [
     "SlopeFit",
     "loglog_slope",
+    "exponent_fits",
     "term_norms",
     "rank_one_statistics",
     "sigma_perp",
@@ -94,6 +95,46 @@ def loglog_slope(x, y) -> SlopeFit:
     else:
         stderr = float("nan")
     return SlopeFit(float(slope), float(intercept), stderr, int(k))
+
+
+def exponent_fits(table, *, shift: float):
+    """Prop. 4.1's fitted and predicted exponents of n, per (nu, activation) group of a size sweep.
+
+    Parameters
+    ----------
+    table : a DataFrame with one row per (size, repeat) and columns `nu`, `activation`, `n`,
+        `residue_alignment`, `r_rms` and `norm_S1`, `norm_S12`, `norm_S2`, `norm_E` (`term_norms`).
+    shift : the exponent of `sqrt(m) gamma_m` in n (0 under NTK, -1/2 under MF with m proportional to n).
+
+    Returns
+    -------
+    DataFrame, one row per (nu, activation, term) with term in S1, S12, S2, E, r: the fitted exponent
+    (`loglog_slope` of the norm per unit residue `norm / r_rms`, or of `r_rms` itself for "r"), its
+    standard error, Prop. 4.1's prediction (`shift`, `shift + nu - beta/2`, `shift + nu`, NaN for E, 0
+    for r), beta fitted as -2 times the slope of `residue_alignment` (Assumption 6) and its standard
+    error, the median single-run beta_hat where a `beta_hat` column exists, and the fit's intercept.
+    """
+    import pandas as pd
+
+    needed = ["nu", "activation", "n", "residue_alignment", "r_rms", "norm_S1", "norm_S12", "norm_S2", "norm_E"]
+    missing = [c for c in needed if c not in table]
+    if missing:
+        raise ValueError(f"table has no column(s) {missing}")
+    fits = []
+    for (nu, act), grp in table.groupby(["nu", "activation"]):
+        beta_fit = loglog_slope(grp["n"], grp["residue_alignment"])
+        beta = -2 * beta_fit.slope
+        pred = {"S1": shift, "S12": shift + nu - beta / 2, "S2": shift + nu, "E": np.nan, "r": 0.0}
+        for term in ["S1", "S12", "S2", "E", "r"]:
+            # per unit residue: Prop. 4.1 is conditional on ||r|| = O(sqrt n), and the draw-to-draw scatter
+            # of ||r|| / sqrt(n) (the network's random output at init) would otherwise enter every fit
+            yv = grp["r_rms"] if term == "r" else grp[f"norm_{term}"] / grp["r_rms"]
+            fit = loglog_slope(grp["n"], yv)
+            fits.append({"nu": nu, "activation": act, "term": term, "fitted": fit.slope, "stderr": fit.stderr,
+                         "predicted": pred[term], "beta_fit": beta, "beta_stderr": beta_fit.stderr,
+                         "beta_hat_median": float(grp["beta_hat"].median()) if "beta_hat" in grp else np.nan,
+                         "intercept": fit.intercept})
+    return pd.DataFrame(fits)
 
 
 def term_norms(dec: Decomposition, *, data=None) -> dict:
