@@ -270,3 +270,22 @@ def test_misalignment_closed():
         decomposition.misalignment_closed(1.0, 1.0)
     with pytest.raises(ValueError, match="before must hold"):
         decomposition.misalignment_closed(-0.1, 0.5)
+
+
+def test_jacobian_balance_alignments_by_hand():
+    p = decomposition.spiked_problem(40, 30, 35, alpha=0.0, nu=0.375, activation="sigmoid", seed=5)
+    dec = decomposition.decompose_problem(p)
+    unit = decomposition.jacobian_penalty_problem(p, 1.0)
+    x = p.data.X_B.T @ dec.r
+    out = decomposition.jacobian_balance_alignments(dec.G, unit, x, p.data.q)
+    lam_x = out["lam_x"]
+    # independently: the penalty recomputed at lambda_x, u1 from a full SVD
+    at = decomposition.jacobian_penalty_problem(p, lam_x)
+
+    def align_q(M):
+        u1 = torch.linalg.svd(M, full_matrices=False)[0][:, 0]
+        return abs(float(u1 @ p.data.q)) / float(p.data.q.norm())
+
+    assert out["align_q_0"] == pytest.approx(align_q(dec.G), abs=1e-9)
+    assert out["align_q_with_S3"] == pytest.approx(align_q(dec.G + at.G_reg), abs=1e-9)
+    assert out["align_q_without_S3"] == pytest.approx(align_q(dec.G + at.E2), abs=1e-9)

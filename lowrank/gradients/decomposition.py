@@ -624,6 +624,19 @@ def jacobian_balance_lambda(G, penalty_at_one: JacobianPenaltyGradient) -> float
     return float(torch.linalg.matrix_norm(G, ord=2)) / s3
 
 
+def jacobian_balance_alignments(G, penalty_at_one: JacobianPenaltyGradient, residue_direction, q) -> dict:
+    """|cos(u1, q)| of G(0), of G(0) + lambda_x G_reg and of G(0) + lambda_x E2 (the penalty without its
+    spike S3), at the balance point `lambda_x = jacobian_balance_lambda(G, penalty_at_one)`.
+
+    Returns a dict with `lam_x`, `align_q_0`, `align_q_with_S3`, `align_q_without_S3` (`dominant_spike`'s
+    `align_q` of each matrix; `residue_direction` is `X_B^T r`).
+    """
+    lam_x = jacobian_balance_lambda(G, penalty_at_one)
+    aligns = [dominant_spike(M, residue_direction, q).align_q
+              for M in (G, G + lam_x * penalty_at_one.G_reg, G + lam_x * penalty_at_one.E2)]
+    return {"lam_x": lam_x, **dict(zip(("align_q_0", "align_q_with_S3", "align_q_without_S3"), aligns))}
+
+
 def misalignment_closed(before, after):
     """Share of a misalignment removed: `(after - before) / (1 - before)` for alignments `|cos|` in [0, 1].
 
