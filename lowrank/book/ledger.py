@@ -171,6 +171,31 @@ def _disagreements(rows: list[dict], base: str) -> str:
             else "<p>No claim disagrees and no check fails at ci scale.</p>")
 
 
+def _what_it_means(c: dict[str, Counter]) -> str:
+    """One sentence on what a part's ci-scale claims say about its paper."""
+    claims = c["claim"]
+    n = sum(claims.values())
+    if not n:
+        return "no claim measured yet."
+    decided = claims["agrees"] + claims["disagrees"]
+    words = [f"{claims[o]} {LABEL[o] if claims[o] != 1 else o}" for o in CLAIM_OUTCOMES if claims[o]]
+    text = f"of {n} claims, {', '.join(words)}. "
+    if decided == 0:
+        return text + "No claim is decided at ci scale: read this part as a method, and its verdicts at paper scale."
+    text += f"{decided} of {n} are decided at ci scale"
+    undecided = [f"{claims[o]} {what}" for o, what in ((LARGER_SCALE, "cannot reach their mechanism's regime here"),
+                                                       (UNSTABLE, "turn on the seed or the CPU's rounding"),
+                                                       ("uninformative", "are matched by their negative control"))
+                 if claims[o]]
+    return text + (f"; {'; '.join(undecided)}." if undecided else ".")
+
+
+def _part_sentences(rows: list[dict]) -> str:
+    per = counts_by_part(rows, "ci")
+    items = "".join(f"<li><strong>{_e(title)}</strong>: {_e(_what_it_means(per[part]))}</li>" for part, title in PARTS.items())
+    return f'<ul class="ledger-meaning">{items}</ul>'
+
+
 def _range_note(golden: dict | None) -> str:
     """How many golden entries test the outcome alone (their tolerance covers the statistic's range)."""
     if golden is None:
@@ -192,6 +217,8 @@ def summary_html(rows: list[dict], base: str, golden: dict | None = None) -> str
         f'<p class="ledger-group-title">At ci scale: {n_claims} claims, {sum(counts["check"].values())} checks'
         + (f" (and {n_beyond} verdict(s) on the book's own hypotheses, listed apart)" if n_beyond else "") + "</p>",
         _cards(counts, "ci"),
+        '<p class="ledger-group-title">What it means for each paper, at ci scale</p>',
+        _part_sentences(rows),
         '<p class="ledger-note"><em>unstable</em>: the outcome differs over seed offsets 0–4 or between two CPU code '
         "paths (rounding), so no single run decides it; <em>needs a larger scale</em>: the run cannot reach the regime "
         "the mechanism needs, computed before training.</p>",
