@@ -147,7 +147,9 @@ def entries_from_runs(runs: dict[str, dict], commit: str) -> dict:
             cvals = [r["controls"][0]["value"] for r in records]
             entry["control"] = {"value": _short(cvals[0]), "abs": _short(_tolerance(cvals))}
         entry["spread"] = f"{len(records)} runs: {min(values):.4g} to {max(values):.4g}"
-        entry["measured"] = f"{commit}, {dt.date.today().isoformat()}, {'; '.join(labels)}"
+        others = ", ".join(label.split("=")[-1] for label in labels if CPU_PATH_ENV in label)
+        entry["measured"] = (f"{commit}, {dt.date.today().isoformat()}, {len(labels)} runs"
+                             + (f" (offset 0 also on CPU paths {others})" if others else ""))
         out[key] = entry
     return out
 
