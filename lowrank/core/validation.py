@@ -11,15 +11,18 @@ the linear algebra kernels support on every device).
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 
-def as_tensor(x, name: str, *, dtype=torch.float64, min_ndim: int = 0, allow_empty=False):
+def as_tensor(x, name: str, *, dtype="float64", min_ndim: int = 0, allow_empty=False):
     """Convert array-like `x` to a tensor of `dtype` (None keeps a float tensor's dtype).
 
     Raises ValueError naming `name` for too few dimensions, empty input or NaN/inf entries, and
     TypeError for complex input (converting it would drop the imaginary part without a word).
     """
+    import torch  # here, not at the top: the command line reads this module's rules without torch
+
+    if dtype == "float64":
+        dtype = torch.float64
     if isinstance(x, torch.Tensor):
         t = x.detach()
     else:
