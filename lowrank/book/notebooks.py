@@ -110,6 +110,11 @@ def parameter_defaults_from_source(source: str) -> dict:
 _DEBRIS = re.compile(r"\..+\.(partial|old)-(?:(?P<host>.+)-)?(?P<pid>\d+)$")
 
 
+def work_folder_name(name: str) -> bool:
+    """Whether `name` is a temporary folder of a run (`.NAME.partial-HOST-PID`, `.old-`)."""
+    return bool(_DEBRIS.match(name))
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -40,6 +40,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -48,10 +49,8 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
-import re
-
 from lowrank.book import notebooks
-from lowrank.core.validation import SEED_MAX, short
+from lowrank.core.validation import SEED_MAX, cut, short
 
 __all__ = ["ParameterSpec", "ParameterError", "RunFolderError", "parameter_specs", "resolve_parameters", "run_hash",
            "code_key", "run", "load_run", "manifest_problems", "write_manifest", "clean_debris", "RUNS"]
@@ -180,7 +179,7 @@ class ParameterSpec:
         return ", ".join(parts)
 
     def _error(self, why: str) -> ParameterError:
-        return ParameterError(f"parameter {self.name!r}: {why}; allowed: {short(self.describe(), 300)}")
+        return ParameterError(f"parameter {self.name!r}: {why}; allowed: {cut(self.describe())}")
 
     def _scalar(self, x, kind, what: str = ""):
         """One value (or list element, `what` = "element ") checked against the type and the numeric rules."""
@@ -200,6 +199,7 @@ class ParameterSpec:
             if not math.isfinite(x):
                 raise self._error(f"{what}{shown} is not a finite number")
             x = float(x)
+            shown = short(x)
         elif kind is str:
             if not isinstance(x, str):
                 raise self._error(f"{what}{shown} is not a string")
@@ -277,7 +277,7 @@ class ParameterSpec:
             try:
                 out[key] = sub.check(x)
             except ParameterError as err:
-                raise ParameterError(f"{err}".split("; allowed:")[0] + f"; allowed: {short(self.describe(), 300)}") from None
+                raise ParameterError(f"{err}".split("; allowed:")[0] + f"; allowed: {cut(self.describe())}") from None
         return out
 
 
@@ -512,7 +512,7 @@ def parse_yaml(text: str, where: str = "YAML text"):
     try:
         data = yaml.load(text, Loader=_loader())
     except yaml.YAMLError as err:
-        raise ValueError(f"{where} is not valid YAML: {short(' '.join(str(err).split()), 300)}") from None
+        raise ValueError(f"{where} is not valid YAML: {cut(' '.join(str(err).split()))}") from None
     except RecursionError:
         raise ValueError(f"{where} nests too deeply") from None
     _check_size(data, where)

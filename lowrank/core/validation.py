@@ -56,10 +56,14 @@ def as_tensor(x, name: str, *, dtype="float64", min_ndim: int = 0, allow_empty=F
     return converted
 
 
+def cut(text: str, limit: int = 300) -> str:
+    """`text` cut to `limit` characters, the cut said."""
+    return text if len(text) <= limit else text[: limit - 5] + " ..."
+
+
 def short(value, limit: int = 80) -> str:
     """`repr(value)` cut to `limit` characters (an error message never prints a huge value)."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 5] + " ...]"
+    return cut(repr(value), limit)
 
 
 def check_choice(value, name: str, allowed) -> None:
