@@ -371,7 +371,78 @@ def memory_estimate(name: str) -> str | None:
     return found
 
 
-_SAFE_CALLS = {"len": len, "max": max, "min": min, "sum": sum, "prod": math.prod}
+# the sizes a memory estimate may use beside the parameters' own values (rough upper bounds: an
+# estimate is there to refuse a run that cannot fit, before a kernel starts, not to budget one)
+DATASET_SHAPES = {"digits": (1797, 64), "mnist1d": (5000, 40), "mnist": (70000, 784), "cifar10": (60000, 3072)}
+LARGEST_INPUT = 3072  # CIFAR-10's 3 x 32 x 32: the widest input of any data set
+
+
+def _names(value) -> list:
+    """A name or a (nested) list of names, as a flat list."""
+    if isinstance(value, list):
+        return [n for v in value for n in _names(v)]
+    return [value]
+
+
+def dataset_bytes(name) -> float:
+    """float32 bytes of a data set (train and test); the largest one for a list of names."""
+    return 4.0 * max(math.prod(DATASET_SHAPES.get(n, DATASET_SHAPES["cifar10"])) for n in _names(name))
+
+
+def dataset_width(name) -> float:
+    """Input features of a data set; the widest of a list of names."""
+    return float(max(DATASET_SHAPES.get(n, DATASET_SHAPES["cifar10"])[1] for n in _names(name)))
+
+
+def network_parameters(model, cnn_width=1.0, vit_dim=512, vit_depth=6) -> float:
+    """Parameters of a network of `lowrank.core.nets.zoo` by name (the largest of a list), for the
+    widest input (`LARGEST_INPUT`): MLP-L-H about L H^2 + 3072 H, ResNet-18 11.2e6 and VGG-16 15e6
+    times cnn_width^2, ViT 12 depth dim^2."""
+    out = 0.0
+    for m in _names(model):
+        if m == "ResNet-18":
+            n = 11.2e6 * cnn_width ** 2
+        elif m == "VGG-16":
+            n = 15e6 * cnn_width ** 2
+        elif m == "ViT":
+            n = 12.0 * vit_depth * vit_dim ** 2
+        else:
+            depth, width = (float(x) for x in str(m).rsplit("-", 2)[-2:])
+            n = depth * width ** 2 + (LARGEST_INPUT + 10) * width
+        out = max(out, n)
+    return out
+
+
+def network_activations(model, batch, cnn_width=1.0, vit_dim=512, vit_depth=6) -> float:
+    """Floats a network keeps for its backward pass on `batch` samples of the widest input: MLP-L-H
+    4 L H per sample, ResNet-18 2.5e6 and VGG-16 1.5e6 times cnn_width, ViT 16 depth 65 dim."""
+    out = 0.0
+    for m in _names(model):
+        if m == "ResNet-18":
+            n = 2.5e6 * cnn_width
+        elif m == "VGG-16":
+            n = 1.5e6 * cnn_width
+        elif m == "ViT":
+            n = 16.0 * vit_depth * 65 * vit_dim
+        else:
+            depth, width = (float(x) for x in str(m).rsplit("-", 2)[-2:])
+            n = 4 * depth * width + LARGEST_INPUT
+        out = max(out, n * batch)
+    return out
+
+
+def numbers_in(value) -> float:
+    """The sum of the numbers in a parameter value (a dict of keyword arguments, a list)."""
+    if isinstance(value, dict):
+        return sum(numbers_in(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(numbers_in(v) for v in value)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
+_SAFE_CALLS = {"len": len, "max": max, "min": min, "sum": sum, "prod": math.prod, "dataset_bytes": dataset_bytes, "dataset_width": dataset_width,
+               "network_parameters": network_parameters, "network_activations": network_activations,
+               "numbers_in": numbers_in}
 
 
 def _evaluate(expr: str, names: dict) -> float:
