@@ -99,8 +99,11 @@ def cmd_sweep(args) -> int:
         print(f"collected {table['run'].nunique()} runs of {len(spec.points)} into {spec.output / 'collected.csv'}")
         return 0
     result = sweeps.run_sweep(spec, args.executor, address=args.address, jobs=args.jobs)
-    print(f"{len(result['done'])} ran, {len(result['skipped'])} already finished, {len(result['failed'])} failed "
-          f"({spec.output})")
+    unusual = result.get("unusual", {})
+    print(f"{len(result['done'])} ran, {len(result['skipped'])} already finished, {len(result['failed'])} failed"
+          f"{f', {len(unusual)} diverged or collapsed' if unusual else ''} ({spec.output})")
+    for folder, status in unusual.items():
+        print(f"{status.upper()} {folder} (status columns of results.csv)", file=sys.stderr)
     for folder, error in result["failed"].items():
         last = error.splitlines()[-1] if error else "no message"
         print(f"FAILED {folder}: {last}", file=sys.stderr)

@@ -54,7 +54,7 @@ def write_atomically(out: Path, text: str, mode: int = 0o644) -> Path:
     try:
         fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
     except OSError as err:  # said of `out`: the temporary file's name means nothing to the reader
-        raise OSError(err.errno, f"cannot write {out} ({err.strerror})") from None
+        raise OSError(err.errno, f"cannot write {out} ({err.strerror or err})") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -62,7 +62,7 @@ def write_atomically(out: Path, text: str, mode: int = 0o644) -> Path:
         os.replace(tmp, out)
     except OSError as err:
         Path(tmp).unlink(missing_ok=True)
-        raise OSError(err.errno, f"cannot write {out} ({err.strerror})") from None
+        raise OSError(err.errno, f"cannot write {out} ({err.strerror or err})") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
