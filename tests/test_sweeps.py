@@ -69,10 +69,12 @@ def _results(spec):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("reference")
-    spec = sweeps.load_spec(fixture_spec(tmp), output=tmp / "out")
-    result = sweeps.run_sweep(spec, "local", jobs=2, progress=False)
-    assert len(result["done"]) == 4 and not result["failed"]
-    return _results(spec)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LOWRANK_SWEEP_MODULES", "sweep_fixture")
+        spec = sweeps.load_spec(fixture_spec(tmp), output=tmp / "out")
+        result = sweeps.run_sweep(spec, "local", jobs=2, progress=False)
+        assert len(result["done"]) == 4 and not result["failed"]
+        return _results(spec)
 
 
 @pytest.mark.parametrize("executor", ["local", "ray"])

@@ -693,11 +693,25 @@ def is_output_path(name: str) -> bool:
 FOLDER_LISTING_MAX = 10_000  # files of a folder parameter listed in its digest
 
 
-def input_digests(params: dict) -> dict:
-    """`{parameter: digest}` of every file or folder a parameter names (a string, or a string in a
-    list or mapping, that is an existing path): SHA-256 of a file's contents; of a folder, the
-    names, sizes and modification times of its files. Checkpoints (`is_output_path`) are outputs
-    and left out. Part of the run key: an edited input file is a new run."""
+def path_parameters(target: str) -> set[str]:
+    """The parameters of `target` that name a file or folder it reads: a notebook's with a `path`
+    rule (its cell or `RULES_FILE`), a function's (`module:callable`) with a `path` rule in its
+    module's `PARAMETER_RULES`."""
+    if ":" in target:
+        module, _, attr = target.partition(":")
+        try:
+            rules = (getattr(importlib.import_module(module), "PARAMETER_RULES", {}) or {}).get(attr, {})
+        except ImportError:
+            return set()
+        return {k for k, r in rules.items() if isinstance(r, dict) and r.get("path")}
+    return {k for k, spec in parameter_specs(target).items() if spec.path}
+
+
+def input_digests(params: dict, paths) -> dict:
+    """`{parameter: digest}` of the files and folders the parameters `paths` name (see
+    `path_parameters`): SHA-256 of a file's contents; of a folder, the names, sizes and
+    modification times of its files. Checkpoints (`is_output_path`) are outputs and left out.
+    Part of the run key: an edited input file is a new run."""
     out = {}
 
     def visit(key, value):
@@ -724,18 +738,18 @@ def input_digests(params: dict) -> dict:
                 raise RunFolderError(f"parameter {key!r}: {value} cannot be read ({err.strerror})") from None
 
     for key, value in params.items():
-        if not is_output_path(key):
+        if key in paths and not is_output_path(key):
             visit(key, value)
     return out
 
 
-def run_hash(name: str, params: dict, code: str | None = None) -> str:
+def run_hash(name: str, params: dict, code: str | None = None, paths=None) -> str:
     """The run folder's name: a hash of the notebook (or function), its parameters, the contents of
     every file a parameter names (`input_digests`) and the code that computes it (`code_key`), so
     that neither an edit to `lowrank/` nor one to an input file ever reuses an old result."""
     code = code_key(name) if code is None else code
     payload = {"notebook": name, "parameters": params, "code": code}
-    inputs = input_digests(params)
+    inputs = input_digests(params, path_parameters(name) if paths is None else paths)
     if inputs:
         payload["inputs"] = inputs
     text = json.dumps(payload, sort_keys=True)

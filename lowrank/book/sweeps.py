@@ -76,13 +76,14 @@ class SweepSpec:
     output: Path | None = None
     ensemble: bool = False
     code: str = ""  # runs.code_key(target) when the spec was read
+    paths: set = field(default_factory=set)  # runs.path_parameters(target): inputs whose contents key a run
 
     @property
     def target(self) -> str:
         return self.notebook or self.function
 
     def run_folder(self, params: dict) -> Path:
-        return self.output / runs.run_hash(self.target, params, code=self.code or None)
+        return self.output / runs.run_hash(self.target, params, code=self.code or None, paths=self.paths)
 
 
 ALLOWED_MODULES_VARIABLE = "LOWRANK_SWEEP_MODULES"
@@ -185,7 +186,8 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
                          f"not {spec.target!r}")
     spec.points = _own_checkpoints(spec)
     spec.code = runs.code_key(spec.target)
-    hashes = [runs.run_hash(spec.target, p, code=spec.code) for p in spec.points]
+    spec.paths = runs.path_parameters(spec.target)
+    hashes = [runs.run_hash(spec.target, p, code=spec.code, paths=spec.paths) for p in spec.points]
     if len(set(hashes)) != len(hashes):
         raise SweepError(f"sweep spec {path}: two points have the same parameters")
     spec.output = Path(output) if output else runs.RUNS / "sweeps" / path.stem
