@@ -19,6 +19,7 @@ def allow_the_sweep_fixture_module(monkeypatch):
     """tests/sweep_fixture.py is outside lowrank: allowed by the documented opt-in."""
     monkeypatch.setenv("LOWRANK_SWEEP_MODULES", "sweep_fixture")
 
+
 FIXTURES = Path(__file__).parent / "fixtures" / "notebooks"
 NB = "fixture/tiny"
 

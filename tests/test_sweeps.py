@@ -15,6 +15,7 @@ def allow_the_sweep_fixture_module(monkeypatch):
     """tests/sweep_fixture.py is outside lowrank: allowed by the documented opt-in."""
     monkeypatch.setenv("LOWRANK_SWEEP_MODULES", "sweep_fixture")
 
+
 HERE = Path(__file__).parent
 
 

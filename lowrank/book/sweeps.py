@@ -443,7 +443,9 @@ def _cluster_resources(ray, timeout: float) -> dict:
 RAY_TIMEOUT = 60.0
 
 
-def _run_ray(tasks, resources, address, on_start, on_done):
+def _start_ray(resources, address) -> bool:
+    """Connect to (or start) Ray and check that its cluster can run a task asking `resources`;
+    whether Ray was started here (and is to be shut down by `_run_ray`)."""
     import ray
 
     started_here = not ray.is_initialized()
@@ -458,6 +460,12 @@ def _run_ray(tasks, resources, address, on_start, on_done):
         if started_here:
             ray.shutdown()
         raise
+    return started_here
+
+
+def _run_ray(tasks, resources, started_here, on_start, on_done):
+    import ray
+
     remote = ray.remote(max_retries=0, num_cpus=resources.get("num_cpus", 1),
                         num_gpus=resources.get("num_gpus", 0))(execute_point)
     try:
@@ -521,6 +529,7 @@ def run_sweep(spec: SweepSpec, executor: str = "local", *, address: str | None =
                  for group in _ensemble_groups(spec, missing)]
     else:
         tasks = [(kind, spec.target, p, str(spec.run_folder(p)), threads) for p in missing]
+    started_ray = _start_ray(spec.resources, address) if tasks and executor == "ray" else False
     state = {"running": 0, "done": [], "failed": {}}
     bar = tqdm(total=len(folders), initial=len(skipped), desc=f"sweep {spec.path.stem}", unit="run",
                disable=not progress)
@@ -547,7 +556,7 @@ def run_sweep(spec: SweepSpec, executor: str = "local", *, address: str | None =
         if executor == "local":
             _run_local(tasks, jobs, on_start, on_done)
         else:
-            _run_ray(tasks, spec.resources, address, on_start, on_done)
+            _run_ray(tasks, spec.resources, started_ray, on_start, on_done)
     bar.close()
     (spec.output / "sweep.json").write_text(json.dumps({"spec": str(spec.path), "target": spec.target,
                                                         "runs": [str(f) for f in folders]}, indent=2))

@@ -308,7 +308,7 @@ def count_outliers(M, max_outliers: int = 5, gap: float = 1.5) -> int:
     except ValueError:
         raise ValueError(f"gap must be greater than 1, got {gap!r}") from None
     max_outliers = check_int(max_outliers, "max_outliers", min=1)
-    if getattr(M, "ndim", None) == 1:
+    if np.ndim(M) == 1:
         s = _singular_value_input(M, "singular values")
         if (s[1:] > s[:-1]).any():
             raise ValueError("count_outliers takes singular values in descending order")
