@@ -141,8 +141,8 @@ def test_divergence_reaches_results_collect_and_the_summary(sandbox, capsys):
     assert set(diverged["status"]) == {"diverged"} and diverged["status_epoch"].iloc[0] == 1
     assert cli.main(["sweep", str(spec), "--output", str(out), "--collect"]) == 0
     collected = pd.read_csv(out / "collected.csv")
-    assert sorted(collected.groupby("lr")["status"].first().items()) == [(0.1, "ok"), (1e6, "diverged")]
-    one = collected[collected["lr"] == 1e6].assign(run=0)
+    assert sorted(collected.groupby("lr0")["status"].first().items()) == [(0.1, "ok"), (1e6, "diverged")]
+    one = collected[collected["lr0"] == 1e6].assign(run=0)
     assert train.diverged_runs(one) and ranks.summarise(one)["diverged"]  # never read as final ranks
 
 
@@ -343,7 +343,6 @@ def test_data_fetch_refuses_a_root_that_cannot_hold_the_data(sandbox, capsys, mo
 
 TEXT_CASES = [
     (["-p", "model", "MLP-BN-4-64x"], "'model': 'MLP-BN-4-64x' is not a network of lowrank.core.nets.zoo"),
-    (["-p", "model", "[1, 2]"], "'model': [1, 2] is not a string"),
     (["-p", "eps_by_name", "3"], "'eps_by_name': 3 is not a mapping"),
     (["-p", "eps_by_name", "{a: abc}"], "'eps_by_name.a': 'abc' is not a number"),
     (["-p", "eps_by_name", "{a: -1}"], "'eps_by_name.a': -1.0 is not above 0"),
@@ -386,10 +385,10 @@ def test_the_memory_limit_is_validated(sandbox, capsys, monkeypatch, limit):
     assert "LOWRANK_MEMORY_LIMIT" in err and "is not a positive number of bytes" in err
 
 
-@pytest.mark.parametrize("limit, value", [("8G", 8 * 2**30), ("512MiB", 512 * 2**20), ("1e9", 10**9), ("2048", 2048)])
-def test_memory_limits_as_people_write_them(monkeypatch, limit, value):
-    monkeypatch.setenv("LOWRANK_MEMORY_LIMIT", limit)
-    assert runs.memory_limit() == value
+def test_memory_limits_as_people_write_them(monkeypatch):
+    for limit, value in [("8G", 8 * 2**30), ("512MiB", 512 * 2**20), ("1e9", 10**9), ("2048", 2048)]:
+        monkeypatch.setenv("LOWRANK_MEMORY_LIMIT", limit)
+        assert runs.memory_limit() == value
 
 
 # ---- 11. the environment -----------------------------------------------------------------------------
@@ -466,7 +465,10 @@ def test_ctrl_c_is_one_line_and_exit_130(sandbox, capsys, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(runs, "run", interrupted)
-    err = one_line(["run", NB], capsys, code=130)
+    try:
+        err = one_line(["run", NB], capsys, code=130)
+    except KeyboardInterrupt:  # not caught by the command: a traceback for the user, the test session stopped
+        pytest.fail("Ctrl-C escaped `lowrank run` as a traceback")
     assert "interrupted" in err
 
 
@@ -477,7 +479,6 @@ SWEEP_CASES = [
     ({"function": "subprocess:getoutput", "points": [{"cmd": "true"}]}, "outside the lowrank package"),
     ({"function": "lowrank.core.spectral:numerical_rank", "scale": "paper", "points": [{"M": [[1.0]]}]},
      "'scale' is for notebooks"),
-    ({"notebook": NB, "scale": "huge", "points": [{}]}, "scale must be ci or paper"),
     ({"function": "lowrank.core.train:train_point",
       "base": {"model": "MLP-2-8", "dataset": "digits", "batch_size": 8, "lr": 0.1}, "points": [{"epochs": 0}]},
      "'epochs': 0 is below the minimum"),
