@@ -778,10 +778,9 @@ def write_manifest(folder: Path) -> None:
     (folder / MANIFEST).write_text(json.dumps(files, indent=1, sort_keys=True))
 
 
-# what every run folder holds, whatever its manifest says: a notebook's run its executed notebook
-# and verdicts, a function's its results (one of the two files)
-REQUIRED = {"notebook": ("notebook.ipynb", "verdicts.json", "parameters.json", "provenance.json"),
-            "function": ("parameters.json", "provenance.json")}
+# what every run folder holds, whatever its manifest says (what `load_run`, `report` and `collect`
+# read): a notebook's run its verdicts, a function's its results (one of the two files)
+REQUIRED = {"notebook": ("verdicts.json", "provenance.json"), "function": ("provenance.json",)}
 FUNCTION_RESULTS = ("results.csv", "results.json")
 
 
