@@ -229,6 +229,10 @@ def _kernel_manager_class(prefix: Path):
     from traitlets import default
 
     class IPCKernelManager(AsyncKernelManager):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            _MANAGERS.append(self)  # so that an interrupted execution can stop its kernel at once
+
         @default("transport")
         def _transport_default(self):
             return "ipc" if ipc_fits(prefix) else "tcp"
@@ -244,6 +248,23 @@ def _kernel_manager_class(prefix: Path):
             return f"{prefix}.json"
 
     return IPCKernelManager
+
+
+_MANAGERS: list = []  # kernel managers of this process's executions
+
+
+def _kill_kernels(managers) -> None:
+    """Stop the kernels of `managers` at once (Ctrl-C: the kernel would otherwise outlive this
+    process for a moment and print its own warning on the terminal)."""
+    import signal
+
+    for km in managers:
+        pid = getattr(getattr(km, "provisioner", None), "pid", None)
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def remove_kernel_files(prefix: Path) -> None:
@@ -293,6 +314,7 @@ def execute(name: str, output: Path, parameters: dict | None = None, figure_dir:
         for k, v in env.items():  # the kernel inherits the environment
             if v is not None:
                 os.environ[k] = v
+        managers_before = len(_MANAGERS)
         try:
             start = time.time()
             papermill.execute_notebook(
@@ -300,7 +322,11 @@ def execute(name: str, output: Path, parameters: dict | None = None, figure_dir:
                 kernel_name="python3", progress_bar=progress, execution_timeout=timeout,
                 kernel_manager_class=_kernel_manager_class(prefix),
             )
+        except KeyboardInterrupt:
+            _kill_kernels(_MANAGERS[managers_before:])
+            raise
         finally:
+            del _MANAGERS[managers_before:]
             remove_kernel_files(prefix)
             for k, v in env_before.items():
                 if v is None:
