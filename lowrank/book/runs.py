@@ -23,9 +23,16 @@ comment may end with a YAML mapping stating the allowed values (`RULE_KEYS`), e.
 
 `min`/`max` are inclusive, `gt`/`lt` strict; `path: file` (or `folder`) makes a non-empty string
 name an existing file (made absolute: the kernel runs in the notebook's folder); a `type` is needed where the default does not show
-the element type (an empty list, None). Numbers must be finite, seeds (`seed`, `seeds`, `*_seed`)
-lie in 0..2^32-1, and a comment line `{memory_bytes: EXPR}` states the notebook's memory estimate
-in bytes, checked against `memory_limit()`. Every default must obey its own rules.
+the element type (an empty list, None); `kind: network` checks free text naming a network; a dict
+parameter takes the keys of its default (or `keys`), each value checked like the default's.
+Numbers must be finite, seeds (`seed`, `seeds`, `*_seed`) lie in 0..2^32-1, and a comment line
+`{memory_bytes: EXPR}` states the notebook's memory estimate in bytes, checked against
+`memory_limit()`. Rules and estimates a cell does not state live in `params/rules.yaml`
+(`notebook_rules`). Every default must obey its own rules.
+
+Values are YAML read as papermill reads numbers (`parse_yaml`: `1e-3` is 0.001), with merge keys
+and a bounded expansion of aliases; error messages cut long values. The run key (`run_hash`)
+covers the contents of the files the `path` parameters name (`input_digests`).
 """
 
 from __future__ import annotations
