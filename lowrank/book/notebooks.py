@@ -231,7 +231,7 @@ def _kernel_manager_class(prefix: Path):
     class IPCKernelManager(AsyncKernelManager):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            _MANAGERS.append(self)  # so that an interrupted execution can stop its kernel at once
+            _MANAGERS.setdefault(str(prefix), []).append(self)  # an interrupted execution stops its kernel
 
         @default("transport")
         def _transport_default(self):
@@ -250,7 +250,7 @@ def _kernel_manager_class(prefix: Path):
     return IPCKernelManager
 
 
-_MANAGERS: list = []  # kernel managers of this process's executions
+_MANAGERS: dict = {}  # {kernel file prefix: its kernel managers}, per execution of this process
 
 
 def _kill_kernels(managers) -> None:
@@ -314,7 +314,6 @@ def execute(name: str, output: Path, parameters: dict | None = None, figure_dir:
         for k, v in env.items():  # the kernel inherits the environment
             if v is not None:
                 os.environ[k] = v
-        managers_before = len(_MANAGERS)
         try:
             start = time.time()
             papermill.execute_notebook(
@@ -323,10 +322,10 @@ def execute(name: str, output: Path, parameters: dict | None = None, figure_dir:
                 kernel_manager_class=_kernel_manager_class(prefix),
             )
         except KeyboardInterrupt:
-            _kill_kernels(_MANAGERS[managers_before:])
+            _kill_kernels(_MANAGERS.get(str(prefix), []))
             raise
         finally:
-            del _MANAGERS[managers_before:]
+            _MANAGERS.pop(str(prefix), None)
             remove_kernel_files(prefix)
             for k, v in env_before.items():
                 if v is None:

@@ -447,9 +447,9 @@ def numbers_in(value) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
-_SAFE_CALLS = {"len": len, "max": max, "min": min, "sum": sum, "prod": math.prod, "dataset_bytes": dataset_bytes, "dataset_width": dataset_width,
-               "network_parameters": network_parameters, "network_activations": network_activations,
-               "numbers_in": numbers_in}
+_SAFE_CALLS = {"len": len, "max": max, "min": min, "sum": sum, "prod": math.prod, "dataset_bytes": dataset_bytes,
+               "dataset_width": dataset_width, "network_parameters": network_parameters,
+               "network_activations": network_activations, "numbers_in": numbers_in}
 
 
 def _evaluate(expr: str, names: dict) -> float:
