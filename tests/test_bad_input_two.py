@@ -361,6 +361,16 @@ def test_free_text_dict_path_and_size_parameters_are_checked(sandbox, capsys, ar
     assert not (sandbox / "runs").exists()
 
 
+def test_a_stored_paper_result_is_not_stale_because_this_machine_is_small(monkeypatch):
+    """The memory estimates refuse a run here, never a stored result's currency."""
+    from lowrank.book import paper_results
+
+    monkeypatch.setenv("LOWRANK_MEMORY_LIMIT", "1M")
+    with pytest.raises(runs.ParameterError, match="need about"):
+        runs.resolve_parameters("sgd/rank_vs_batch_size", scale="paper")
+    assert paper_results.paper_parameters("sgd/rank_vs_batch_size")["scale"] == "paper"
+
+
 def test_dict_parameters_keep_the_keys_left_out(sandbox):
     got = runs.resolve_parameters(TEXTY, overrides={"eps_by_name": {"b": np.float64(0.5)}, "ds": [np.int64(3)]})
     assert got["eps_by_name"] == {"a": 0.1, "b": 0.5} and got["ds"] == [3] and type(got["ds"][0]) is int
