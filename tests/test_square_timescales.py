@@ -103,3 +103,79 @@ def test_shuffle_labels_permutes_training_labels_only():
     assert torch.equal(torch.sort(shuffled.y_train).values, torch.sort(data.y_train).values)
     assert not torch.equal(shuffled.y_train, data.y_train)
     assert torch.equal(training.shuffle_labels(data, seed=1).y_train, shuffled.y_train)
+
+
+def _trained_pair(classes, lam=1e-3, epochs=5):
+    setup = training.page_setup("digits", classes, arch="mlp", arch_kwargs={"widths": [12, 10]}, input_shape=[64],
+                                max_train=30, max_test=10, epochs=epochs, lr=0.1, rho_lr=1.0, log_every=epochs,
+                                nc=False, dtype="float64", num_outputs=1 if len(classes) == 2 else len(classes))
+    return setup, setup.train(rho_init=3.0, seed=1, lam=lam, progress=False).model
+
+
+def test_rho_stationary_point_is_the_minimiser_of_the_loss_in_rho():
+    from scipy.optimize import minimize_scalar
+
+    setup, model = _trained_pair([1, 2])
+    lam = 1e-3
+
+    def loss(r):  # the full network's loss with rho replaced, by its forward pass
+        with torch.no_grad():
+            model.rho.fill_(r)
+            y = setup.data.y_train.double()
+            return float(((model(setup.data.x_train.double()) - y) ** 2).mean() + lam * r**2)
+
+    rho_saved = float(model.rho.detach())
+    best = minimize_scalar(loss, bracket=(0.0, 50.0), tol=1e-12).x
+    with torch.no_grad():
+        model.rho.fill_(rho_saved)
+    found = training.rho_stationary_point(model, setup.data, lam)
+    assert found == pytest.approx(best, rel=1e-6)
+    row = training.evaluate(model, training._to_device(model, setup.data, torch.device("cpu"), torch.float64), lam,
+                            nc=False)[0]
+    assert found == pytest.approx(row["rho_eq"], rel=1e-10)  # Eq. 7 from the margins
+
+
+def test_classifier_gradient_matches_finite_differences_and_its_row_sum_ignores_labels():
+    setup, model = _trained_pair([0, 1, 2])
+    lam = 1e-3
+    G = training.classifier_gradient(model, setup.data, lam)
+    h = model.features(setup.data.x_train.double()).detach()
+    T = training.train_targets(setup.data.y_train, 3)[0]
+    V0, rho = model.classifier().detach().clone(), float(model.rho.detach())
+
+    def loss(V):
+        return float(((rho * h @ V.T - T) ** 2).sum(1).mean())
+
+    step = 1e-6
+    for c, j in ((0, 0), (2, 5)):
+        E = torch.zeros_like(V0)
+        E[c, j] = step
+        assert float(G[c, j]) == pytest.approx((loss(V0 + E) - loss(V0 - E)) / (2 * step), rel=1e-5, abs=1e-10)
+    shuffled = training.shuffle_labels(setup.data, seed=4)
+    Gs = training.classifier_gradient(model, shuffled, lam)
+    assert torch.allclose(G.sum(0), Gs.sum(0), atol=1e-14)  # centred targets sum to 0 for any label
+    assert not torch.allclose(G[0], Gs[0], atol=1e-6)  # a single row does depend on the labels
+
+
+def test_per_sample_gradients_have_rank_one_and_pairs_rank_two():
+    setup, model = _trained_pair([1, 2])
+    table = training.per_sample_gradient_ranks(model, setup.data, max_samples=4)
+    one = table[table.kind == "one sample"]
+    two = table[table.kind == "two samples"]
+    assert set(one["layer"]) == {1, 2, 3} and len(one) == 12
+    assert one["rank"].max() == 1
+    hidden_two = two[two.layer == 1]
+    assert hidden_two["rank"].max() == 2
+    # the model is left as it was: its forward again reads v / ||v||
+    assert "direction" not in vars(model.body[0])
+
+
+def test_regimes_compare_done_with_needed():
+    r = timescales.rho_relaxation_regime(M0=0.0, lam=1e-3, rho_lr=1.0, steps=1000, initial_error=math.e**2,
+                                         tolerance=1.0)
+    assert r["value"] == pytest.approx(1000 / timescales.rho_relaxation_steps(0.0, 1e-3, 1.0))
+    assert r["needed"] == pytest.approx(2.0)
+    assert timescales.rho_relaxation_regime(M0=0.0, lam=0.0, rho_lr=1.0, steps=10, initial_error=1.0,
+                                            tolerance=0.1)["value"] == 0.0
+    w = timescales.weight_decay_regime(steps=400, lam=1e-3, rho_lr=10.0)
+    assert w["value"] == pytest.approx(4.0) and w["needed"] == 1.0

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 
 __all__ = ["steps_per_epoch", "rho_relaxation_steps", "relaxations_needed", "weight_decay_steps",
-           "accumulated_weight_decay"]
+           "accumulated_weight_decay", "rho_relaxation_regime", "weight_decay_regime"]
 
 
 def _nonneg(value, name):
@@ -78,3 +78,26 @@ def accumulated_weight_decay(steps: int, lam: float, rho_lr: float) -> float:
     if not isinstance(steps, int) or steps < 0:
         raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
     return steps * _nonneg(rho_lr, "rho_lr") * _nonneg(lam, "lam")
+
+
+def rho_relaxation_regime(*, M0: float, lam: float, rho_lr: float, steps: int, initial_error: float,
+                          tolerance: float) -> dict:
+    """The regime of "rho reaches mu / (M + lam)": `steps / rho_relaxation_steps(M0, lam, rho_lr)` e-foldings
+    done (0 when rho cannot relax), against `relaxations_needed(initial_error, tolerance)`. `M0` is the
+    initial M (a lower bound on M during training, so the time is an upper bound). Fields of
+    `lowrank.book.verdicts.Regime`."""
+    tau = rho_relaxation_steps(M0, lam, rho_lr)
+    return {"quantity": f"e-foldings of |rho - rho_eq| in {steps} steps of size {rho_lr:g} "
+                        f"(relaxation time {tau:.4g} steps at the initial M = {M0:.3g}, lambda = {lam:g}; Eq. 6)",
+            "value": steps / tau if math.isfinite(tau) and tau > 0 else (math.inf if tau == 0 else 0.0),
+            "needed": relaxations_needed(initial_error, tolerance),
+            "origin": f"log(initial |rho/rho_eq - 1| = {initial_error:.3g} / tolerance {tolerance:g})"}
+
+
+def weight_decay_regime(*, steps: int, lam: float, rho_lr: float, needed: float = 1.0,
+                        origin: str = "one weight-decay time 1/(eta_rho lambda), fixed in advance") -> dict:
+    """The regime of a weight-decay mechanism: `accumulated_weight_decay(steps, lam, rho_lr)` against `needed`.
+    Fields of `lowrank.book.verdicts.Regime`."""
+    return {"quantity": f"accumulated weight decay steps * eta_rho * lambda ({steps} steps, eta_rho = {rho_lr:g}, "
+                        f"lambda = {lam:g})",
+            "value": accumulated_weight_decay(steps, lam, rho_lr), "needed": float(needed), "origin": origin}

@@ -37,7 +37,8 @@ from lowrank.core.datasets import DEFAULT_DATA_ROOT, Dataset
 from lowrank.core.device import get_device
 
 __all__ = ["TrainingDiverged", "SquareConfig", "SquareRun", "prepare", "load_task", "train_targets", "cosine_lr",
-           "evaluate", "train_square", "train_network", "shuffle_labels", "PageSetup", "page_setup"]
+           "evaluate", "train_square", "train_network", "shuffle_labels", "PageSetup", "page_setup",
+           "rho_stationary_point", "classifier_gradient", "per_sample_gradient_ranks"]
 
 
 class TrainingDiverged(FloatingPointError):
@@ -644,3 +645,70 @@ def page_setup(dataset: str, classes, *, arch: str, arch_kwargs: dict | None = N
     if unknown:
         raise ValueError(f"unknown training options {sorted(unknown)} (see SquareConfig)")
     return PageSetup(data, arch, dict(arch_kwargs or {}), dict(options))
+
+
+def _model_data(model, ds: Dataset) -> _Data:
+    p = next(model.parameters())
+    return _to_device(model, ds, p.device, p.dtype)
+
+
+def rho_stationary_point(model, ds: Dataset, lam: float) -> float:
+    """The rho where the autograd derivative in rho of `(1/N) sum ||rho f_V(x_n) - t_n||^2 + lam rho^2`
+    vanishes, the `V_k` of `model` held fixed: the secant through the derivatives at rho = 0 and 1, exact
+    (to round-off) because the loss is quadratic in rho. Eq. 7 says it is `mu / (M + lam)`."""
+    data = _model_data(model, ds)
+    with torch.no_grad():
+        f = model.f_V(data.x_train).double()
+    t = data.targets.double()
+
+    def derivative(r: float) -> float:
+        rho = torch.tensor(r, dtype=torch.float64, requires_grad=True)
+        loss = ((rho * f - t) ** 2).reshape(data.n, -1).sum(1).mean() + lam * rho**2
+        return float(torch.autograd.grad(loss, rho)[0])
+
+    g0, g1 = derivative(0.0), derivative(1.0)
+    if g1 == g0:
+        raise ValueError("the loss does not depend on rho (f_V = 0 and lam = 0): no stationary point")
+    return -g0 / (g1 - g0)
+
+
+def classifier_gradient(model, ds: Dataset, lam: float) -> torch.Tensor:
+    """Autograd gradient of the regularised square loss in the classifier direction `V_L` (C x p), at the
+    model's parameters on the training set of `ds` with its centred one-hot targets."""
+    data = _model_data(model, ds)
+    V = model.classifier().detach().clone().requires_grad_(True)
+    with torch.no_grad():
+        h = model.features(data.x_train)
+    out = h @ V.T
+    out = out.squeeze(-1) if model.num_outputs == 1 else out
+    rho = model.rho.detach()
+    loss = ((rho * out - data.targets) ** 2).reshape(data.n, -1).sum(1).mean() + lam * rho**2
+    return torch.autograd.grad(loss, V)[0].detach()
+
+
+def per_sample_gradient_ranks(model, ds: Dataset, eps: float = 1e-8, max_samples: int = 32) -> pd.DataFrame:
+    """Numerical rank (`spectral.numerical_rank`, threshold `eps` relative to the largest singular value)
+    of the gradient of one margin in a layer's direction, `d f_bar_n / d V_k` (conv kernels reshaped to
+    C_out x C_in k^2), for every layer k and the first `max_samples` samples: Lemma 8's proof (Eq. 47)
+    says each is of rank at most 1. Also the gradient of the sum of two samples' margins (kind "two
+    samples", generically rank 2), which a statistic that did not resolve single samples would read.
+    Returns one row per (sample, layer, kind)."""
+    data = _model_data(model, ds)
+    layers = list(model.body) + [model.head]
+    leaves = [layer.direction().detach().clone().requires_grad_(True) for layer in layers]
+    for layer, leaf in zip(layers, leaves):  # the forward reads these leaves as the V_k
+        layer.direction = (lambda d: (lambda: d))(leaf)
+    rows = []
+    try:
+        for i in range(min(int(max_samples), data.n)):
+            for kind, idx in (("one sample", [i]), ("two samples", [i, (i + 1) % data.n])):
+                out = model.f_V(data.x_train[idx]).reshape(len(idx), -1)
+                fbar = (out * data.targets[idx].reshape(len(idx), -1)).sum()  # y_n f_n, or f_n . e~_{y_n}
+                for k, g in enumerate(torch.autograd.grad(fbar, leaves, allow_unused=True), 1):
+                    mat = torch.zeros(1, 1) if g is None else g.detach().double().reshape(g.shape[0], -1).cpu()
+                    rank = int(spectral.numerical_rank(mat, eps)) if bool(mat.abs().max() > 0) else 0
+                    rows.append({"sample": i, "layer": k, "kind": kind, "rank": rank})
+    finally:
+        for layer in layers:
+            del layer.direction
+    return pd.DataFrame(rows)
