@@ -45,3 +45,20 @@ def test_stacked_flags_a_diverged_member_and_rejects_bad_input(base):
     cnn = normalized.make("tree_cnn", (1, 8, 8))
     with pytest.raises(ValueError, match="MLPs"):
         stacked.train_stacked([cnn], [base], [0.0], epochs=1, lr=0.1)
+
+
+def test_page_setup_train_final_stacks_mlps_and_loops_otherwise(base):
+    setup = training.page_setup("digits", [1, 2], arch="mlp", arch_kwargs={"widths": [10]}, input_shape=[64],
+                                max_train=40, max_test=30, epochs=15, lr=0.2, rho_lr=2.0, dtype="float64", nc=False)
+    flipped = datasets.Dataset(setup.data.x_train, -setup.data.y_train, setup.data.x_test, setup.data.y_test, 2, "flip")
+    members = [dict(rho_init=1.0, seed=0, lam=1e-3), dict(rho_init=2.0, seed=1, lam=0.0, data=flipped)]
+    table = setup.train_final(members)
+    assert list(table.seed) == [0, 1] and "data" not in table
+    for k, m in enumerate(members):
+        single = setup.train(rho_init=m["rho_init"], seed=m["seed"], lam=m["lam"], data=m.get("data"), progress=False,
+                             log_every=15).final
+        assert table.rho[k] == pytest.approx(single.rho, rel=1e-9)
+        assert table.test_error[k] == single.test_error
+    looped = setup.train_final(members, batch_size=8)  # minibatches: one run after the other
+    single = setup.train(rho_init=1.0, seed=0, lam=1e-3, batch_size=8, progress=False).final
+    assert looped.rho[0] == pytest.approx(single.rho, rel=1e-12) and not looped.diverged.any()

@@ -625,6 +625,33 @@ class PageSetup:
         bs = self.options.get("batch_size") if batch_size is None else batch_size
         return int(epochs) * timescales.steps_per_epoch(len(self.data.x_train), bs or None)
 
+    def train_final(self, members, **overrides) -> pd.DataFrame:
+        """Train many runs of the page and return their final rows (`evaluate`'s statistics and `diverged`),
+        one per member in order, with the member's own fields. `members`: dicts with `rho_init`, `seed`,
+        `lam` and optionally `data` (e.g. corrupted labels). MLPs trained by full-batch gradient descent
+        are trained together (`lowrank.square.stacked.train_stacked`, the same arithmetic as one run at a
+        time); any other set-up runs one `train` after the other."""
+        from lowrank.square import stacked
+
+        opts = self._options(overrides)
+        members = [dict(m) for m in members]
+        datas = [m.pop("data", None) or self.data for m in members]
+        if self.arch == "mlp" and not opts.get("batch_size"):
+            models = [self.build(rho_init=m["rho_init"], seed=m["seed"], data=d) for m, d in zip(members, datas)]
+            keys = ("epochs", "lr", "rho_lr", "momentum", "schedule", "min_lr", "dtype")
+            table = stacked.train_stacked(models, datas, [m["lam"] for m in members],
+                                          **{k: opts[k] for k in keys if k in opts})
+        else:
+            rows = []
+            for m, d in zip(members, datas):
+                opts_m = {**opts, "log_every": opts["epochs"], "on_nan": "stop"}
+                run = train_network(d, arch=self.arch, arch_kwargs=self.arch_kwargs, rho_init=m["rho_init"],
+                                    seed=m["seed"], lam=m["lam"], progress=False, **{k: v for k, v in opts_m.items()
+                                                                                       if k != "lam"})
+                rows.append({**run.final.to_dict(), "diverged": run.stopped is not None})
+            table = pd.DataFrame(rows)
+        return pd.concat([pd.DataFrame(members), table.drop(columns=["rho_init", "seed", "lam"], errors="ignore")], axis=1)
+
     def train(self, *, rho_init: float, seed: int, data: Dataset | None = None, desc: str | None = None,
               progress: bool = True, **overrides) -> SquareRun:
         """`train_network` on the page's task (or `data`) with the page's options, `overrides` on top."""
