@@ -13,6 +13,13 @@ import yaml
 
 from lowrank.book import cli, notebooks, runs, sweeps
 
+
+@pytest.fixture(autouse=True)
+def allow_the_sweep_fixture_module(monkeypatch):
+    """tests/sweep_fixture.py is outside lowrank: allowed by the documented opt-in."""
+    monkeypatch.setenv("LOWRANK_SWEEP_MODULES", "sweep_fixture")
+
+
 FIXTURES = Path(__file__).parent / "fixtures" / "notebooks"
 NB = "fixture/tiny"
 
@@ -75,7 +82,8 @@ RUN_CASES = [
     (["-p", "seed", "-1"], "'seed': -1 is below the minimum"),
     (["-p", "seeds", "[0, 4294967296]"], "'seeds': element 4294967296 is above the maximum"),
     (["-p", "n", "100000000"], "need about 5.96 GiB by the notebook's estimate (8 * n * d * len(seeds))"),
-    (["-p", "n", "1e8"], "'n': '1e8' is not an int"),
+    (["-p", "n", "1e8"], "need about 5.96 GiB"),  # 1e8 is a number (papermill's reading), a whole one
+    (["-p", "n", "2.5e0"], "'n': 2.5 is not an int"),
     (["-p", "n", "true"], "'n': True is not an int"),
     (["-p", "n", str(2**70)], f"'n': {2**70} does not fit in a 64-bit integer"),
     (["-p", "d", "0"], "'d': 0 is below the minimum"),
@@ -188,8 +196,8 @@ SWEEP_CASES = [
     ({"notebook": NB, "grid": {"lrs": [[0.1, 0.2]]}}, [], "'lrs': [0.1, 0.2] has 2 elements; at least 3 needed"),
     ({"notebook": NB, "grid": {"seed": [0, 4294967296]}}, [], "'seed': 4294967296 is above the maximum"),
     (TRAIN_POINT | {"points": [{"lr": ".nan"}]}, [], "parameter 'lr': nan is not a finite number"),
-    (TRAIN_POINT | {"points": [{"epochs": 1.5}]}, [], "parameter 'epochs': 1.5 is not int"),
-    (TRAIN_POINT | {"points": [{"model": 3}]}, [], "parameter 'model': 3 is not str"),
+    (TRAIN_POINT | {"points": [{"epochs": 1.5}]}, [], "parameter 'epochs': 1.5 is not an int"),
+    (TRAIN_POINT | {"points": [{"model": 3}]}, [], "parameter 'model': 3 is not a string"),
     ("notebook: fixture/tiny\nnotebook: fixture/tiny\npoints: [{}]\n", [], "duplicate key 'notebook'"),
     ("{}\n", [], "is empty"),
     ({"notebook": NB, "base": "missing-base.yaml", "points": [{}]}, [], "base file"),

@@ -235,7 +235,7 @@ def test_kernels_start_without_the_tcp_warning(tmp_path, monkeypatch, capfd):
     monkeypatch.setattr(notebooks, "NOTEBOOK_ROOT", Path(__file__).parent / "fixtures" / "notebooks")
     notebooks.execute("fixture/tiny", tmp_path / "ipc.ipynb")
     assert "without encryption" not in capfd.readouterr().err
-    monkeypatch.setattr(notebooks, "_kernel_manager_class", lambda: AsyncKernelManager)
+    monkeypatch.setattr(notebooks, "_kernel_manager_class", lambda prefix: AsyncKernelManager)
     notebooks.execute("fixture/tiny", tmp_path / "tcp.ipynb")
     assert "without encryption" in capfd.readouterr().err
 
@@ -253,8 +253,8 @@ def test_kernels_started_at_once_in_one_folder_get_sockets_of_their_own(tmp_path
         done = list(pool.map(lambda k: notebooks.execute("fixture/tiny", tmp_path / f"{k}.ipynb"), range(2)))
     assert len(done) == 2 and all((tmp_path / f"{k}.ipynb").is_file() for k in range(2))
     assert not list((root / "fixture").glob("kernel-ipc*"))
-    manager = notebooks._kernel_manager_class()()
-    assert manager.transport == "ipc" and manager.ip != notebooks._kernel_manager_class()().ip
+    manager = notebooks._kernel_manager_class(notebooks.kernel_file_prefix("a"))()
+    assert manager.transport == "ipc" and manager.ip != notebooks._kernel_manager_class(notebooks.kernel_file_prefix("b"))().ip
 
 
 def test_path_parameters_are_made_absolute(tmp_path, monkeypatch):

@@ -9,6 +9,13 @@ import yaml
 
 from lowrank.book import cli, sweeps
 
+
+@pytest.fixture(autouse=True)
+def allow_the_sweep_fixture_module(monkeypatch):
+    """tests/sweep_fixture.py is outside lowrank: allowed by the documented opt-in."""
+    monkeypatch.setenv("LOWRANK_SWEEP_MODULES", "sweep_fixture")
+
+
 HERE = Path(__file__).parent
 
 
@@ -63,10 +70,12 @@ def _results(spec):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("reference")
-    spec = sweeps.load_spec(fixture_spec(tmp), output=tmp / "out")
-    result = sweeps.run_sweep(spec, "local", jobs=2, progress=False)
-    assert len(result["done"]) == 4 and not result["failed"]
-    return _results(spec)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LOWRANK_SWEEP_MODULES", "sweep_fixture")
+        spec = sweeps.load_spec(fixture_spec(tmp), output=tmp / "out")
+        result = sweeps.run_sweep(spec, "local", jobs=2, progress=False)
+        assert len(result["done"]) == 4 and not result["failed"]
+        return _results(spec)
 
 
 @pytest.mark.parametrize("executor", ["local", "ray"])

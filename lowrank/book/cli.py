@@ -9,6 +9,10 @@
     lowrank diff [-o FILE.md] [--strict]
     lowrank data fetch mnist|cifar10 [--root DIR]
     lowrank results store RUN_FOLDER [RUN_FOLDER ...] | lowrank results list
+    lowrank --version
+
+Refused input gives one line on stderr and exit status 2; an error of the environment (a full
+disk, a file that cannot be written) one line and 1; Ctrl-C one line and 130.
 """
 
 from __future__ import annotations
@@ -17,19 +21,14 @@ import argparse
 import sys
 from pathlib import Path
 
-import yaml
-
 from lowrank.book import notebooks, runs
 
 __all__ = ["main"]
 
 
 def _parse_value(text: str):
-    """`-p` values are YAML scalars or flow lists: 0.3, relu, [tanh, elu], true."""
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
+    """`-p` values are YAML scalars or flow lists: 0.3, 1e-3, relu, [tanh, elu], true (`runs.parse_value`)."""
+    return runs.parse_value(text)
 
 
 def cmd_list(args) -> int:
@@ -37,7 +36,7 @@ def cmd_list(args) -> int:
     for name in names:
         specs = runs.parameter_specs(name)
         paper_path = notebooks.paper_params_path(name)
-        paper = yaml.safe_load(paper_path.read_text()) if paper_path.is_file() else {}
+        paper = runs.load_yaml_mapping(paper_path) if paper_path.is_file() else {}
         print(f"{name}")
         for spec in specs.values():
             p = f"  paper: {paper[spec.name]!r}" if spec.name in paper else ""
@@ -101,8 +100,11 @@ def cmd_sweep(args) -> int:
         print(f"collected {table['run'].nunique()} runs of {len(spec.points)} into {spec.output / 'collected.csv'}")
         return 0
     result = sweeps.run_sweep(spec, args.executor, address=args.address, jobs=args.jobs)
-    print(f"{len(result['done'])} ran, {len(result['skipped'])} already finished, {len(result['failed'])} failed "
-          f"({spec.output})")
+    unusual = result.get("unusual", {})
+    print(f"{len(result['done'])} ran, {len(result['skipped'])} already finished, {len(result['failed'])} failed"
+          f"{f', {len(unusual)} diverged or collapsed' if unusual else ''} ({spec.output})")
+    for folder, status in unusual.items():
+        print(f"{status.upper()} {folder} (status columns of results.csv)", file=sys.stderr)
     for folder, error in result["failed"].items():
         last = error.splitlines()[-1] if error else "no message"
         print(f"FAILED {folder}: {last}", file=sys.stderr)
@@ -167,6 +169,11 @@ def cmd_data(args) -> int:
     """`lowrank data fetch NAME`: download, check the published md5 sums, unpack (resumable)."""
     from lowrank.core import datasets
 
+    if args.root not in (None, ""):  # before any download: a place the data can be written to
+        root = Path(args.root).expanduser()
+        if root.exists() and not root.is_dir():
+            raise notebooks.InputError(f"--root {root} exists and is not a folder")
+        runs.check_output_folder(root, "--root")
     try:
         root = datasets.fetch(args.dataset, args.root)
     except datasets.FetchError as err:
@@ -196,8 +203,18 @@ def cmd_results(args) -> int:
     return 0
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"lowrank {version('lowrank')}"
+    except PackageNotFoundError:
+        return "lowrank (not installed: run from a source checkout)"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="lowrank", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=_version())
     sub = ap.add_subparsers(dest="command", required=True)
     p_list = sub.add_parser("list", help="notebooks with their parameters, defaults and paper values")
     p_list.add_argument("name", nargs="?")
@@ -245,17 +262,27 @@ def main(argv=None) -> int:
     p_store.add_argument("folders", nargs="+")
     p_res_sub.add_parser("list", help="every stored result: current, or stale when its parameters changed")
     args = ap.parse_args(argv)
-    from lowrank.book.sweeps import SweepError
+
+    def say(err) -> None:
+        from lowrank.core.validation import cut
+
+        message = cut(" ".join(str(err).split()), 1000)  # one line, whatever the exception's text
+        print(f"lowrank: error: {message}", file=sys.stderr)
 
     try:
         commands = {"list": cmd_list, "run": cmd_run, "report": cmd_report, "sweep": cmd_sweep,
                     "goldens": cmd_goldens, "diff": cmd_diff,
                     "data": cmd_data, "results": cmd_results}
         return commands[args.command](args)
-    except (notebooks.InputError, SweepError, FileNotFoundError, ValueError) as err:
-        message = " ".join(str(err).split())  # one line, whatever the exception's text
-        print(f"lowrank: error: {message}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("lowrank: interrupted (partial results and kernel files removed)", file=sys.stderr)
+        return 130
+    except (notebooks.InputError, FileNotFoundError, ValueError) as err:  # SweepError is an InputError
+        say(err)
         return 2
+    except OSError as err:  # the environment: a full disk, a folder that cannot be written
+        say(f"{type(err).__name__}: {err}")
+        return 1
 
 
 if __name__ == "__main__":

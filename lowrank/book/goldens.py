@@ -56,17 +56,42 @@ HEADER = f"""\
 
 
 def load(path: Path = GOLDEN) -> dict:
-    return yaml.safe_load(Path(path).read_text()) or {}
+    """`{notebook: {verdict: entry}}` of the goldens file; a file that is not YAML, or not a mapping of
+    mappings, is refused with one line (notebooks.InputError)."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        where = getattr(err, "problem_mark", None)
+        at = f" (line {where.line + 1})" if where is not None else ""
+        raise notebooks.InputError(f"golden file {path} is unreadable{at}: {type(err).__name__}; "
+                                   f"restore it from git or re-measure with `lowrank goldens measure`") from None
+    bad = (type(data).__name__ if not isinstance(data, dict) else
+           next((f"the block of {k!r} is a {type(v).__name__}" for k, v in data.items() if not isinstance(v, dict)), None))
+    if bad:
+        raise notebooks.InputError(f"golden file {path} must map notebook names to mappings of verdicts, got {bad}; "
+                                   f"restore it from git or re-measure with `lowrank goldens measure`")
+    return data
+
+
+MAX_SEED_OFFSETS = 100  # executions of one notebook; bounded before a range is expanded
 
 
 def parse_seeds(text: str) -> list[int]:
     """"0-4" -> [0, 1, 2, 3, 4]; "0,2,5" -> [0, 2, 5]. The first is the default run (offset 0)."""
     out = []
-    for part in str(text).split(","):
+    text = str(text)
+    if len(text) > 1000:
+        raise ValueError(f"seeds {text[:60]!r}...: more than 1000 characters")
+    for part in text.split(","):
         lo, _, hi = part.strip().partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
-            raise ValueError(f"seeds must look like 0-4 or 0,1,2, got {text!r}")
-        out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+        if not lo.isascii() or not lo.isdigit() or (hi and not (hi.isascii() and hi.isdigit())):
+            raise ValueError(f"seeds must look like 0-4 or 0,1,2, got {text[:60]!r}")
+        lo, hi = int(lo), int(hi) if hi else int(lo)
+        if hi < lo or hi >= MAX_SEED_OFFSETS or len(out) + hi - lo + 1 > MAX_SEED_OFFSETS:
+            raise ValueError(f"seeds {text[:60]!r}: offsets must be ascending ranges below {MAX_SEED_OFFSETS}, "
+                             f"at most {MAX_SEED_OFFSETS} in all (each is a full execution)")
+        out += list(range(lo, hi + 1))
     if len(out) < 2 or out[0] != 0 or len(set(out)) != len(out):
         raise ValueError(f"seeds must start at 0 (the default run) and name at least two distinct offsets, got {text!r}")
     return out

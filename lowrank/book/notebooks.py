@@ -110,6 +110,11 @@ def parameter_defaults_from_source(source: str) -> dict:
 _DEBRIS = re.compile(r"\..+\.(partial|old)-(?:(?P<host>.+)-)?(?P<pid>\d+)$")
 
 
+def work_folder_name(name: str) -> bool:
+    """Whether `name` is a temporary folder of a run (`.NAME.partial-HOST-PID`, `.old-`)."""
+    return bool(_DEBRIS.match(name))
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -156,31 +161,119 @@ class _work_folder:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def _kernel_manager_class():
+# A kernel's files in the temporary folder: its connection file (which holds the kernel's key) and
+# its IPC sockets, named `lowrank-kernel-HOST-PID-ID` (HOST: 6 hex digits of the host name's hash,
+# PID: the process that started it). They are removed when the kernel stops; those of a process
+# killed before (kill -9) are removed by the next execution (`clean_kernel_files`).
+_KERNEL_FILE = re.compile(r"lowrank-kernel-(?P<host>[0-9a-f]{6})-(?P<pid>\d+)-[0-9a-f]+(?:\.json|-ipc-\d+|-\d+)?$")
+SOCKET_PATH_MAX = 107  # bytes of a Unix socket path (sun_path is 108 bytes with its final NUL)
+IPC_PORTS = 5  # shell, iopub, stdin, control, heartbeat: sockets PATH-1 .. PATH-5
+
+
+def _host_tag() -> str:
+    import hashlib
+
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
+
+
+def kernel_file_prefix(kernel_id: str) -> Path:
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"lowrank-kernel-{_host_tag()}-{os.getpid()}-{kernel_id}"
+
+
+def ipc_fits(prefix: Path) -> bool:
+    """Whether the kernel's socket paths `PREFIX-ipc-N` fit in a Unix socket address."""
+    return len(os.fsencode(f"{prefix}-ipc-{IPC_PORTS}")) <= SOCKET_PATH_MAX
+
+
+def clean_kernel_files(folder=None) -> list[Path]:
+    """Remove the kernel files (`_KERNEL_FILE`) in `folder` (the temporary folder) left by dead
+    processes of this host. Returns what was removed."""
+    import tempfile
+
+    folder = Path(folder or tempfile.gettempdir())
+    removed, host = [], _host_tag()
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return removed
+    for p in entries:
+        m = _KERNEL_FILE.match(p.name)
+        if m and m["host"] == host and not _alive(int(m["pid"])):
+            try:
+                p.unlink()
+                removed.append(p)
+            except OSError:
+                pass
+    return removed
+
+
+def check_temporary_folder() -> None:
+    """Refuse, before a kernel starts, a temporary folder ($TMPDIR) that is missing or not writable."""
+    import tempfile
+
+    tmp = Path(os.environ.get("TMPDIR") or tempfile.gettempdir())
+    if not tmp.is_dir() or not os.access(tmp, os.W_OK | os.X_OK):
+        raise InputError(f"the temporary folder {tmp} (TMPDIR) is not a writable folder")
+
+
+def _kernel_manager_class(prefix: Path):
     """jupyter_client's kernel manager with the kernel's sockets on local IPC (Unix sockets, readable
     by this user only) instead of TCP on localhost: the kernel then has no reason to warn "Kernel is
-    running over TCP without encryption" at every start. Each kernel's sockets get a path of their
-    own in the temporary folder: jupyter_client's default ("kernel-ipc-N" in the working folder)
-    makes two kernels started at once in the same folder pick the same sockets."""
-    import tempfile
-    import uuid
-
+    running over TCP without encryption" at every start. Each kernel's files get names of their
+    own (`prefix`, see `kernel_file_prefix`): jupyter_client's default ("kernel-ipc-N" in the working
+    folder) makes two kernels started at once in the same folder pick the same sockets. Where the
+    socket paths would not fit (`ipc_fits`: a deep temporary folder), TCP on localhost."""
     from jupyter_client import AsyncKernelManager
     from traitlets import default
 
     class IPCKernelManager(AsyncKernelManager):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            _MANAGERS.setdefault(str(prefix), []).append(self)  # an interrupted execution stops its kernel
+
         @default("transport")
         def _transport_default(self):
-            # a Unix socket path holds at most 107 bytes: in a deep temporary folder, keep TCP
-            return "ipc" if len(tempfile.gettempdir()) < 64 else "tcp"
+            return "ipc" if ipc_fits(prefix) else "tcp"
 
         @default("ip")
         def _ip_default(self):
             if self.transport == "ipc":
-                return os.path.join(tempfile.gettempdir(), f"lowrank-kernel-{uuid.uuid4().hex}")
+                return f"{prefix}-ipc"
             return super()._ip_default()
 
+        @default("connection_file")
+        def _connection_file_default(self):
+            return f"{prefix}.json"
+
     return IPCKernelManager
+
+
+_MANAGERS: dict = {}  # {kernel file prefix: its kernel managers}, per execution of this process
+
+
+def _kill_kernels(managers) -> None:
+    """Stop the kernels of `managers` at once (Ctrl-C: the kernel would otherwise outlive this
+    process for a moment and print its own warning on the terminal)."""
+    import signal
+
+    for km in managers:
+        pid = getattr(getattr(km, "provisioner", None), "pid", None)
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def remove_kernel_files(prefix: Path) -> None:
+    """The connection file and sockets of the kernel named `prefix` (whatever state it stopped in)."""
+    for p in [Path(f"{prefix}.json"), *(Path(f"{prefix}-ipc-{i}") for i in range(1, IPC_PORTS + 1))]:
+        try:
+            p.unlink()
+        except OSError:
+            pass
 
 
 def execute(name: str, output: Path, parameters: dict | None = None, figure_dir: Path | None = None,
@@ -203,9 +296,14 @@ def execute(name: str, output: Path, parameters: dict | None = None, figure_dir:
     if parameters:
         logging.getLogger("papermill").setLevel(logging.ERROR)
 
+    import uuid
+
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     clean_debris(output.parent)  # what a killed execution left
+    check_temporary_folder()
+    clean_kernel_files()
+    prefix = kernel_file_prefix(uuid.uuid4().hex[:8])
     with _work_folder(output) as tmp:
         src = Path(tmp) / "input.ipynb"
         jupytext.write(read_notebook(name), src)
@@ -221,9 +319,14 @@ def execute(name: str, output: Path, parameters: dict | None = None, figure_dir:
             papermill.execute_notebook(
                 str(src), str(partial), parameters=parameters or {}, cwd=str(source_path(name).parent),
                 kernel_name="python3", progress_bar=progress, execution_timeout=timeout,
-                kernel_manager_class=_kernel_manager_class(),
+                kernel_manager_class=_kernel_manager_class(prefix),
             )
+        except KeyboardInterrupt:
+            _kill_kernels(_MANAGERS.get(str(prefix), []))
+            raise
         finally:
+            _MANAGERS.pop(str(prefix), None)
+            remove_kernel_files(prefix)
             for k, v in env_before.items():
                 if v is None:
                     os.environ.pop(k, None)

@@ -25,12 +25,25 @@ def check_output(out) -> Path:
     from lowrank.book.notebooks import InputError
     from lowrank.book.runs import check_output_folder
 
+    from lowrank.book import notebooks
+    from lowrank.book.runs import MANIFEST, RUNS
+
     out = Path(out)
     if out.is_dir():
         raise InputError(f"report output {out} is a folder; give a file name, e.g. {out / 'report.html'}")
     if out.exists() and not out.is_file():
         raise InputError(f"report output {out} exists and is not a regular file")
+    # a file written into a run folder breaks its manifest, and the next run replaces the folder
+    # (the report and anything else in it lost): refused, as anywhere below the runs folder
+    where = out.absolute().parent
+    for folder in [where, *where.parents]:
+        if (folder / MANIFEST).is_file() or notebooks.work_folder_name(folder.name):
+            raise InputError(f"report output {out} is inside the run folder {folder}; write it elsewhere")
+    if where == RUNS.absolute() or RUNS.absolute() in where.parents:
+        raise InputError(f"report output {out} is inside the runs folder {RUNS}; write it elsewhere")
     check_output_folder(out.parent, "report output's folder")
+    if not os.access(out.parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise InputError(f"report output {out} cannot be written")
     return out
 
 
@@ -38,12 +51,18 @@ def write_atomically(out: Path, text: str, mode: int = 0o644) -> Path:
     """Write `text` to `out` through a temporary file next to it (same folder, so the rename is
     atomic), readable by all (`mode`); the temporary file is removed on every error."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    except OSError as err:  # said of `out`: the temporary file's name means nothing to the reader
+        raise OSError(err.errno, f"cannot write {out} ({err.strerror or err})") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.chmod(tmp, mode)
         os.replace(tmp, out)
+    except OSError as err:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(err.errno, f"cannot write {out} ({err.strerror or err})") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

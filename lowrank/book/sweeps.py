@@ -3,7 +3,7 @@
 A sweep spec is a YAML file:
 
     notebook: sgd/rank_vs_batch_size      # or  function: lowrank.some_module:callable
-    scale: ci                             # notebooks: start from ci defaults or the paper YAML
+    scale: ci                             # notebooks only: start from ci defaults or the paper YAML
     base: params/my_base.yaml             # optional: shared parameters (a YAML file or a mapping)
     grid:                                 # the cartesian product of these lists ...
       batch_size: [4, 8, 16]
@@ -15,13 +15,24 @@ A sweep spec is a YAML file:
                                           # differ only in lr, weight_decay, momentum, seed train
                                           # together as one ensemble (one task, one folder per point)
 
-Every point is validated before anything runs, as are the output folder, `--jobs` (a positive
-integer), a Ray `--address` (reachable within a few bounded tries) and checkpoint paths (a file in
+A function must live in the `lowrank` package: a sweep file is data, and `function: os:system`
+would run any command. Other modules are allowed only when named in the environment variable
+`LOWRANK_SWEEP_MODULES` (comma-separated module names, e.g. `LOWRANK_SWEEP_MODULES=my_study`),
+an explicit opt-in of the person running the sweep.
+
+Every point is validated before anything runs (a function's points by the rules of its module's
+`PARAMETER_RULES` and its annotations, in the vocabulary of `lowrank run`), as are the output
+folder, `--jobs` (a positive integer), a Ray `--address` (reachable within a few bounded tries),
+the resources each run asks of the Ray cluster (refused when no node could ever give them) and
+checkpoint paths (a file in
 an existing folder; a path shared by several points gets a per-point suffix, so that no two points
 ever resume from each other's checkpoint). Each run writes its own folder `<output>/<hash>/`
 atomically (the layout of `lowrank run`, hash over target, parameters and code, with a manifest);
 a restarted sweep skips finished runs whose files match their manifest, removes the temporary
-folders of dead processes, and one failing run is reported without stopping the others.
+folders of dead processes, and one failing run is reported without stopping the others. A run
+that diverged or collapsed (`lowrank.core.train.with_status`) is a result, not a failure: its
+rows in `results.csv` and `collected.csv` say so (`status`, `status_epoch`, `status_reason`),
+and the sweep's summary counts and names it.
 """
 
 from __future__ import annotations
@@ -65,19 +76,33 @@ class SweepSpec:
     output: Path | None = None
     ensemble: bool = False
     code: str = ""  # runs.code_key(target) when the spec was read
+    paths: set = field(default_factory=set)  # runs.path_parameters(target): inputs whose contents key a run
 
     @property
     def target(self) -> str:
         return self.notebook or self.function
 
     def run_folder(self, params: dict) -> Path:
-        return self.output / runs.run_hash(self.target, params, code=self.code or None)
+        return self.output / runs.run_hash(self.target, params, code=self.code or None, paths=self.paths)
 
 
-def _load_function(ref: str):
-    module, _, attr = ref.partition(":")
+ALLOWED_MODULES_VARIABLE = "LOWRANK_SWEEP_MODULES"
+
+
+def check_function_module(module: str) -> None:
+    """A sweep's function comes from `lowrank` (or a module named in $LOWRANK_SWEEP_MODULES)."""
+    allowed = ["lowrank"] + [m.strip() for m in os.environ.get(ALLOWED_MODULES_VARIABLE, "").split(",") if m.strip()]
+    if not any(module == a or module.startswith(a + ".") for a in allowed):
+        raise SweepError(f"function module {module!r} is outside the lowrank package; a sweep runs lowrank's "
+                         f"functions only, unless {ALLOWED_MODULES_VARIABLE} names the module (an explicit opt-in)")
+
+
+def _load_function(ref: str, check: bool = True):
+    module, _, attr = str(ref).partition(":")
     if not module or not attr:
         raise SweepError(f"function must be 'module:callable', got {ref!r}")
+    if check:
+        check_function_module(module)
     try:
         fn = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as err:
@@ -117,7 +142,12 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
         base = runs.load_yaml_mapping(base_path, f"sweep spec {path}: base file", SweepError)
     if not isinstance(base, dict):
         raise SweepError(f"sweep spec {path}: 'base' must be a mapping or a YAML file name")
+    if "function" in raw and "scale" in raw:
+        raise SweepError(f"sweep spec {path}: 'scale' is for notebooks (ci defaults or the paper YAML); a function's "
+                         f"points give every value themselves")
     scale = raw.get("scale", "ci")
+    if scale not in ("ci", "paper"):
+        raise SweepError(f"sweep spec {path}: scale must be ci or paper, got {scale!r}")
     resources = _check_resources(path, raw.get("resources") or {})
     if "notebook" in raw:
         name = raw["notebook"]
@@ -130,6 +160,7 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
     else:
         fn = _load_function(raw["function"])
         accepted = inspect.signature(fn).parameters
+        specs = function_specs(fn)
         resolved = []
         for p in points:
             full = {**base, **p}
@@ -137,7 +168,14 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
             if bad:
                 raise SweepError(f"sweep spec {path}: {raw['function']} takes no parameter {bad[0]!r}; "
                                  f"it takes {sorted(accepted)}")
-            _check_annotated_types(path, fn, full)
+            missing = [k for k, a in accepted.items() if a.default is inspect.Parameter.empty
+                       and a.kind in (a.KEYWORD_ONLY, a.POSITIONAL_OR_KEYWORD) and full.get(k) is None]
+            if missing:
+                raise SweepError(f"sweep spec {path}: {raw['function']} needs {missing[0]!r} (no default)")
+            try:
+                full = {k: (specs[k].check(v) if k in specs and not is_checkpoint(k) else v) for k, v in full.items()}
+            except runs.ParameterError as err:
+                raise SweepError(f"sweep spec {path}: {err}") from None
             resolved.append(full)
         spec = SweepSpec(path, None, raw["function"], scale, resolved, resources)
     spec.ensemble = raw.get("ensemble", False)
@@ -148,7 +186,8 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
                          f"not {spec.target!r}")
     spec.points = _own_checkpoints(spec)
     spec.code = runs.code_key(spec.target)
-    hashes = [runs.run_hash(spec.target, p, code=spec.code) for p in spec.points]
+    spec.paths = runs.path_parameters(spec.target)
+    hashes = [runs.run_hash(spec.target, p, code=spec.code, paths=spec.paths) for p in spec.points]
     if len(set(hashes)) != len(hashes):
         raise SweepError(f"sweep spec {path}: two points have the same parameters")
     spec.output = Path(output) if output else runs.RUNS / "sweeps" / path.stem
@@ -159,27 +198,34 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
     return spec
 
 
-def _check_annotated_types(path: Path, fn, point: dict) -> None:
-    """A function point's values against the function's plain annotations (int, float, str, bool):
-    the type (ints accepted for floats) and, for numbers, finiteness. Anything else is the
-    function's own business."""
-    import math
+def function_specs(fn) -> dict[str, runs.ParameterSpec]:
+    """`lowrank.book.runs.ParameterSpec` of each argument of a sweep function: the type from its
+    plain annotation (int, float, str, bool) or its default, the rules from its module's
+    `PARAMETER_RULES[function name]` (the vocabulary of a notebook's parameter cell)."""
     import typing
 
     try:
         hints = typing.get_type_hints(fn)
-    except Exception:  # unresolvable annotations: nothing to check here
-        return
-    for key, value in point.items():
-        kind = hints.get(key)
-        if kind not in (int, float, str, bool):
-            continue
-        ok = (isinstance(value, bool) if kind is bool else
-              not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else kind))
-        if not ok:
-            raise SweepError(f"sweep spec {path}: parameter {key!r}: {value!r} is not {kind.__name__}")
-        if kind is float and not math.isfinite(value):
-            raise SweepError(f"sweep spec {path}: parameter {key!r}: {value!r} is not a finite number")
+    except Exception:  # unresolvable annotations: the defaults and rules alone
+        hints = {}
+    rules = (getattr(importlib.import_module(fn.__module__), "PARAMETER_RULES", {}) or {}).get(fn.__name__, {})
+    specs = {}
+    for name, param in inspect.signature(fn).parameters.items():
+        kind = hints.get(name)
+        default = None if param.default is inspect.Parameter.empty else param.default
+        if isinstance(default, tuple):
+            default = list(default)
+        if kind in (int, float, str, bool) and not isinstance(default, kind):
+            given = {"type": kind.__name__}
+        elif default is None and kind not in (int, float, str, bool):
+            continue  # nothing known of its type: the function's own business
+        else:
+            given = {}
+        r = {**given, **rules.get(name, {})}
+        if "path" in r and not isinstance(default, str):
+            r.pop("path")
+        specs[name] = runs.ParameterSpec(name, default, **r)
+    return specs
 
 
 def _check_resources(path: Path, resources) -> dict:
@@ -252,7 +298,7 @@ def execute_point(target_kind: str, target: str, params, folder, threads: int = 
     os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by a notebook's kernel
     if target_kind == "ensemble":
         start = time.time()
-        results = _load_function(ENSEMBLE_FUNCTIONS[target])(params)
+        results = _load_function(ENSEMBLE_FUNCTIONS[target], check=False)(params)
         wall = time.time() - start
         return [_write_result(Path(f), target, p, r, wall) for p, f, r in zip(params, folder, results)]
     folder = Path(folder)
@@ -263,7 +309,7 @@ def execute_point(target_kind: str, target: str, params, folder, threads: int = 
         os.rename(made, folder)  # same file system: atomic
         return str(folder)
     start = time.time()
-    result = _load_function(target)(**params)
+    result = _load_function(target, check=False)(**params)  # checked when the spec was read
     return _write_result(folder, target, params, result, time.time() - start)
 
 
@@ -272,15 +318,21 @@ def _write_result(folder: Path, target: str, params: dict, result, wall_s: float
     tmp = runs.work_name(folder)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    status = {}
     try:
         if hasattr(result, "to_csv"):
+            if "diverged" in getattr(result, "attrs", {}):  # a training table: its outcome in its rows
+                from lowrank.core.train import with_status
+
+                result = with_status(result)
+                status = {str(r): s for r, s in result.groupby("run")["status"].first().items() if s != "ok"}
             result.to_csv(tmp / "results.csv", index=False)
         else:
             (tmp / "results.json").write_text(json.dumps(result, indent=2, sort_keys=True, default=float))
         (tmp / "parameters.json").write_text(json.dumps(params, indent=2, sort_keys=True))
         (tmp / "provenance.json").write_text(json.dumps({
             "function": target, "parameters": params, "hash": folder.name, "git": runs._git_state(),
-            "versions": runs._versions(), "wall_s": round(wall_s, 2),
+            "versions": runs._versions(), "wall_s": round(wall_s, 2), "status": status,
             "end": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         }, indent=2, sort_keys=True))
         runs.write_manifest(tmp)
@@ -363,7 +415,37 @@ def check_address(address: str | None, tries: int = 3, timeout: float = 5.0, wai
                      f"is `ray start --head` running there?")
 
 
-def _run_ray(tasks, resources, address, on_start, on_done):
+def check_cluster_resources(resources: dict, available: dict) -> None:
+    """Refuse runs that ask more of one node than the Ray cluster has (`available`:
+    `ray.cluster_resources()`): Ray would queue them for ever, without a word."""
+    need = {"CPU": resources.get("num_cpus", 1), "GPU": resources.get("num_gpus", 0)}
+    words = {"CPU": "num_cpus", "GPU": "num_gpus"}
+    for key, n in need.items():
+        have = float(available.get(key, 0))
+        if n > have:
+            raise SweepError(f"each run asks resources.{words[key]}: {n}, but the Ray cluster has {have:g} {key}(s) "
+                             f"in all: no run could ever start; lower it or use a larger cluster")
+
+
+def _cluster_resources(ray, timeout: float) -> dict:
+    """`ray.cluster_resources()`, or SweepError after `timeout` seconds."""
+    from concurrent.futures import ThreadPoolExecutor, TimeoutError as Timeout
+
+    pool = ThreadPoolExecutor(1)
+    try:
+        return pool.submit(ray.cluster_resources).result(timeout=timeout)
+    except Timeout:
+        raise SweepError(f"the Ray cluster did not report its resources within {timeout:g} s") from None
+    finally:
+        pool.shutdown(wait=False)
+
+
+RAY_TIMEOUT = 60.0
+
+
+def _start_ray(resources, address) -> bool:
+    """Connect to (or start) Ray and check that its cluster can run a task asking `resources`;
+    whether Ray was started here (and is to be shut down by `_run_ray`)."""
     import ray
 
     started_here = not ray.is_initialized()
@@ -372,6 +454,18 @@ def _run_ray(tasks, resources, address, on_start, on_done):
             ray.init(address=address, log_to_driver=False)
         else:
             ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    try:
+        check_cluster_resources(resources, _cluster_resources(ray, RAY_TIMEOUT))
+    except BaseException:
+        if started_here:
+            ray.shutdown()
+        raise
+    return started_here
+
+
+def _run_ray(tasks, resources, started_here, on_start, on_done):
+    import ray
+
     remote = ray.remote(max_retries=0, num_cpus=resources.get("num_cpus", 1),
                         num_gpus=resources.get("num_gpus", 0))(execute_point)
     try:
@@ -435,6 +529,7 @@ def run_sweep(spec: SweepSpec, executor: str = "local", *, address: str | None =
                  for group in _ensemble_groups(spec, missing)]
     else:
         tasks = [(kind, spec.target, p, str(spec.run_folder(p)), threads) for p in missing]
+    started_ray = _start_ray(spec.resources, address) if tasks and executor == "ray" else False
     state = {"running": 0, "done": [], "failed": {}}
     bar = tqdm(total=len(folders), initial=len(skipped), desc=f"sweep {spec.path.stem}", unit="run",
                disable=not progress)
@@ -461,11 +556,22 @@ def run_sweep(spec: SweepSpec, executor: str = "local", *, address: str | None =
         if executor == "local":
             _run_local(tasks, jobs, on_start, on_done)
         else:
-            _run_ray(tasks, spec.resources, address, on_start, on_done)
+            _run_ray(tasks, spec.resources, started_ray, on_start, on_done)
     bar.close()
     (spec.output / "sweep.json").write_text(json.dumps({"spec": str(spec.path), "target": spec.target,
                                                         "runs": [str(f) for f in folders]}, indent=2))
-    return {"done": state["done"], "skipped": skipped, "failed": state["failed"]}
+    return {"done": state["done"], "skipped": skipped, "failed": state["failed"],
+            "unusual": {f: s for f in state["done"] + skipped if (s := run_status(Path(f)))}}
+
+
+def run_status(folder: Path) -> str:
+    """"diverged" / "collapsed" (with the epoch) when a finished function run's provenance says so,
+    else "" (`lowrank.core.train.with_status`)."""
+    try:
+        status = json.loads((Path(folder) / "provenance.json").read_text()).get("status") or {}
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return "; ".join(sorted(set(status.values())))
 
 
 def collect(spec: SweepSpec):

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from lowrank.core.validation import as_tensor, check_choice
+from lowrank.core.validation import as_tensor, check_choice, check_int, check_number
 
 __all__ = [
     "singular_values",
@@ -113,6 +113,22 @@ def _top_and_fro(s: torch.Tensor):
     return top, torch.linalg.vector_norm(s, dim=-1)
 
 
+def _check_eps(eps) -> None:
+    try:
+        check_number(eps, "eps", gt=0)
+    except ValueError:
+        raise ValueError(f"eps must be positive, got {eps!r}") from None
+
+
+def _singular_value_input(s, name: str) -> torch.Tensor:
+    """Singular values as given (their dtype kept): real, non-empty, finite, non-negative, one
+    spectrum per last axis."""
+    s = as_tensor(s, name, dtype=None, min_ndim=1)
+    if (s < 0).any():
+        raise ValueError(f"{name} are singular values: they cannot be negative")
+    return s
+
+
 def rank_from_singular_values(s: torch.Tensor, eps: float, scale: str = "spectral", *,
                               fro: torch.Tensor | None = None) -> torch.Tensor:
     """Number of singular values above `eps * ||M||`, from the singular values `s` (..., r), descending.
@@ -130,6 +146,8 @@ def rank_from_singular_values(s: torch.Tensor, eps: float, scale: str = "spectra
     -------
     Integer tensor `(...)`; 0 where the norm is 0 (a zero matrix).
     """
+    s = _singular_value_input(s, "s")
+    _check_eps(eps)
     check_choice(scale, "scale", {"spectral", "frobenius"})
     if scale == "spectral":
         norm = s[..., 0]
@@ -147,8 +165,7 @@ def numerical_rank(M, eps: float = 1e-3, scale: str = "spectral", *, dtype=torch
     `torch.linalg.matrix_rank(M / ||M||_F, tol=eps)`). Scale-free: right for any finite `M`, 1e308 or
     1e-310 everywhere included. A zero matrix raises.
     """
-    if not eps > 0:
-        raise ValueError(f"eps must be positive, got {eps}")
+    _check_eps(eps)
     check_choice(scale, "scale", {"spectral", "frobenius"})
     s = _scale_free_singular_values(M, dtype)
     _top_and_fro(s)
@@ -171,7 +188,8 @@ def spectrum_stats(s: torch.Tensor, eps: float, fro: torch.Tensor | None = None)
     ||M||_F^2 / ||M||_2^2, "weight_norm": ||M||_F, "spectral_norm": ||M||_2}`, tensors `(...)`. A zero
     matrix (weights decayed to zero) has rank 0 and a NaN stable rank.
     """
-    s = s.double()
+    s = _singular_value_input(s, "s").double()
+    _check_eps(eps)
     top = s[..., 0]
     fro = torch.linalg.vector_norm(s, dim=-1) if fro is None else fro.double()
     safe_top = torch.where(top > 0, top, torch.ones_like(top))
@@ -199,8 +217,10 @@ def effective_rank(M, *, dtype=torch.float64):
 
 def rank_k_error(M, k: int, norm: str = "fro", *, dtype=torch.float64):
     """`min_{rank(A) <= k} ||M - A||` by Eckart-Young: the tail of the singular values."""
-    if not isinstance(k, int) or k < 0:
-        raise ValueError(f"k must be a non-negative integer, got {k!r}")
+    try:
+        k = check_int(k, "k", min=0)
+    except ValueError:
+        raise ValueError(f"k must be a non-negative integer, got {k!r}") from None
     check_choice(norm, "norm", {"fro", "spectral"})
     s = singular_values(M, dtype=dtype)
     tail = s[..., k:]
@@ -283,12 +303,15 @@ def count_outliers(M, max_outliers: int = 5, gap: float = 1.5) -> int:
     (only those are computed, `top_singular`). `M` may also be those leading singular values,
     descending (a 1-D tensor), when they are already at hand.
     """
-    if not gap > 1:
-        raise ValueError(f"gap must be greater than 1, got {gap}")
-    if not isinstance(max_outliers, int) or max_outliers < 1:
-        raise ValueError(f"max_outliers must be a positive integer, got {max_outliers!r}")
-    if isinstance(M, torch.Tensor) and M.ndim == 1:
-        s = M
+    try:
+        check_number(gap, "gap", gt=1)
+    except ValueError:
+        raise ValueError(f"gap must be greater than 1, got {gap!r}") from None
+    max_outliers = check_int(max_outliers, "max_outliers", min=1)
+    if np.ndim(M) == 1:
+        s = _singular_value_input(M, "singular values")
+        if (s[1:] > s[:-1]).any():
+            raise ValueError("count_outliers takes singular values in descending order")
     else:
         M = _matrix(M)
         if M.ndim != 2:
@@ -305,9 +328,8 @@ def leading_left_vectors(M, k: int = 1) -> torch.Tensor:
     M = _matrix(M)
     if M.ndim != 2:
         raise ValueError(f"M must be a matrix, got shape {tuple(M.shape)}")
-    if not isinstance(k, int) or not 1 <= k <= min(M.shape):
-        raise ValueError(f"k must be between 1 and {min(M.shape)}, got {k}")
-    return top_singular(M, k).U
+    _check_k(k, min(M.shape))
+    return top_singular(M, int(k)).U
 
 
 class TopSingular(NamedTuple):
@@ -323,9 +345,11 @@ class TopSingular(NamedTuple):
 ITERATIVE_SVD_MIN_DIM = 200
 
 
-def _check_k(k, small: int) -> None:
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= small:
-        raise ValueError(f"k must be an integer between 1 and {small}, got {k!r}")
+def _check_k(k, small: int) -> int:
+    try:
+        return check_int(k, "k", min=1, max=small)
+    except ValueError:
+        raise ValueError(f"k must be an integer between 1 and {small}, got {k!r}") from None
 
 
 def _full_svd_is_simpler(device: torch.device, small: int, k: int) -> bool:
@@ -360,7 +384,7 @@ def top_singular(M, k: int = 1, *, v0=None) -> TopSingular:
     M = _matrix(M, dtype=None)
     if M.ndim != 2:
         raise ValueError(f"M must be a matrix, got shape {tuple(M.shape)}")
-    _check_k(k, min(M.shape))
+    k = _check_k(k, min(M.shape))
     if _full_svd_is_simpler(M.device, min(M.shape), k):
         U, s, Vh = torch.linalg.svd(M, full_matrices=False)
         return TopSingular(U[:, :k], s[:k], Vh[:k])
@@ -381,7 +405,7 @@ def top_singular_of_product(A, B, k: int = 1, *, v0=None) -> TopSingular:
         raise ValueError(f"A and B must be matrices with the same number of rows, got {tuple(A.shape)} and "
                          f"{tuple(B.shape)}")
     shape = (A.shape[1], B.shape[1])
-    _check_k(k, min(shape))
+    k = _check_k(k, min(shape))
     if _full_svd_is_simpler(A.device, min(shape), k):
         return top_singular(A.T @ B, k, v0=v0)
     from scipy.sparse.linalg import LinearOperator

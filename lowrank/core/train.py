@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -57,7 +58,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from lowrank.core.validation import check_choice
+from lowrank.core.validation import check_choice, check_seed, is_number
 from lowrank.core.datasets import DEFAULT_DATA_ROOT, Dataset
 from lowrank.core.spectral import monitor_dtype, singular_values_by_shape, spectrum_stats
 
@@ -73,14 +74,17 @@ __all__ = [
     "train_point",
     "train_points",
     "ENSEMBLE_KEYS",
+    "STATUS_COLUMNS",
+    "with_status",
+    "diverged_runs",
     "sweep",
     "augment_images",
 ]
 
 LOSSES = frozenset({"ce", "mse"})
 RUN_KEYS = ("lr", "weight_decay", "momentum", "seed")
-CHECKPOINT_FORMAT = 4  # 4: identity with model, data split, settings, code; 3: EnsembleState payload,
-# lr_decay; 2: per-member augmentation generators
+CHECKPOINT_FORMAT = 5  # 5: identity from every TrainConfig field (`_identity`); 4: identity with model,
+# data split, settings, code; 3: EnsembleState payload, lr_decay; 2: per-member augmentation generators
 
 
 def loss_value(logits: torch.Tensor, y: torch.Tensor, loss: str) -> torch.Tensor:
@@ -176,6 +180,10 @@ def _normalise_runs(runs) -> list[dict]:
         if not isinstance(r, dict) or "lr" not in r:
             raise ValueError(f"runs[{i}] must be a dict with at least 'lr', got {r!r}")
         r = {"weight_decay": 0.0, "momentum": 0.0, "seed": i, **r}
+        for key in ("lr", "weight_decay", "momentum"):
+            if not is_number(r[key]):
+                raise ValueError(f"runs[{i}]: {key} must be a number, got {r[key]!r}")
+        check_seed(r["seed"], f"runs[{i}]: seed")
         if not (r["lr"] > 0 and math.isfinite(r["lr"])):
             raise ValueError(f"runs[{i}]: lr must be a positive number, got {r['lr']}")
         if not r["weight_decay"] >= 0:
@@ -227,21 +235,25 @@ class TrainConfig:
     extra : constant columns added to every row (e.g. the model's name).
     """
 
+    # Every field is part of a checkpoint's identity (`_identity`) unless its metadata says
+    # `identity: False`: the fields that cannot change the table (where and how often the state is
+    # saved, the device, the progress bar, the evaluation's chunk size). `epochs` is checked on its
+    # own: a checkpoint may be resumed to train longer, never to return more epochs than asked.
     batch_size: int
-    epochs: int
+    epochs: int = field(metadata={"identity": False})
     loss: str = "ce"
     milestones: tuple = ()
     lr_decay: float = 0.1
     eps: float = 1e-3
     eval_every: int = 1
-    eval_batch: int | None = None
+    eval_batch: int | None = field(default=None, metadata={"identity": False})
     augment: Callable | None = None
     mixed_precision: bool = False
-    checkpoint: str | Path | None = None
-    checkpoint_every: int = 1
-    device: object = None
-    progress: bool = True
-    desc: str | None = None
+    checkpoint: str | Path | None = field(default=None, metadata={"identity": False})
+    checkpoint_every: int = field(default=1, metadata={"identity": False})
+    device: object = field(default=None, metadata={"identity": False})
+    progress: bool = field(default=True, metadata={"identity": False})
+    desc: str | None = field(default=None, metadata={"identity": False})
     run_offset: int = 0
     extra: dict | None = None
 
@@ -470,15 +482,50 @@ def _code_digest() -> str:
     return h.hexdigest()[:16]
 
 
+def _canonical(value):
+    """`value` as plain data that compares equal exactly when the value would act the same: numbers,
+    strings, lists, dicts; a function by its qualified name, its default arguments and the values
+    it closes over (a `lambda x, g: augment_images(x, g, rotation=r)` records `r`); a
+    `functools.partial` by its function and arguments; anything else by its type and repr."""
+    import functools
+
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (np.integer, np.floating, np.bool_)):
+        return value.item()
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, torch.Tensor):
+        return {"tensor": _tensor_digest(value)}
+    if isinstance(value, functools.partial):
+        return {"partial": _canonical(value.func), "args": _canonical(value.args),
+                "keywords": _canonical(dict(value.keywords))}
+    if callable(value) and hasattr(value, "__qualname__"):
+        out = {"function": f"{getattr(value, '__module__', '')}.{value.__qualname__}"}
+        code = getattr(value, "__code__", None)
+        if code is not None:
+            cells = value.__closure__ or ()
+            out["closure"] = {name: _canonical(cell.cell_contents) for name, cell in zip(code.co_freevars, cells)}
+            out["defaults"] = _canonical(list(value.__defaults__ or ()) + sorted((value.__kwdefaults__ or {}).items()))
+        return out
+    return {"type": type(value).__qualname__, "repr": repr(value)}
+
+
 def _identity(runs, cfg: TrainConfig, model: nn.Module, data: Dataset) -> dict:
-    """What a checkpoint belongs to: the runs, the model (class, parameter and buffer shapes, its
-    name), the data split (hashes of the train and test tensors), the settings that shape the
-    result, and the code (`_code_digest`). Resuming with any of them changed is refused."""
+    """What a checkpoint belongs to: the runs, every field of the configuration that can change the
+    table (`TrainConfig` fields without `identity: False` metadata, made plain by `_canonical`: a
+    field added to the configuration is part of the identity without a word here), the model
+    (class, parameter and buffer shapes), the data split (hashes of the train and test tensors)
+    and the code (`_code_digest`). Resuming with any of them changed is refused."""
     shapes = [(k, tuple(v.shape)) for k, v in model.state_dict().items()]
-    return {"runs": runs, "batch_size": cfg.batch_size, "loss": cfg.loss, "milestones": list(cfg.milestones),
-            "lr_decay": cfg.lr_decay, "eps": cfg.eps, "eval_every": cfg.eval_every,
-            "augment": cfg.augment is not None, "mixed_precision": cfg.mixed_precision,
-            "model": {"class": type(model).__name__, "shapes": shapes, "extra": dict(cfg.extra or {})},
+    settings = {f.name: _canonical(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
+                if f.metadata.get("identity", True)}
+    return {"runs": _canonical(runs), **settings,
+            "model": {"class": type(model).__name__, "shapes": shapes},
             "data": {"train": _tensor_digest(data.x_train, data.y_train), "test": _tensor_digest(data.x_test, data.y_test)},
             "code": _code_digest()}
 
@@ -522,6 +569,10 @@ def _resume(cfg: TrainConfig, identity: dict, state: EnsembleState, dev) -> bool
     if differ:
         what = ", ".join("data split" if k == "data" else k.replace("_", " ") for k in differ)
         raise ValueError(f"checkpoint {cfg.checkpoint} belongs to other {what}; remove it or pass another path")
+    if int(saved.get("epoch", 0)) > cfg.epochs:
+        raise ValueError(f"checkpoint {cfg.checkpoint} holds {saved['epoch']} epochs, more than epochs={cfg.epochs}: "
+                         f"its table would not be the one asked for; remove it, pass another path, or ask for "
+                         f"epochs >= {saved['epoch']}")
     state.restore(saved, dev)
     return True
 
@@ -624,6 +675,44 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, confi
     return table
 
 
+STATUS_COLUMNS = ("status", "status_epoch", "status_reason")
+
+
+def with_status(table: pd.DataFrame) -> pd.DataFrame:
+    """`table` with each run's outcome in its rows, so that it survives a CSV (a sweep's
+    `results.csv`, its `collected.csv`), where `attrs` do not: `status` is "diverged" (stopped at
+    `status_epoch`, why in `status_reason`; from `attrs["diverged"]`), "collapsed" (a weight matrix
+    is exactly zero at the run's last epoch: weight decay took it to the origin; its rank-like
+    numbers mean nothing there) or "ok"."""
+    out = table.copy()
+    out.attrs = dict(table.attrs)
+    status = pd.Series("ok", index=out.index, dtype=object)
+    epoch = pd.Series(np.nan, index=out.index)
+    reason = pd.Series("", index=out.index, dtype=object)
+    if len(out) and {"run", "epoch", "spectral_norm"} <= set(out.columns):
+        last = out.groupby("run")["epoch"].transform("max") == out["epoch"]
+        for run in out.loc[last & (out["spectral_norm"] == 0), "run"].unique():
+            rows = out["run"] == run
+            status[rows], epoch[rows] = "collapsed", out.loc[rows, "epoch"].max()
+            reason[rows] = "a weight matrix is zero at the last epoch"
+    for run, info in (table.attrs.get("diverged") or {}).items():
+        rows = out["run"] == run if "run" in out.columns else pd.Series(False, index=out.index)
+        status[rows], epoch[rows], reason[rows] = "diverged", info.get("epoch"), info.get("reason", "")
+    out["status"], out["status_epoch"], out["status_reason"] = status, epoch, reason
+    return out
+
+
+def diverged_runs(table: pd.DataFrame) -> dict:
+    """`{run: {"epoch", "reason"}}` of the runs that diverged: `attrs["diverged"]` of a table trained
+    here, or the `status` column (`with_status`) of one read from a CSV."""
+    found = {int(k): dict(v) for k, v in (table.attrs.get("diverged") or {}).items()}
+    if "status" in table.columns and "run" in table.columns:
+        for run, rows in table[table["status"] == "diverged"].groupby("run"):
+            found.setdefault(int(run) if isinstance(run, (int, np.integer)) else run,
+                             {"epoch": rows["status_epoch"].iloc[0], "reason": rows["status_reason"].iloc[0]})
+    return found
+
+
 def train(model_fn: Callable[[], nn.Module], data: Dataset, *, lr: float, batch_size: int, epochs: int,
           weight_decay: float = 0.0, momentum: float = 0.0, seed: int = 0, **kwargs) -> pd.DataFrame:
     """One run (an ensemble of one); keyword arguments as `train_ensemble`."""
@@ -672,6 +761,17 @@ def train_point(*, model: str, dataset: str, batch_size: int, lr: float, epochs:
 # the run settings an ensemble's members may differ in (everything else is shared)
 ENSEMBLE_KEYS = ("lr", "weight_decay", "momentum", "seed")
 
+# The rules a sweep checks on `train_point`'s arguments before any run starts (the vocabulary of
+# `lowrank.book.runs.ParameterSpec`, read by `lowrank.book.sweeps`); the function checks them again.
+PARAMETER_RULES = {"train_point": {
+    "model": {"kind": "network"}, "dataset": {"choices": ["digits", "mnist1d", "mnist", "cifar10"]},
+    "batch_size": {"min": 1}, "lr": {"gt": 0}, "epochs": {"min": 1}, "weight_decay": {"min": 0},
+    "momentum": {"min": 0, "lt": 1}, "milestones": {"type": "int", "min": 1}, "lr_decay": {"gt": 0},
+    "eps": {"gt": 0}, "loss": {"choices": sorted(LOSSES)}, "rotation": {"choices": sorted(ROTATIONS)},
+    "seed": {"min": 0}, "cnn_width": {"gt": 0}, "vit_dim": {"min": 1}, "vit_depth": {"min": 1},
+    "checkpoint_every": {"min": 1}, "eval_every": {"min": 1},
+}}
+
 
 def train_points(points: list[dict]) -> list[pd.DataFrame]:
     """Several `train_point` runs that differ only in `ENSEMBLE_KEYS`, trained at once as one ensemble
@@ -709,7 +809,7 @@ def train_points(points: list[dict]) -> list[pd.DataFrame]:
     data = load(name, root=shared["data_root"] or None) if name in ("mnist", "cifar10") else load(name)
     make, data = zoo.for_data(shared["model"], data, cnn_width=shared["cnn_width"], vit_dim=shared["vit_dim"],
                               vit_depth=shared["vit_depth"])
-    augmenter = (lambda x, g: augment_images(x, g, rotation=shared["rotation"])) if shared["augment"] else None
+    augmenter = functools.partial(augment_images, rotation=shared["rotation"]) if shared["augment"] else None
     table = train_ensemble(make, data, members, batch_size=shared["batch_size"], epochs=shared["epochs"],
                            milestones=list(shared["milestones"]), lr_decay=shared["lr_decay"], eps=shared["eps"],
                            loss=shared["loss"], augment=augmenter, progress=False, extra={"model": shared["model"]},

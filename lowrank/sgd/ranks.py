@@ -144,7 +144,9 @@ def summarise(table: pd.DataFrame, *, layers=None) -> RankSweep:
     """`RankSweep` of a monitor table trained here or read from a sweep's `collected.csv`."""
     avg = rank_tables(table, layers=layers)
     final = avg.loc[avg.groupby("run")["epoch"].idxmax()].reset_index(drop=True)
-    return RankSweep(table=table, avg=avg, final=final, diverged=dict(table.attrs.get("diverged") or {}))
+    from lowrank.core.train import diverged_runs  # attrs of a table trained here, or its status column
+
+    return RankSweep(table=table, avg=avg, final=final, diverged=diverged_runs(table))
 
 
 def rank_sweep(*, model: str, dataset: str, grid, epochs: int, data_root=None, cnn_width: float = 1.0,
