@@ -230,3 +230,21 @@ def test_uncentred_means_cosine():
     assert collapse.uncentred_means_cosine(H, torch.tensor([-1, -1, 1, 1])) == pytest.approx(0.0)
     assert collapse.uncentred_means_cosine(-H[[0, 1, 0, 1]] * torch.tensor([[1.0], [1.0], [-1.0], [-1.0]],
                                            dtype=torch.float64), torch.tensor([0, 0, 1, 1])) == pytest.approx(-1.0)
+
+
+def test_nc_falls_pooled_judges_the_seed_average():
+    import pandas as pd
+
+    from lowrank.square import summaries
+
+    a = pd.DataFrame({"epoch": [0, 10], "nc1": [1.0, 0.3], "shuffled_nc1": [1.0, 0.9]})
+    b = pd.DataFrame({"epoch": [0, 10], "nc1": [1.0, 0.8], "shuffled_nc1": [1.0, 1.0]})
+    one = summaries.nc_falls_pooled([a], 2.0, keys=("nc1",))
+    assert one.drop(columns="runs").equals(summaries.nc_falls(a, 2.0, keys=("nc1",)))
+    both = summaries.nc_falls_pooled([a, b], 2.0, keys=("nc1",)).set_index("labels")
+    # by hand: mean initial 1.0, mean final 0.55 -> does not fall 2x, though seed a alone does
+    assert both.loc["true", "initial"] == 1.0 and both.loc["true", "final"] == pytest.approx(0.55)
+    assert not both.loc["true", "falls"] and both.loc["true", "runs"] == 2
+    assert both.loc["shuffled", "final"] == pytest.approx(0.95)
+    with pytest.raises(ValueError):
+        summaries.nc_falls_pooled([], 2.0)

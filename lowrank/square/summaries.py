@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pandas as pd
 
-__all__ = ["NC_CORE", "NC_MEANS", "nc_falls", "hidden_rank_ratio", "rank_update_correlation"]
+__all__ = ["NC_CORE", "NC_MEANS", "nc_falls", "nc_falls_pooled", "hidden_rank_ratio", "rank_update_correlation"]
 
 NC_CORE = ("nc1", "nc2_equinorm_classifiers", "nc2_equiangular_classifiers", "nc3", "nc4")
 NC_MEANS = ("nc2_equinorm_means", "nc2_equiangular_means")
@@ -39,6 +39,20 @@ def nc_falls(history: pd.DataFrame, factor: float, keys=NC_CORE, prefixes=("", "
             rows.append({"metric": key, "labels": "shuffled" if prefix else "true", "initial": a, "final": b,
                          "falls": bool(b <= a / factor)})
     return pd.DataFrame(rows)
+
+
+def nc_falls_pooled(histories, factor: float, keys=NC_CORE, prefixes=("", "shuffled_")) -> pd.DataFrame:
+    """`nc_falls` on the seed-average: each metric's first and last values are averaged over the runs in
+    `histories` (one history per seed, rows in epoch order) before the fall by `factor` is judged, so
+    that one seed's metric near the threshold does not decide the outcome."""
+    histories = list(histories)
+    if not histories:
+        raise ValueError("histories must hold at least one run")
+    firsts = pd.DataFrame([h.iloc[0] for h in histories])
+    lasts = pd.DataFrame([h.iloc[-1] for h in histories])
+    numeric = [c for c in firsts.columns if any(c == p + k for k in keys for p in prefixes)]
+    pooled = pd.DataFrame([firsts[numeric].astype(float).mean(), lasts[numeric].astype(float).mean()])
+    return nc_falls(pooled, factor, keys, prefixes).assign(runs=len(histories))
 
 
 def _hidden(layers: pd.DataFrame) -> pd.DataFrame:

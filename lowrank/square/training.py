@@ -37,7 +37,8 @@ from lowrank.core.datasets import DEFAULT_DATA_ROOT, Dataset
 from lowrank.core.device import get_device
 
 __all__ = ["TrainingDiverged", "SquareConfig", "SquareRun", "prepare", "load_task", "train_targets", "cosine_lr",
-           "evaluate", "train_square", "train_network"]
+           "evaluate", "train_square", "train_network", "shuffle_labels", "PageSetup", "page_setup",
+           "rho_stationary_point", "classifier_gradient", "per_sample_gradient_ranks"]
 
 
 class TrainingDiverged(FloatingPointError):
@@ -566,3 +567,175 @@ def train_network(data: Dataset, *, arch: str, arch_kwargs: dict | None = None, 
     model = normalized.make(arch, data.x_train.shape[1:], num_outputs=num_outputs, rho_init=rho_init, seed=seed,
                             **(arch_kwargs or {}))
     return train_square(model, data, seed=seed, device=device, progress=progress, desc=desc, **options)
+
+
+def shuffle_labels(data: Dataset, seed: int) -> Dataset:
+    """`data` with its training labels under a random permutation (seeded): the same inputs and the same
+    label counts, no relation between input and label (the null model of the NC claims). Test labels stay."""
+    perm = torch.randperm(len(data.y_train), generator=torch.Generator().manual_seed(int(seed)))
+    return Dataset(data.x_train, data.y_train[perm], data.x_test, data.y_test, data.num_classes,
+                   f"{data.name} (training labels shuffled)")
+
+
+@dataclass
+class PageSetup:
+    """What every Part III page sets up once: the task, the network and the training options shared by its
+    runs. `train(...)` trains one run with overrides; `initial_row(...)` evaluates the untrained network
+    (the margin statistics a regime is computed from, before any training)."""
+
+    data: Dataset
+    arch: str
+    arch_kwargs: dict
+    options: dict  # SquareConfig fields (and num_outputs) shared by the page's runs
+
+    def _options(self, overrides: dict) -> dict:
+        opts = {**self.options, **overrides}
+        for key in ("rho_lr", "batch_size"):  # the pages' "0: default" convention
+            if key in opts and not opts[key]:
+                opts[key] = None
+        return opts
+
+    def build(self, *, rho_init: float, seed: int, data: Dataset | None = None, num_outputs: int | None = None):
+        """The untrained network of a run (`normalized.make`), as `train_network` builds it."""
+        from lowrank.core.nets import normalized
+
+        data = self.data if data is None else data
+        binary = bool(((data.y_train == 1) | (data.y_train == -1)).all())
+        outs = num_outputs or self.options.get("num_outputs") or (1 if binary else data.num_classes)
+        return normalized.make(self.arch, data.x_train.shape[1:], num_outputs=outs, rho_init=rho_init, seed=seed,
+                               **self.arch_kwargs)
+
+    def initial_row(self, *, rho_init: float, seed: int, lam: float, data: Dataset | None = None) -> dict:
+        """`evaluate`'s row (rho, mu, M, rho_eq, ...) of the untrained network of a run, in the run's dtype."""
+        data = self.data if data is None else data
+        opts = self._options({})
+        model = self.build(rho_init=rho_init, seed=seed, data=data)
+        dtype = SquareConfig(epochs=1, lr=1.0, dtype=opts.get("dtype", torch.float32)).dtype
+        model = model.to(dtype=dtype)
+        row, _ = evaluate(model, _to_device(model, data, torch.device("cpu"), dtype), lam, nc=False)
+        if row is None:
+            raise TrainingDiverged("the untrained network's outputs are not finite")
+        return row
+
+    def steps(self, epochs: int | None = None, batch_size: int | None = None) -> int:
+        """Optimiser steps of a run of `epochs` epochs (default: the page's) with minibatches `batch_size`."""
+        from lowrank.square import timescales
+
+        epochs = self.options["epochs"] if epochs is None else epochs
+        bs = self.options.get("batch_size") if batch_size is None else batch_size
+        return int(epochs) * timescales.steps_per_epoch(len(self.data.x_train), bs or None)
+
+    def train_final(self, members, **overrides) -> pd.DataFrame:
+        """Train many runs of the page and return their final rows (`evaluate`'s statistics and `diverged`),
+        one per member in order, with the member's own fields. `members`: dicts with `rho_init`, `seed`,
+        `lam` and optionally `data` (e.g. corrupted labels). MLPs trained by full-batch gradient descent
+        are trained together (`lowrank.square.stacked.train_stacked`, the same arithmetic as one run at a
+        time); any other set-up runs one `train` after the other."""
+        from lowrank.square import stacked
+
+        opts = self._options(overrides)
+        members = [dict(m) for m in members]
+        datas = [m.pop("data", None) or self.data for m in members]
+        if self.arch == "mlp" and not opts.get("batch_size"):
+            models = [self.build(rho_init=m["rho_init"], seed=m["seed"], data=d) for m, d in zip(members, datas)]
+            keys = ("epochs", "lr", "rho_lr", "momentum", "schedule", "min_lr", "dtype")
+            table = stacked.train_stacked(models, datas, [m["lam"] for m in members],
+                                          **{k: opts[k] for k in keys if k in opts})
+        else:
+            rows = []
+            for m, d in zip(members, datas):
+                opts_m = {**opts, "log_every": opts["epochs"], "on_nan": "stop"}
+                run = train_network(d, arch=self.arch, arch_kwargs=self.arch_kwargs, rho_init=m["rho_init"],
+                                    seed=m["seed"], lam=m["lam"], progress=False, **{k: v for k, v in opts_m.items()
+                                                                                       if k != "lam"})
+                rows.append({**run.final.to_dict(), "diverged": run.stopped is not None})
+            table = pd.DataFrame(rows)
+        return pd.concat([pd.DataFrame(members), table.drop(columns=["rho_init", "seed", "lam"], errors="ignore")], axis=1)
+
+    def train(self, *, rho_init: float, seed: int, data: Dataset | None = None, desc: str | None = None,
+              progress: bool = True, **overrides) -> SquareRun:
+        """`train_network` on the page's task (or `data`) with the page's options, `overrides` on top."""
+        return train_network(self.data if data is None else data, arch=self.arch, arch_kwargs=self.arch_kwargs,
+                             rho_init=rho_init, seed=seed, desc=desc, progress=progress, **self._options(overrides))
+
+
+def page_setup(dataset: str, classes, *, arch: str, arch_kwargs: dict | None = None, data_root: str = DEFAULT_DATA_ROOT,
+               max_train: int = 0, max_test: int = 0, input_shape=(), seed: int = 0, num_samples: int | None = None,
+               **options) -> PageSetup:
+    """The set-up of a Part III page from its parameters: `load_task` with the pages' conventions (0: all
+    samples, an empty `input_shape`: the data's own; `num_samples` only for MNIST-1D) and the training
+    options every run of the page shares (`SquareConfig` fields, `num_outputs`; `rho_lr` or `batch_size`
+    0: the default). Returns a `PageSetup`."""
+    data = load_task(dataset, classes, data_root, max_train or None, max_test or None, shape=list(input_shape) or None,
+                     seed=seed, num_samples=num_samples if dataset == "mnist1d" else None)
+    unknown = set(options) - {f.name for f in dataclasses.fields(SquareConfig)} - {"num_outputs"}
+    if unknown:
+        raise ValueError(f"unknown training options {sorted(unknown)} (see SquareConfig)")
+    return PageSetup(data, arch, dict(arch_kwargs or {}), dict(options))
+
+
+def _model_data(model, ds: Dataset) -> _Data:
+    p = next(model.parameters())
+    return _to_device(model, ds, p.device, p.dtype)
+
+
+def rho_stationary_point(model, ds: Dataset, lam: float) -> float:
+    """The rho where the autograd derivative in rho of `(1/N) sum ||rho f_V(x_n) - t_n||^2 + lam rho^2`
+    vanishes, the `V_k` of `model` held fixed: the secant through the derivatives at rho = 0 and 1, exact
+    (to round-off) because the loss is quadratic in rho. Eq. 7 says it is `mu / (M + lam)`."""
+    data = _model_data(model, ds)
+    with torch.no_grad():
+        f = model.f_V(data.x_train).double()
+    t = data.targets.double()
+
+    def derivative(r: float) -> float:
+        rho = torch.tensor(r, dtype=torch.float64, requires_grad=True)
+        loss = ((rho * f - t) ** 2).reshape(data.n, -1).sum(1).mean() + lam * rho**2
+        return float(torch.autograd.grad(loss, rho)[0])
+
+    g0, g1 = derivative(0.0), derivative(1.0)
+    if g1 == g0:
+        raise ValueError("the loss does not depend on rho (f_V = 0 and lam = 0): no stationary point")
+    return -g0 / (g1 - g0)
+
+
+def classifier_gradient(model, ds: Dataset, lam: float) -> torch.Tensor:
+    """Autograd gradient of the regularised square loss in the classifier direction `V_L` (C x p), at the
+    model's parameters on the training set of `ds` with its centred one-hot targets."""
+    data = _model_data(model, ds)
+    V = model.classifier().detach().clone().requires_grad_(True)
+    with torch.no_grad():
+        h = model.features(data.x_train)
+    out = h @ V.T
+    out = out.squeeze(-1) if model.num_outputs == 1 else out
+    rho = model.rho.detach()
+    loss = ((rho * out - data.targets) ** 2).reshape(data.n, -1).sum(1).mean() + lam * rho**2
+    return torch.autograd.grad(loss, V)[0].detach()
+
+
+def per_sample_gradient_ranks(model, ds: Dataset, eps: float = 1e-8, max_samples: int = 32) -> pd.DataFrame:
+    """Numerical rank (`spectral.numerical_rank`, threshold `eps` relative to the largest singular value)
+    of the gradient of one margin in a layer's direction, `d f_bar_n / d V_k` (conv kernels reshaped to
+    C_out x C_in k^2), for every layer k and the first `max_samples` samples: Lemma 8's proof (Eq. 47)
+    says each is of rank at most 1. Also the gradient of the sum of two samples' margins (kind "two
+    samples", generically rank 2), which a statistic that did not resolve single samples would read.
+    Returns one row per (sample, layer, kind)."""
+    data = _model_data(model, ds)
+    layers = list(model.body) + [model.head]
+    leaves = [layer.direction().detach().clone().requires_grad_(True) for layer in layers]
+    for layer, leaf in zip(layers, leaves):  # the forward reads these leaves as the V_k
+        layer.direction = (lambda d: (lambda: d))(leaf)
+    rows = []
+    try:
+        for i in range(min(int(max_samples), data.n)):
+            for kind, idx in (("one sample", [i]), ("two samples", [i, (i + 1) % data.n])):
+                out = model.f_V(data.x_train[idx]).reshape(len(idx), -1)
+                fbar = (out * data.targets[idx].reshape(len(idx), -1)).sum()  # y_n f_n, or f_n . e~_{y_n}
+                for k, g in enumerate(torch.autograd.grad(fbar, leaves, allow_unused=True), 1):
+                    mat = torch.zeros(1, 1) if g is None else g.detach().double().reshape(g.shape[0], -1).cpu()
+                    rank = int(spectral.numerical_rank(mat, eps)) if bool(mat.abs().max() > 0) else 0
+                    rows.append({"sample": i, "layer": k, "kind": kind, "rank": rank})
+    finally:
+        for layer in layers:
+            del layer.direction
+    return pd.DataFrame(rows)

@@ -1,0 +1,181 @@
+"""Time scales of the square-loss mechanisms (lowrank.square.timescales) and the pages' set-up
+(lowrank.square.training.page_setup), against independent computations."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from lowrank.square import timescales, training
+
+
+def _simulate_rho(mu, M, lam, eta, rho0, steps):
+    """Gradient descent on L(rho) = 1 - 2 rho mu + rho^2 (M + lam), by autograd (independent of the formula)."""
+    rho = torch.tensor(float(rho0), dtype=torch.float64, requires_grad=True)
+    out = []
+    for _ in range(steps):
+        loss = 1 - 2 * rho * mu + rho**2 * (M + lam)
+        (g,) = torch.autograd.grad(loss, rho)
+        with torch.no_grad():
+            rho -= eta * g
+        out.append(float(rho.detach()))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("M,lam,eta", [(1e-3, 1e-3, 5.0), (0.02, 0.0, 3.0), (0.0, 1e-2, 2.0)])
+def test_relaxation_steps_match_simulated_gradient_descent(M, lam, eta):
+    mu, rho0 = 0.05, 30.0
+    tau = timescales.rho_relaxation_steps(M, lam, eta)
+    steps = int(math.ceil(5 * tau))
+    rho = _simulate_rho(mu, M, lam, eta, rho0, steps)
+    target = mu / (M + lam)
+    err = np.abs(rho - target)
+    e0 = abs(rho0 - target)
+    # after k steps the distance is e0 * exp(-k / tau), to float64 round-off
+    k = np.arange(1, steps + 1)
+    assert np.allclose(err, e0 * np.exp(-k / tau), rtol=1e-8, atol=1e-12)
+    # and the small-step limit is the gradient flow's 1 / (2 eta (M + lam))
+    assert tau == pytest.approx(1 / (2 * eta * (M + lam)), rel=2 * eta * (M + lam))
+
+
+def test_relaxation_steps_edge_cases_and_bad_input():
+    assert timescales.rho_relaxation_steps(0.0, 0.0, 1.0) == math.inf
+    assert timescales.rho_relaxation_steps(0.5, 0.5, 1.0) == math.inf  # factor |1 - 2| = 1: oscillates
+    assert timescales.rho_relaxation_steps(0.25, 0.0, 2.0) == 0.0  # lands on rho_eq in one step
+    for bad in (dict(M=-1, lam=0, rho_lr=1), dict(M=0, lam=float("nan"), rho_lr=1), dict(M=0, lam=0, rho_lr=0)):
+        with pytest.raises(ValueError):
+            timescales.rho_relaxation_steps(**bad)
+
+
+def test_relaxations_needed_counts_e_foldings():
+    assert timescales.relaxations_needed(math.e**3, 1.0) == pytest.approx(3.0)
+    assert timescales.relaxations_needed(0.005, 0.01) == 0.0
+    assert timescales.relaxations_needed(0.0, 0.01) == 0.0
+    with pytest.raises(ValueError, match="tolerance"):
+        timescales.relaxations_needed(1.0, 0.0)
+
+
+def test_weight_decay_time_is_the_e_folding_of_rho_under_the_penalty_alone():
+    lam, eta = 1e-3, 2.0
+    T = timescales.weight_decay_steps(lam, eta)
+    assert T == pytest.approx(500.0)
+    rho = _simulate_rho(0.0, 0.0, lam, eta, 1.0, int(T))  # mu = M = 0: the penalty alone
+    # (1 - 2 eta lam)^T -> exp(-2) as the step shrinks; here within 1 %
+    assert rho[-1] == pytest.approx(math.exp(-2), rel=1e-2)
+    assert timescales.weight_decay_steps(0.0, eta) == math.inf
+    assert timescales.accumulated_weight_decay(1000, lam, eta) == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        timescales.accumulated_weight_decay(-1, lam, eta)
+
+
+def test_steps_per_epoch():
+    assert timescales.steps_per_epoch(100, None) == 1
+    assert timescales.steps_per_epoch(100, 0) == 1
+    assert timescales.steps_per_epoch(100, 16) == 7
+    assert timescales.steps_per_epoch(10, 16) == 1
+    with pytest.raises(ValueError):
+        timescales.steps_per_epoch(0, 4)
+
+
+def test_page_setup_trains_as_train_network_and_reads_the_initial_state():
+    setup = training.page_setup("digits", [1, 2], arch="mlp", arch_kwargs={"widths": [16]}, input_shape=[64],
+                                max_train=40, max_test=20, epochs=3, lr=0.1, rho_lr=0, batch_size=0, log_every=1,
+                                nc=False, dtype="float64")
+    direct = training.load_task("digits", [1, 2], max_train=40, max_test=20, shape=[64])
+    assert torch.equal(setup.data.x_train, direct.x_train) and torch.equal(setup.data.y_train, direct.y_train)
+    run = setup.train(rho_init=2.0, seed=3, lam=1e-3, progress=False)
+    ref = training.train_network(direct, arch="mlp", arch_kwargs={"widths": [16]}, rho_init=2.0, seed=3, epochs=3,
+                                 lr=0.1, lam=1e-3, log_every=1, nc=False, dtype="float64", progress=False)
+    assert np.allclose(run.history.rho, ref.history.rho, rtol=0, atol=0)
+    row = setup.initial_row(rho_init=2.0, seed=3, lam=1e-3)
+    assert row["rho"] == pytest.approx(ref.history.rho.iloc[0])
+    assert row["M"] == pytest.approx(ref.history.M.iloc[0], rel=1e-12)
+    assert setup.steps() == 3 and setup.steps(batch_size=16) == 9
+    with pytest.raises(ValueError, match="unknown training options"):
+        training.page_setup("digits", [1, 2], arch="mlp", max_train=40, epoch=3)
+
+
+def test_shuffle_labels_permutes_training_labels_only():
+    data = training.load_task("digits", [0, 1, 2], max_train=60, max_test=20)
+    shuffled = training.shuffle_labels(data, seed=1)
+    assert torch.equal(shuffled.x_train, data.x_train) and torch.equal(shuffled.y_test, data.y_test)
+    assert torch.equal(torch.sort(shuffled.y_train).values, torch.sort(data.y_train).values)
+    assert not torch.equal(shuffled.y_train, data.y_train)
+    assert torch.equal(training.shuffle_labels(data, seed=1).y_train, shuffled.y_train)
+
+
+def _trained_pair(classes, lam=1e-3, epochs=5):
+    setup = training.page_setup("digits", classes, arch="mlp", arch_kwargs={"widths": [12, 10]}, input_shape=[64],
+                                max_train=30, max_test=10, epochs=epochs, lr=0.1, rho_lr=1.0, log_every=epochs,
+                                nc=False, dtype="float64", num_outputs=1 if len(classes) == 2 else len(classes))
+    return setup, setup.train(rho_init=3.0, seed=1, lam=lam, progress=False).model
+
+
+def test_rho_stationary_point_is_the_minimiser_of_the_loss_in_rho():
+    from scipy.optimize import minimize_scalar
+
+    setup, model = _trained_pair([1, 2])
+    lam = 1e-3
+
+    def loss(r):  # the full network's loss with rho replaced, by its forward pass
+        with torch.no_grad():
+            model.rho.fill_(r)
+            y = setup.data.y_train.double()
+            return float(((model(setup.data.x_train.double()) - y) ** 2).mean() + lam * r**2)
+
+    rho_saved = float(model.rho.detach())
+    best = minimize_scalar(loss, bracket=(0.0, 50.0), tol=1e-12).x
+    with torch.no_grad():
+        model.rho.fill_(rho_saved)
+    found = training.rho_stationary_point(model, setup.data, lam)
+    assert found == pytest.approx(best, rel=1e-6)
+    row = training.evaluate(model, training._to_device(model, setup.data, torch.device("cpu"), torch.float64), lam,
+                            nc=False)[0]
+    assert found == pytest.approx(row["rho_eq"], rel=1e-10)  # Eq. 7 from the margins
+
+
+def test_classifier_gradient_matches_finite_differences_and_its_row_sum_ignores_labels():
+    setup, model = _trained_pair([0, 1, 2])
+    lam = 1e-3
+    G = training.classifier_gradient(model, setup.data, lam)
+    h = model.features(setup.data.x_train.double()).detach()
+    T = training.train_targets(setup.data.y_train, 3)[0]
+    V0, rho = model.classifier().detach().clone(), float(model.rho.detach())
+
+    def loss(V):
+        return float(((rho * h @ V.T - T) ** 2).sum(1).mean())
+
+    step = 1e-6
+    for c, j in ((0, 0), (2, 5)):
+        E = torch.zeros_like(V0)
+        E[c, j] = step
+        assert float(G[c, j]) == pytest.approx((loss(V0 + E) - loss(V0 - E)) / (2 * step), rel=1e-5, abs=1e-10)
+    shuffled = training.shuffle_labels(setup.data, seed=4)
+    Gs = training.classifier_gradient(model, shuffled, lam)
+    assert torch.allclose(G.sum(0), Gs.sum(0), atol=1e-14)  # centred targets sum to 0 for any label
+    assert not torch.allclose(G[0], Gs[0], atol=1e-6)  # a single row does depend on the labels
+
+
+def test_per_sample_gradients_have_rank_one_and_pairs_rank_two():
+    setup, model = _trained_pair([1, 2])
+    table = training.per_sample_gradient_ranks(model, setup.data, max_samples=4)
+    one = table[table.kind == "one sample"]
+    two = table[table.kind == "two samples"]
+    assert set(one["layer"]) == {1, 2, 3} and len(one) == 12
+    assert one["rank"].max() == 1
+    hidden_two = two[two.layer == 1]
+    assert hidden_two["rank"].max() == 2
+    # the model is left as it was: its forward again reads v / ||v||
+    assert "direction" not in vars(model.body[0])
+
+
+def test_regimes_compare_done_with_needed():
+    r = timescales.rho_relaxation_regime(M0=0.0, lam=1e-3, rho_lr=1.0, steps=1000, initial_error=math.e**2,
+                                         tolerance=1.0)
+    assert r["value"] == pytest.approx(1000 / timescales.rho_relaxation_steps(0.0, 1e-3, 1.0))
+    assert r["needed"] == pytest.approx(2.0)
+    assert timescales.rho_relaxation_regime(M0=0.0, lam=0.0, rho_lr=1.0, steps=10, initial_error=1.0,
+                                            tolerance=0.1)["value"] == 0.0
+    w = timescales.weight_decay_regime(steps=400, lam=1e-3, rho_lr=10.0)
+    assert w["value"] == pytest.approx(4.0) and w["needed"] == 1.0
