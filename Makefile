@@ -34,7 +34,8 @@ browser:
 # summary (cells tagged nbval-check-output). It executes every notebook a second time, so it is a
 # reader's reproduction check, not part of `make test` (a unit test checks bit-identical reruns).
 reproduce: book
-	OMP_NUM_THREADS=1 LOWRANK_FIGURE_DIR=$(CURDIR)/_build/nbval-figures $(VENV)/bin/python -m pytest -p no:cacheprovider \
+	OMP_NUM_THREADS=1 LOWRANK_STABILITY_FROM=$(CURDIR)/tests/golden_verdicts.yaml LOWRANK_FIGURE_DIR=$(CURDIR)/_build/nbval-figures \
+		$(VENV)/bin/python -m pytest -p no:cacheprovider \
 		--nbval-lax --nbval-current-env -o testpaths= $$($(VENV)/bin/python -m lowrank.book.build --list-executed)
 
 # The verdicts of the built notebooks that differ from tests/golden_verdicts.yaml (also within tolerance).

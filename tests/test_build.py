@@ -85,3 +85,16 @@ def test_a_figure_the_notebook_no_longer_draws_does_not_linger(tmp_path, monkeyp
     for _ in range(2):
         build._execute_one(NB, "key", 1)
     assert sorted(p.name for p in (tmp_path / "figures" / NB).iterdir()) == ["new_name.svg"]
+
+
+def test_key_follows_the_recorded_outcomes_of_its_verdicts(monkeypatch):
+    """An entry re-measured as unstable changes what the ci page shows, so it re-executes the page."""
+    from lowrank.book import goldens
+
+    golden = goldens.load()
+    before = build.execution_key(NB)
+    block = {k: dict(e) for k, e in golden[NB].items()}
+    first = next(iter(block))
+    block[first]["outcomes"] = {"agrees": 3, "disagrees": 3}
+    monkeypatch.setattr(goldens, "load", lambda path=goldens.GOLDEN: {**golden, NB: block})
+    assert build.execution_key(NB) != before

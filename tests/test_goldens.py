@@ -43,15 +43,69 @@ def test_seed_overrides_shift_single_seeds_and_lists_without_overlap():
 
 
 def test_entries_follow_the_stated_rule():
-    runs = {0: {"a": _record("a", 0.5, control=0.1)}, 1: {"a": _record("a", 0.6, control=0.2)},
-            2: {"a": _record("a", 0.3, "disagrees", control=0.1)}}
+    runs = {"seed offset 0": {"a": _record("a", 0.5, control=0.1)}, "seed offset 1": {"a": _record("a", 0.6, control=0.2)},
+            "seed offset 2": {"a": _record("a", 0.45, control=0.1)}}
     e = goldens.entries_from_runs(runs, "abc123")["a"]
-    assert e["value"] == 0.5 and e["outcome"] == "agrees"
-    assert e["abs"] == pytest.approx(1.5 * 0.2)  # the largest distance from the default run, times 1.5
+    assert e["value"] == 0.5 and e["outcome"] == "agrees" and e["outcomes"] == {"agrees": 3}
+    assert e["abs"] == pytest.approx(1.5 * 0.15)  # the range over every run, times 1.5
     assert e["control"] == {"value": 0.1, "abs": pytest.approx(0.15)}
-    assert "0.3 to 0.6" in e["spread"] and "outcomes seen: agrees, disagrees" in e["spread"]
-    exact = goldens.entries_from_runs({0: {"b": _record("b", 1.0)}, 1: {"b": _record("b", 1.0)}}, "x")["b"]
+    assert "3 runs: 0.45 to 0.6" in e["spread"] and "seed offset 2" in e["measured"]
+    exact = goldens.entries_from_runs({"s0": {"b": _record("b", 1.0)}, "s1": {"b": _record("b", 1.0)}}, "x")["b"]
     assert exact["abs"] == goldens.FLOOR and "control" not in exact
+
+
+def test_an_entry_whose_outcome_differs_over_runs_is_unstable_and_wide_tolerances_say_so():
+    spearman = lambda m, o: {**_record("s", m, o, control=0.0), "details": {"statistic_range": [-1.0, 1.0]}}
+    runs = {"seed offset 0": {"s": spearman(0.41, "disagrees")}, "seed offset 1": {"s": spearman(0.88, "agrees")},
+            f"seed offset 0, {goldens.CPU_PATH_ENV}=default": {"s": spearman(-0.4, "disagrees")}}
+    e = goldens.entries_from_runs(runs, "x")["s"]
+    assert e["outcome"] == "unstable" and e["outcomes"] == {"agrees": 1, "disagrees": 2}
+    assert e["tolerance_covers_range"] is True  # 1.5 x 1.28 on each side covers [-1, 1]
+    # the golden rule then compares the outcome alone; a stable entry's outcome must match exactly
+    assert goldens.entry_mismatch({**spearman(-0.99, "unstable")}, e) == ""
+    assert "outcome agrees, golden unstable" in goldens.entry_mismatch(spearman(0.88, "agrees"), e)
+    stable = goldens.entries_from_runs({"s0": {"s": spearman(0.9, "agrees")}, "s1": {"s": spearman(0.95, "agrees")}}, "x")["s"]
+    assert "tolerance_covers_range" not in stable
+    assert "outside" in goldens.entry_mismatch(spearman(0.5, "agrees"), stable)
+
+
+def test_measure_runs_the_second_cpu_path_in_the_kernel(monkeypatch):
+    """The second CPU path reaches the kernel (an environment variable it inherits); the ci book's
+    recorded stability does not apply while measuring."""
+    seen = []
+
+    def fake_execute(name, output, parameters=None, figure_dir=None, **kw):
+        import os
+        seen.append((parameters["seed"], os.environ.get(goldens.CPU_PATH_ENV), os.environ.get(verdicts.STABILITY_ENV)))
+        nbformat.write(nbformat.v4.new_notebook(), output)
+
+    monkeypatch.setattr(goldens.notebooks, "execute", fake_execute)
+    monkeypatch.setattr(goldens, "ProcessPoolExecutor", _InlinePool)
+    monkeypatch.setenv(verdicts.STABILITY_ENV, "tests/golden_verdicts.yaml")
+    monkeypatch.delenv(goldens.CPU_PATH_ENV, raising=False)  # restored (unset) after the test
+    runs = goldens.measure("gradients/decomposition", [0, 1], jobs=1)
+    assert list(runs) == ["seed offset 0", "seed offset 1", f"seed offset 0, {goldens.CPU_PATH_ENV}=default",
+                          f"seed offset 0, {goldens.CPU_PATH_ENV}=avx2"]
+    assert seen == [(0, None, None), (1, None, None), (0, "default", None), (0, "avx2", None)]
+
+
+class _InlinePool:
+    """ProcessPoolExecutor's interface, run in this process (for monkeypatched executions)."""
+
+    def __init__(self, max_workers=None):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def submit(self, fn, *args):
+        from concurrent.futures import Future
+        f = Future()
+        f.set_result(fn(*args))
+        return f
 
 
 def test_write_block_replaces_one_notebook_and_keeps_the_others(tmp_path):

@@ -57,10 +57,45 @@ def test_a_check_never_counts_as_a_claim():
     assert c.outcome not in V.CLAIM_OUTCOMES and failing.outcome not in V.CLAIM_OUTCOMES
 
 
-def test_paper_only_claims_at_ci_scale_need_the_paper_scale():
-    assert _claim(0.9, 0.1, paper_scale_only=True).outcome == "needs paper scale"
+def test_a_claim_whose_regime_is_not_reached_needs_a_larger_scale_whatever_it_measures():
+    short = V.Regime("accumulated weight decay A", 2.5, 5.0, "onset measured at A ~ 5-10, fixed in advance")
+    enough = V.Regime("accumulated weight decay A", 12.0, 5.0, "onset measured at A ~ 5-10, fixed in advance")
+    for measured in (0.9, 0.1):
+        v = _claim(measured, 0.1, regime=short)
+        assert v.outcome == "needs a larger scale" and v.details["regime"]["reached"] is False
+        assert v.details["regime"]["value"] == 2.5
+    assert _claim(0.9, 0.1, regime=enough).outcome == "agrees"
+    assert _claim(0.1, 0.1, regime=enough).outcome == "disagrees"
+    assert "NOT reached" in short.text() and "reached" in enough.text()
+    with pytest.raises(ValueError, match="finite"):
+        V.Regime("A", math.inf, 5.0, "x")
+    with pytest.raises(ValueError, match="origin"):
+        V.Regime("A", 1.0, 5.0, "")
+
+
+def _golden_file(tmp_path, outcomes):
+    path = tmp_path / "golden.yaml"
+    path.write_text(f"page:\n  c: {{value: 0.5, abs: 0.1, outcome: x, outcomes: {outcomes}}}\n")
+    return path
+
+
+def test_a_verdict_whose_recorded_outcomes_differ_reads_unstable_in_the_ci_book(tmp_path, monkeypatch):
+    monkeypatch.setenv(V.STABILITY_ENV, str(_golden_file(tmp_path, "{agrees: 2, disagrees: 4}")))
+    v = _claim(0.9, 0.1)
+    assert v.outcome == "unstable" and not v.agrees
+    assert v.details["stability"] == {"outcomes": {"agrees": 2, "disagrees": 4}, "runs": 6, "this_run": "agrees"}
+    assert "disagrees in 4 of 6, agrees in 2 of 6" in v.note
+    # a paper-scale run, or a run outside the ci book (no record named), is judged on its own
     assert V.claim("c", claim="I-1", measured=0.9, threshold=T, controls=V.Control("x", 0.1), expected="",
-                   scale="paper", paper_scale_only=True).outcome == "agrees"
+                   scale="paper").outcome == "agrees"
+    monkeypatch.delenv(V.STABILITY_ENV)
+    assert _claim(0.9, 0.1).outcome == "agrees"
+
+
+def test_a_verdict_recorded_with_one_outcome_keeps_its_own(tmp_path, monkeypatch):
+    monkeypatch.setenv(V.STABILITY_ENV, str(_golden_file(tmp_path, "{agrees: 6}")))
+    assert _claim(0.9, 0.1).outcome == "agrees"
+    assert _claim(0.1, 0.1).outcome == "disagrees"  # the record never decides a stable outcome
 
 
 def test_between_thresholds_and_nan():

@@ -294,8 +294,6 @@ class FoldLongCode(SphinxPostTransform):
 
 # --- verdict rows --------------------------------------------------------------------------------
 
-_BADGE = {"agrees": "good", "holds": "good", "disagrees": "bad", "fails": "bad", "uninformative": "weak",
-          "needs paper scale": "pending", "loose": "weak"}
 
 
 def _executed_verdicts(name: str) -> dict:
@@ -366,6 +364,8 @@ def _key(text: str) -> str:
 
 
 def _mark_verdicts(app, doctree, docname):
+    from lowrank.book.ledger import OUTCOME_STYLE
+
     name = _notebook_name(docname)
     if name is None:
         return
@@ -385,10 +385,10 @@ def _mark_verdicts(app, doctree, docname):
             candidates = by_label.get(_key(entries[i_verdict].astext()), [])
             if candidates:
                 row["ids"].append(f"verdict-{candidates.pop(0)['name']}")
-            outcome = entries[i_outcome].astext().strip()
-            if outcome in _BADGE:
-                entries[i_outcome].children = [nodes.paragraph("", "", nodes.inline(
-                    text=outcome, classes=["outcome-badge", f"outcome-{_BADGE[outcome]}"]))]
+            outcome, _, rest = entries[i_outcome].astext().strip().partition(" (")  # "unstable (agrees in 2 of 6)"
+            if outcome in OUTCOME_STYLE:
+                badge = nodes.inline(text=outcome, classes=["outcome-badge", f"outcome-{OUTCOME_STYLE[outcome]}"])
+                entries[i_outcome].children = [nodes.paragraph("", "", badge, *([nodes.Text(" (" + rest)] if rest else []))]
     details = _details_html(list(records.values()))
     tables = verdict_tables(doctree)
     if details and tables:  # once, after the last verdict table's cell

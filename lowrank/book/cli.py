@@ -5,6 +5,7 @@
     lowrank report RUN_FOLDER [RUN_FOLDER ...] [-o report.html]
     lowrank sweep SPEC.yaml [--executor local|ray] [--address HOST:PORT] [--jobs N] [--collect]
     lowrank goldens measure PART/NAME [PART/NAME ...] [--seeds 0-4] [--check]
+    lowrank goldens check [PART/NAME ...] [--cpu-path default]
     lowrank diff [-o FILE.md] [--strict]
     lowrank data fetch mnist|cifar10 [--root DIR]
     lowrank results store RUN_FOLDER [RUN_FOLDER ...] | lowrank results list
@@ -111,13 +112,16 @@ def cmd_sweep(args) -> int:
 def cmd_goldens(args) -> int:
     from lowrank.book import build, goldens
 
+    if args.action == "check":
+        return _goldens_check(args, build, goldens)
     seeds = goldens.parse_seeds(args.seeds)
     for name in args.names:
         notebooks.source_path(name)  # a clear error for a wrong name, before any work
         goldens.seed_overrides(name, 0)
     recorded, stale = goldens.load(), 0
     for name in args.names:
-        print(f"{name}: executing {len(seeds)} seed offsets ({args.seeds}), {args.jobs} at a time", flush=True)
+        print(f"{name}: executing {len(seeds)} seed offsets ({args.seeds}) and offset 0 under "
+              f"{goldens.CPU_PATH_ENV}={' and '.join(goldens.OTHER_PATHS)}, {args.jobs} at a time", flush=True)
         fresh = goldens.entries_from_runs(goldens.measure(name, seeds, jobs=args.jobs), goldens._commit())
         if args.check:
             for row in goldens.compare_spread(recorded.get(name, {}), fresh):
@@ -126,8 +130,21 @@ def cmd_goldens(args) -> int:
         else:
             goldens.write_block(name, fresh, order=build.book_notebooks())
             for key, e in fresh.items():
-                print(f"  {key}: {e['value']:.4g} ± {e['abs']:.2g} ({e['outcome']}; {e['spread']})")
+                print(f"  {key}: {e['value']:.4g} ± {e['abs']:.2g} ({e['outcome']}: {e['outcomes']}; {e['spread']})")
     return 1 if stale else 0
+
+
+def _goldens_check(args, build, goldens) -> int:
+    names = args.names or build.book_notebooks()
+    for name in names:
+        notebooks.source_path(name)  # a clear error for a wrong name, before any work
+    print(f"executing {len(names)} notebook(s) under {goldens.CPU_PATH_ENV}={args.cpu_path}, {args.jobs} at a time, "
+          "against tests/golden_verdicts.yaml", flush=True)
+    bad = 0
+    for name, mismatches in goldens.check_cpu_path(names, args.cpu_path, jobs=args.jobs).items():
+        bad += bool(mismatches)
+        print(f"  {name}: " + ("matches its golden block" if not mismatches else "DIFFERS\n    " + "\n    ".join(mismatches)))
+    return 1 if bad else 0
 
 
 def cmd_diff(args) -> int:
@@ -209,6 +226,11 @@ def main(argv=None) -> int:
     p_meas.add_argument("--seeds", default="0-4", help="seed offsets, 0 first (default 0-4)")
     p_meas.add_argument("--jobs", type=int, default=2, choices=range(1, 65), metavar="N", help="executions at once")
     p_meas.add_argument("--check", action="store_true", help="compare with the recorded entries, write nothing")
+    p_chk = gold_sub.add_parser("check", help="execute once on another CPU code path and compare with the golden entries")
+    p_chk.add_argument("names", nargs="*", metavar="PART/NAME", help="notebooks (default: every notebook of the book)")
+    p_chk.add_argument("--cpu-path", default="default", choices=["default", "avx2", "avx512"],
+                       help="ATEN_CPU_CAPABILITY for the kernels (default: torch's portable path)")
+    p_chk.add_argument("--jobs", type=int, default=2, choices=range(1, 65), metavar="N", help="executions at once")
     p_diff = sub.add_parser("diff", help="verdicts of the built notebooks that differ from their golden entries")
     p_diff.add_argument("-o", "--output", default="_build/verdict-diff.md")
     p_diff.add_argument("--strict", action="store_true", help="exit 1 when a verdict is outside its tolerance")

@@ -23,7 +23,7 @@ import yaml
 
 from lowrank.book.paper_results import paper_results
 from lowrank.book.notebooks import REPO_ROOT, list_notebooks, verdicts
-from lowrank.book.verdicts import CHECK_OUTCOMES, CLAIM_OUTCOMES
+from lowrank.book.verdicts import CHECK_OUTCOMES, CLAIM_OUTCOMES, LARGER_SCALE, UNSTABLE, stability_text
 
 __all__ = ["CLAIMS", "PARTS", "OUTCOME_STYLE", "ledger_rows", "ledger_counts", "counts_by_part", "ledger_markdown",
            "summary_html", "write_ledger"]
@@ -33,9 +33,9 @@ PARTS = {"I": "Part I: rank-two gradients", "II": "Part II: SGD and weight decay
 # badge class of each outcome (book/_ext/static/reader.css): green, red, amber, blue
 # how a count reads: "12 agree", "3 checks hold"
 LABEL = {"agrees": "agree", "disagrees": "disagree", "uninformative": "uninformative",
-         "needs paper scale": "need paper scale", "holds": "hold", "fails": "fail", "loose": "loose"}
+         LARGER_SCALE: "need a larger scale", UNSTABLE: "unstable", "holds": "hold", "fails": "fail", "loose": "loose"}
 OUTCOME_STYLE = {"agrees": "good", "holds": "good", "disagrees": "bad", "fails": "bad", "uninformative": "weak",
-                 "needs paper scale": "pending", "loose": "weak"}
+                 LARGER_SCALE: "pending", UNSTABLE: "weak", "loose": "weak"}
 
 
 def _paper_result(name: str, results_root: Path | None) -> dict | None:
@@ -83,12 +83,19 @@ def ledger_rows(executed: dict[str, Path], results_root: Path | None = None) -> 
     return rows
 
 
+def beyond_paper(row: dict) -> bool:
+    """A verdict on the book's own hypothesis (details `beyond_paper`): listed apart, never counted with
+    the papers' claims."""
+    return bool(((row.get("verdict") or {}).get("details") or {}).get("beyond_paper"))
+
+
 def ledger_counts(rows: list[dict], scale: str = "ci") -> dict[str, Counter]:
-    """`{kind: Counter(outcome)}` over the measured rows at `scale` ("ci" or "paper")."""
+    """`{kind: Counter(outcome)}` over the measured rows at `scale` ("ci" or "paper"), the papers' own
+    claims only (verdicts beyond the paper are counted by `beyond_paper`)."""
     counts: dict[str, Counter] = {"claim": Counter(), "check": Counter()}
     for r in rows:
         v = r["verdict"] if scale == "ci" else r.get("paper")
-        if v:
+        if v and not beyond_paper(r):
             counts[v["kind"]][v["outcome"]] += 1
     return counts
 
@@ -164,13 +171,58 @@ def _disagreements(rows: list[dict], base: str) -> str:
             else "<p>No claim disagrees and no check fails at ci scale.</p>")
 
 
-def summary_html(rows: list[dict], base: str) -> str:
+def _what_it_means(c: dict[str, Counter]) -> str:
+    """One sentence on what a part's ci-scale claims say about its paper."""
+    claims = c["claim"]
+    n = sum(claims.values())
+    if not n:
+        return "no claim measured yet."
+    decided = claims["agrees"] + claims["disagrees"]
+    words = [f"{claims[o]} {LABEL[o] if claims[o] != 1 else o}" for o in CLAIM_OUTCOMES if claims[o]]
+    text = f"of {n} claims, {', '.join(words)}. "
+    if decided == 0:
+        return text + "No claim is decided at ci scale: read this part as a method, and its verdicts at paper scale."
+    text += f"{decided} of {n} are decided at ci scale"
+    undecided = [f"{claims[o]} {what}" for o, what in ((LARGER_SCALE, "cannot reach their mechanism's regime here"),
+                                                       (UNSTABLE, "turn on the seed or the CPU's rounding"),
+                                                       ("uninformative", "are matched by their negative control"))
+                 if claims[o]]
+    return text + (f"; {'; '.join(undecided)}." if undecided else ".")
+
+
+def _part_sentences(rows: list[dict]) -> str:
+    per = counts_by_part(rows, "ci")
+    items = "".join(f"<li><strong>{_e(title)}</strong>: {_e(_what_it_means(per[part]))}</li>" for part, title in PARTS.items())
+    return f'<ul class="ledger-meaning">{items}</ul>'
+
+
+def _range_note(golden: dict | None) -> str:
+    """How many golden entries test the outcome alone (their tolerance covers the statistic's range)."""
+    if golden is None:
+        from lowrank.book.goldens import load
+        golden = load()
+    wide = sorted(k for block in golden.values() for k, e in block.items() if e.get("tolerance_covers_range"))
+    if not wide:
+        return ""
+    return (f'<p class="ledger-note">{len(wide)} verdict(s) vary over seeds and CPU paths across the whole range of '
+            f"their statistic, so the regression tests compare only their outcome: {_e(', '.join(wide))}.</p>")
+
+
+def summary_html(rows: list[dict], base: str, golden: dict | None = None) -> str:
     """The headline at ci scale (claims, checks, unconverted) and the disagreements, linked from `base`."""
     counts = ledger_counts(rows, "ci")
     n_claims = sum(counts["claim"].values())
+    n_beyond = sum(beyond_paper(r) for r in rows)
     return ("".join([
-        f'<p class="ledger-group-title">At ci scale: {n_claims} claims, {sum(counts["check"].values())} checks</p>',
+        f'<p class="ledger-group-title">At ci scale: {n_claims} claims, {sum(counts["check"].values())} checks'
+        + (f" (and {n_beyond} verdict(s) on the book's own hypotheses, listed apart)" if n_beyond else "") + "</p>",
         _cards(counts, "ci"),
+        '<p class="ledger-group-title">What it means for each paper, at ci scale</p>',
+        _part_sentences(rows),
+        '<p class="ledger-note"><em>unstable</em>: the outcome differs over seed offsets 0–4 or between two CPU code '
+        "paths (rounding), so no single run decides it; <em>needs a larger scale</em>: the run cannot reach the regime "
+        "the mechanism needs, computed before training.</p>",
+        _range_note(golden),
         '<p class="ledger-group-title">Claims that disagree and checks that fail</p>',
         _disagreements(rows, base)]))
 
@@ -206,7 +258,9 @@ def _row_html(r: dict, toc_files: set[str]) -> str:
     name = _e(v.get("description") or v["name"])
     link = f'<a href="{_e(verdict_url(r, "../"))}">{name}</a>' if in_book else name
     kind = v["kind"]
-    ci = f'{v["measured"]:.3g} ({badge(v["outcome"])})'
+    stab = (v.get("details") or {}).get("stability")
+    ci = (f'{v["measured"]:.3g} ({badge(v["outcome"])}'
+          + (f'<br><small>{_e(stability_text(stab["outcomes"]))}</small>' if v["outcome"] == UNSTABLE and stab else "") + ")")
     pv = r.get("paper")
     stale = (' <span class="outcome-badge outcome-none" title="the paper file changed since this run">stale</span>'
              if r.get("paper_stale") else "")
@@ -249,8 +303,13 @@ def ledger_markdown(rows: list[dict], toc_files: set[str]) -> str:
     if any(sum(c.values()) for c in paper.values()):
         lines += ["", "At paper scale:", ""] + _raw(_cards(paper, "paper"))
     lines += ["", "### By part and scale", ""] + _raw(_by_part(rows))
+    beyond = [r for r in rows if beyond_paper(r)]
+    if beyond:
+        lines += ["", "## Beyond the papers", "",
+                  "The book's own hypotheses, tested like claims but not counted with the papers' claims above.", ""]
+        lines += _raw(_part_table(beyond, toc_files))
     for part, title in PARTS.items():
-        part_rows = [r for r in rows if _part(r) == part]
+        part_rows = [r for r in rows if _part(r) == part and not beyond_paper(r)]
         pages = dict.fromkeys((r["claim"], r["notebook"]) for r in part_rows if f"notebooks/{r['notebook']}" in toc_files)
         lines += ["", f"## {title}", "",
                   "Pages: " + " · ".join(f"[{c}](../notebooks/{nb}.md)" for c, nb in pages), ""]

@@ -12,8 +12,15 @@ Two kinds, kept apart in the ledger:
   predictor, shuffled labels, the untrained network, a wrong budget, the reversed ordering), judged
   by the same threshold. Outcomes:
   `agrees` (the claim meets the threshold, no control does), `disagrees` (the claim misses it),
-  `uninformative` (the claim meets it but so does a control: not evidence) and `needs paper scale`
-  (a claim the paper makes only at its own sizes, measured at ci scale for information).
+  `uninformative` (the claim meets it but so does a control: not evidence) and `needs a larger scale`
+  (the run cannot reach the regime the mechanism needs: a `Regime` computed from the parameters before
+  training falls short, whatever the measured number).
+
+A verdict of either kind is `unstable` when its outcome at ci scale depends on the seed or on the CPU's
+rounding: `lowrank goldens measure` executes the page over seed offsets and over a second CPU code path
+and records every outcome seen; when the ci book is built, a verdict whose recorded outcomes differ
+reads "unstable (agrees in k of n)" and keeps this run's own outcome in its details
+(`LOWRANK_STABILITY_FROM` names the record; a rerun with other parameters is judged on its own).
 
 Every threshold carries its origin (a number the paper reports, an exponent it states, an effect
 size fixed in advance), never the observed value. Runs left out of a statistic (diverged, not
@@ -30,15 +37,19 @@ from __future__ import annotations
 import json
 import math
 import operator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
-__all__ = ["Threshold", "Control", "Excluded", "Verdict", "check", "claim", "trend_claim", "show", "summary", "GLUE_PREFIX",
-           "OUTCOMES", "CHECK_OUTCOMES", "CLAIM_OUTCOMES"]
+__all__ = ["Threshold", "Control", "Excluded", "Regime", "Verdict", "check", "claim", "trend_claim", "show", "summary",
+           "GLUE_PREFIX", "OUTCOMES", "CHECK_OUTCOMES", "CLAIM_OUTCOMES", "UNSTABLE", "LARGER_SCALE", "STABILITY_ENV",
+           "stability_text"]
 
 GLUE_PREFIX = "verdict."
-CHECK_OUTCOMES = ("holds", "fails", "loose")
-CLAIM_OUTCOMES = ("agrees", "disagrees", "uninformative", "needs paper scale")
-OUTCOMES = CHECK_OUTCOMES + CLAIM_OUTCOMES
+UNSTABLE = "unstable"
+LARGER_SCALE = "needs a larger scale"
+CHECK_OUTCOMES = ("holds", "fails", "loose", UNSTABLE)
+CLAIM_OUTCOMES = ("agrees", "disagrees", "uninformative", LARGER_SCALE, UNSTABLE)
+OUTCOMES = tuple(dict.fromkeys(CHECK_OUTCOMES + CLAIM_OUTCOMES))
+STABILITY_ENV = "LOWRANK_STABILITY_FROM"  # the golden file whose recorded outcomes mark unstable verdicts
 _OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 
 
@@ -109,6 +120,39 @@ class Excluded:
 
 
 @dataclass(frozen=True)
+class Regime:
+    """The quantity a claim's mechanism needs, computed from the parameters before any training.
+
+    quantity: what it is, in words (e.g. "accumulated weight decay A = sum_t mu_t lambda / (1 - beta)");
+    value: its value for this run; needed: the least value at which the mechanism acts; origin: where
+    `needed` comes from (a paper's line, a measured onset fixed in advance). A claim whose regime is not
+    reached reads "needs a larger scale", whatever it measures.
+    """
+
+    quantity: str
+    value: float
+    needed: float
+    origin: str
+
+    def __post_init__(self):
+        for attr in ("value", "needed"):
+            x = float(getattr(self, attr))
+            if not math.isfinite(x):
+                raise ValueError(f"regime {attr} must be finite, got {x}")
+            object.__setattr__(self, attr, x)
+        if not str(self.quantity).strip() or not str(self.origin).strip():
+            raise ValueError("a regime needs the quantity in words and the origin of the value it needs")
+
+    @property
+    def reached(self) -> bool:
+        return self.value >= self.needed
+
+    def text(self) -> str:
+        state = "reached" if self.reached else "NOT reached: the claim needs a larger scale"
+        return f"{self.quantity} = {self.value:.4g} (needs >= {self.needed:.4g}; {self.origin}): {state}"
+
+
+@dataclass(frozen=True)
 class Verdict:
     name: str  # identifier, e.g. "identity_residual"
     claim: str  # claims-table id (book/claims.yaml), e.g. "I-1"
@@ -176,19 +220,25 @@ def check(name, *, claim, measured, threshold: Threshold, expected, scale, contr
 
 
 def claim(name, *, claim, measured, threshold: Threshold, controls, expected, scale, excluded: Excluded | None = None,
-          paper_scale_only=False, description="", note="", details=None) -> Verdict:
+          regime: Regime | None = None, description="", note="", details=None) -> Verdict:
     """An empirical statement of a paper, judged beside its negative control(s) by the same threshold.
 
-    controls: a Control or a list of them (at least one). paper_scale_only: the paper claims it only
-    at its own sizes, so at ci scale the outcome is "needs paper scale" whatever the number. A claim
-    whose `excluded` leaves no run is "uninformative" whatever the number.
+    controls: a Control or a list of them (at least one). regime: the quantity the mechanism needs,
+    computed before training; when it is not reached the outcome is "needs a larger scale" whatever
+    the number (recorded in `details["regime"]` either way). A claim whose `excluded` leaves no run is
+    "uninformative" whatever the number.
     """
     m = _finite(name, measured)
     recorded = _controls(name, controls, threshold)
     if not recorded:
         raise ValueError(f"claim {name} needs at least one Control (a trivial predictor or null model)")
-    if paper_scale_only and scale != "paper":
-        outcome = "needs paper scale"
+    if regime is not None and not isinstance(regime, Regime):
+        raise ValueError(f"claim {name}: regime must be a Regime")
+    details = dict(details or {})
+    if regime is not None:
+        details["regime"] = {**asdict(regime), "reached": regime.reached}
+    if regime is not None and not regime.reached:
+        outcome = LARGER_SCALE
     elif excluded is not None and excluded.count == excluded.total:
         outcome = "uninformative"  # every run was left out: the number measures nothing
     elif not threshold.met(m):
@@ -198,7 +248,7 @@ def claim(name, *, claim, measured, threshold: Threshold, controls, expected, sc
     else:
         outcome = "agrees"
     v = Verdict(name, claim, "claim", m, expected, asdict(threshold), outcome, scale, recorded,
-                asdict(excluded) if excluded else None, description, note, dict(details or {}))
+                asdict(excluded) if excluded else None, description, note, details)
     return _glue(v)
 
 
@@ -206,7 +256,7 @@ _claim = claim  # trend_claim's own `claim` argument (the claim id) hides the fu
 
 
 def trend_claim(name, *, claim, scale, trend, controls, critical: float, values: str, paper: str, group: str,
-                min_train_acc: float, description="", details=None) -> Verdict:
+                min_train_acc: float, regime: Regime | None = None, description="", details=None) -> Verdict:
     """A claim that the final rank moves with a hyperparameter in the paper's direction in every
     group of runs (Part II's rank-versus-hyperparameter figures).
 
@@ -225,12 +275,52 @@ def trend_claim(name, *, claim, scale, trend, controls, critical: float, values:
                             f"paper {paper}"),
         controls=controls, expected=f"signed Spearman rho >= {critical:.3g} at every {group}",
         excluded=Excluded(trend["excluded"], trend["total"], f"diverged or train accuracy < {min_train_acc:g}"),
-        description=description, note="" if finite else f"too few runs left at every {group}: recorded as -1 (no evidence)",
-        details={"per_group": {f"{k:g}" if isinstance(k, float) else str(k): round(v, 3) for k, v in trend["per_group"].items()},
+        regime=regime, description=description,
+        note="" if finite else f"too few runs left at every {group}: recorded as -1 (no evidence)",
+        details={"statistic_range": [-1.0, 1.0], "per_group": {f"{k:g}" if isinstance(k, float) else str(k): round(v, 3) for k, v in trend["per_group"].items()},
                  **(details or {})})
 
 
+def _recorded_outcomes(name: str) -> dict | None:
+    """The outcomes `lowrank goldens measure` recorded for verdict `name` ({outcome: runs}), when the ci
+    book is being built (STABILITY_ENV names the golden file); verdict names are unique across notebooks."""
+    import os
+
+    path = os.environ.get(STABILITY_ENV)
+    if not path:
+        return None
+    import yaml
+
+    try:
+        golden = yaml.safe_load(open(path)) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise RuntimeError(f"{STABILITY_ENV}={path}: cannot read the recorded outcomes ({err})") from None
+    for block in golden.values():
+        if isinstance(block, dict) and isinstance(block.get(name), dict):
+            return block[name].get("outcomes")
+    return None
+
+
+def stability_text(outcomes: dict) -> str:
+    """"agrees in 2 of 6" (the outcome most often seen first, then the others)."""
+    n = sum(outcomes.values())
+    return ", ".join(f"{o} in {k} of {n}" for o, k in sorted(outcomes.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _with_stability(v: Verdict) -> Verdict:
+    """At ci scale, a verdict whose recorded outcomes differ over seeds and CPU paths is "unstable"."""
+    outcomes = _recorded_outcomes(v.name) if v.scale == "ci" else None
+    if not outcomes or len(outcomes) < 2:
+        return v
+    runs = sum(outcomes.values())
+    note = (f"unstable at ci scale: {stability_text(outcomes)} runs (seed offsets and CPU code paths, "
+            f"tests/golden_verdicts.yaml); this run: {v.outcome}")
+    return replace(v, outcome=UNSTABLE, note=f"{v.note}; {note}" if v.note else note,
+                   details={**v.details, "stability": {"outcomes": dict(outcomes), "runs": runs, "this_run": v.outcome}})
+
+
 def _glue(v: Verdict) -> Verdict:
+    v = _with_stability(v)
     text = _JsonText(json.dumps(v.as_dict()))  # fails now, not in the ledger, if details are not JSON-able
     try:
         from myst_nb import glue
@@ -260,6 +350,12 @@ def _cell(text) -> str:
     return str(text).replace("|", "\\|")
 
 
+def _outcome_cell(v: Verdict) -> str:
+    if v.outcome == UNSTABLE:
+        return f"**unstable** ({stability_text(v.details['stability']['outcomes'])})"
+    return v.outcome if v.agrees else f"**{v.outcome}**"
+
+
 def show(verdicts):
     """Display the verdict table that ends every notebook: claims first, then checks."""
     from IPython.display import Markdown, display
@@ -269,7 +365,7 @@ def show(verdicts):
         control = "; ".join(f"{c['name']}: {c['value']:.4g}" for c in v.controls) or "—"
         thr = v.threshold
         rows.append(f"| {v.claim} | {v.kind} | {_cell(v.description or v.name)} | {v.measured:.4g} | {_cell(control)} | "
-                    f"{_cell(v.expected)} ({_cell(thr['origin'])}) | {v.outcome if v.agrees else '**' + v.outcome + '**'} |")
+                    f"{_cell(v.expected)} ({_cell(thr['origin'])}) | {_outcome_cell(v)} |")
     notes = [f"- *{v.name}*: {v.note}" for v in verdicts if v.note]
     notes += [f"- *{v.name}*: {v.excluded['count']} of {v.excluded['total']} runs left out ({v.excluded['reason']})"
               for v in verdicts if v.excluded and v.excluded["count"]]
