@@ -17,7 +17,7 @@ from lowrank.core.validation import check_choice
 
 __all__ = ["RANK_COLUMNS", "average_rank", "final_values", "rank_tables", "rank_trend", "TrendResult",
            "accumulated_weight_decay", "per_step_decay", "experiment_grid", "regime_table", "RankExperiment",
-           "rank_experiment", "PooledTrend", "pooled_trend",
+           "rank_experiment", "PooledTrend", "pooled_trend", "batch_effect_ratio",
            "spearman_critical", "authors_layers", "RankSweep", "summarise", "rank_sweep", "rank_bound",
            "spearman_with_permutation_null", "fitting_correlation"]
 
@@ -308,7 +308,7 @@ class RankExperiment(dict):
 def rank_experiment(*, model: str, dataset: str, grid, epochs: int, eps: float, coarse_eps: float,
                     min_train_acc: float, milestones=(), lr_decay: float = 0.1, data_root=None,
                     cnn_width: float = 1.0, augment: bool = False, rotation: str = "uniform",
-                    train=True) -> RankExperiment:
+                    table: pd.DataFrame | None = None, regime_only: bool = False) -> RankExperiment:
     """Train every run of `grid` (`experiment_grid`: batch size, lr, weight decay, momentum, seed), one
     batched ensemble per batch size (seeds, learning rates, weight decays and momenta trained
     together), and return the tables the rank-versus-hyperparameter pages read.
@@ -319,7 +319,9 @@ def rank_experiment(*, model: str, dataset: str, grid, epochs: int, eps: float, 
         `coarse_column` at `coarse_eps`.
     min_train_acc : a run is `fitted` when it did not diverge and its final train accuracy is at least
         this (fixed in advance; the collapse to the zero function at large mu lambda fails it).
-    train : False returns only `regime` (the computed regime, no training).
+    table : a monitor table trained elsewhere (a sweep's `collected.csv`): read, not trained; the grid
+        is read from it (a table without the coarse-threshold ranks gets NaN there).
+    regime_only : return only `regime` and `coarse_column`, before (without) any training.
     Other arguments as `rank_sweep`.
     """
     from lowrank.core import datasets
@@ -328,16 +330,26 @@ def rank_experiment(*, model: str, dataset: str, grid, epochs: int, eps: float, 
         raise ValueError(f"eps and coarse_eps must be two different thresholds in (0, 1), got {eps}, {coarse_eps}")
     if not 0 <= min_train_acc <= 1:
         raise ValueError(f"min_train_acc must be in [0, 1], got {min_train_acc}")
+    if table is not None:
+        grid = (table.rename(columns={"lr0": "lr"}).groupby("run")[["batch_size", "lr", "weight_decay", "momentum", "seed"]]
+                .first().reset_index().to_dict("records"))
     grid = list(grid)
     root = datasets.DEFAULT_DATA_ROOT if data_root is None else data_root
     data = datasets.load(dataset, root=root) if dataset in ("mnist", "cifar10") else datasets.load(dataset)
     regime = regime_table(grid, n_train=int(data.x_train.shape[0]), epochs=epochs, milestones=milestones, lr_decay=lr_decay)
     coarse = f"avg_rank@{coarse_eps:g}"
-    if not train:
+    if regime_only:
         return RankExperiment(regime=regime, coarse_column=coarse)
-    result = rank_sweep(model=model, dataset=dataset, data_root=data_root, grid=grid, epochs=epochs, cnn_width=cnn_width,
-                        augment=augment, rotation=rotation, milestones=milestones, lr_decay=lr_decay, eps=eps,
-                        extra_eps=(coarse_eps,), loss="ce", layers=authors_layers, progress=False)
+    if table is not None:
+        result = summarise(table, layers=authors_layers)
+        regime.index = [g["run"] for g in grid]
+    else:
+        result = rank_sweep(model=model, dataset=dataset, data_root=data_root, grid=grid, epochs=epochs, cnn_width=cnn_width,
+                            augment=augment, rotation=rotation, milestones=milestones, lr_decay=lr_decay, eps=eps,
+                            extra_eps=(coarse_eps,), loss="ce", layers=authors_layers, progress=False)
+    for frame in (result["avg"], result["final"]):
+        if coarse not in frame.columns:
+            frame[coarse] = np.nan
     final = result["final"].merge(regime[["A", "per_step"]], left_on="run", right_index=True)
     final["fitted"] = ~final["run"].isin(list(result["diverged"])) & (final["train_acc"] >= min_train_acc)
     return RankExperiment(table=result["table"], avg=result["avg"], final=final, diverged=result["diverged"],
@@ -408,3 +420,25 @@ def _pearson(a: np.ndarray, centred_b: np.ndarray) -> np.ndarray | float:
     denom = np.sqrt((ac**2).sum(-1) * (centred_b**2).sum())
     r = (ac * centred_b).sum(-1) / np.where(denom > 0, denom, 1.0)
     return np.where(denom > 0, r, 0.0) if r.ndim else float(r if denom > 0 else 0.0)
+
+
+def batch_effect_ratio(final: pd.DataFrame, *, column: str = "avg_rank") -> dict:
+    """The "little batch-size effect without weight decay" statistic: over the `fitted` runs, the mean
+    of `column` per weight decay and batch size (over seeds), its range over the batch sizes per weight
+    decay, and `ratio` = the range at weight decay 0 over the largest range at weight decay > 0;
+    `control_ratio` puts the smallest positive weight decay in place of 0. A weight decay without a
+    fitted run at every batch size gives no range. Needs weight decay 0 and a positive one."""
+    for c in ("weight_decay", "batch_size", "fitted", column):
+        if c not in final.columns:
+            raise ValueError(f"final has no column {c!r}")
+    n_batch = final["batch_size"].nunique()
+    means = final[final["fitted"].astype(bool)].groupby(["weight_decay", "batch_size"])[column].mean()
+    spread = means.groupby(level="weight_decay").agg(lambda r: r.max() - r.min() if len(r) == n_batch else np.nan)
+    positive = spread[spread.index > 0].dropna()
+    if 0.0 not in spread.index or not np.isfinite(spread.get(0.0, np.nan)) or positive.empty:
+        raise ValueError("batch_effect_ratio needs fitted runs at weight decay 0 and at a positive one, at every batch size")
+    largest = float(positive.max())
+    ratio = float(spread[0.0]) / largest if largest > 0 else float("nan")
+    control = float(positive.iloc[0]) / largest if largest > 0 else float("nan")
+    return {"ratio": ratio, "control_ratio": control, "range_at_zero": float(spread[0.0]), "largest_range": largest,
+            "smallest_positive": float(positive.index[0])}
