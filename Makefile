@@ -31,11 +31,12 @@ browser:
 	  exit 1; }
 
 # nbval: a fresh kernel re-runs each executed notebook and must print the same rounded verdict
-# summary (cells tagged nbval-check-output). It executes every notebook a second time, so it is a
-# reader's reproduction check, not part of `make test` (a unit test checks bit-identical reruns).
+# summary (cells tagged nbval-check-output), two notebooks at a time (pytest-xdist, one worker per notebook file). It executes every
+# notebook a second time, so it is a reader's reproduction check, not part of `make test` (a unit test
+# checks bit-identical reruns).
 reproduce: book
 	OMP_NUM_THREADS=1 LOWRANK_STABILITY_FROM=$(CURDIR)/tests/golden_verdicts.yaml LOWRANK_FIGURE_DIR=$(CURDIR)/_build/nbval-figures \
-		$(VENV)/bin/python -m pytest -p no:cacheprovider \
+		$(VENV)/bin/python -m pytest -p no:cacheprovider -n 2 --dist loadfile \
 		--nbval-lax --nbval-current-env -o testpaths= $$($(VENV)/bin/python -m lowrank.book.build --list-executed)
 
 # The verdicts of the built notebooks that differ from tests/golden_verdicts.yaml (also within tolerance).

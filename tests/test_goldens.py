@@ -49,7 +49,7 @@ def test_entries_follow_the_stated_rule():
     assert e["value"] == 0.5 and e["outcome"] == "agrees" and e["outcomes"] == {"agrees": 3}
     assert e["abs"] == pytest.approx(1.5 * 0.15)  # the range over every run, times 1.5
     assert e["control"] == {"value": 0.1, "abs": pytest.approx(0.15)}
-    assert "3 runs: 0.45 to 0.6" in e["spread"] and "seed offset 2" in e["measured"]
+    assert "3 runs: 0.45 to 0.6" in e["spread"] and e["measured"].endswith("3 runs")
     exact = goldens.entries_from_runs({"s0": {"b": _record("b", 1.0)}, "s1": {"b": _record("b", 1.0)}}, "x")["b"]
     assert exact["abs"] == goldens.FLOOR and "control" not in exact
 
@@ -61,6 +61,7 @@ def test_an_entry_whose_outcome_differs_over_runs_is_unstable_and_wide_tolerance
     e = goldens.entries_from_runs(runs, "x")["s"]
     assert e["outcome"] == "unstable" and e["outcomes"] == {"agrees": 1, "disagrees": 2}
     assert e["tolerance_covers_range"] is True  # 1.5 x 1.28 on each side covers [-1, 1]
+    assert e["measured"].endswith("3 runs (offset 0 also on CPU paths default)")
     # the golden rule then compares the outcome alone; a stable entry's outcome must match exactly
     assert goldens.entry_mismatch({**spearman(-0.99, "unstable")}, e) == ""
     assert "outcome agrees, golden unstable" in goldens.entry_mismatch(spearman(0.88, "agrees"), e)

@@ -147,14 +147,17 @@ def entries_from_runs(runs: dict[str, dict], commit: str) -> dict:
             cvals = [r["controls"][0]["value"] for r in records]
             entry["control"] = {"value": _short(cvals[0]), "abs": _short(_tolerance(cvals))}
         entry["spread"] = f"{len(records)} runs: {min(values):.4g} to {max(values):.4g}"
-        entry["measured"] = f"{commit}, {dt.date.today().isoformat()}, {'; '.join(labels)}"
+        others = ", ".join(label.split("=")[-1] for label in labels if CPU_PATH_ENV in label)
+        entry["measured"] = (f"{commit}, {dt.date.today().isoformat()}, {len(labels)} runs"
+                             + (f" (offset 0 also on CPU paths {others})" if others else ""))
         out[key] = entry
     return out
 
 
 def recorded_outcomes(name: str, golden: dict | None = None) -> dict:
     """`{verdict: outcomes}` of notebook `name`'s block: what the ci build's verdicts depend on."""
-    golden = load() if golden is None else golden
+    if golden is None:
+        golden = load() if GOLDEN.is_file() else {}  # a book without goldens (a probe book) records none
     return {k: e.get("outcomes") for k, e in sorted((golden.get(name) or {}).items()) if isinstance(e, dict)}
 
 
