@@ -98,24 +98,31 @@ def test_rank_bound_is_the_papers_formula_and_k_choice():
 
 
 def test_moving_table_separates_levelling_off_from_falling():
-    """d = exp(a e): lambda = 0 falls at a = -0.2; one run levels off (a = 0), one falls as fast as
-    lambda = 0 with a larger d (not moving, whatever its size), one collapses."""
+    """d = exp(a e) over epochs 0..20, window of 8 epochs (7 epochs apart): ce's lambda = 0 run falls at
+    a = -0.2 (by e^1.4 = 4.1 > 2: settled), one run levels off (a = 0: moving), one falls as fast
+    with a larger d (settled, whatever its size), one collapses; mse's lambda = 0 run levels off and
+    so counts as moving by the same criterion (the control is not 0 by construction)."""
     from lowrank.sgd import noise
 
     rows = []
-    for run, (wd, a, scale, norm_end) in enumerate([(0.0, -0.2, 1.0, 1.0), (0.1, 0.0, 1.0, 0.5),
-                                                      (0.2, -0.2, 50.0, 0.5), (0.3, -0.5, 1.0, 1e-4)]):
+    for run, (loss, wd, a, scale, norm_end) in enumerate([("ce", 0.0, -0.2, 1.0, 1.0), ("ce", 0.1, 0.0, 1.0, 0.5),
+                                                            ("ce", 0.2, -0.2, 50.0, 0.5), ("ce", 0.3, -0.5, 1.0, 1e-4),
+                                                            ("mse", 0.0, -0.05, 1.0, 1.0), ("mse", 0.1, 0.0, 1.0, 0.5)]):
         for e in range(0, 21):
-            rows.append({"run": run, "epoch": e, "loss": "ce", "weight_decay": wd, "dist": scale * np.exp(a * e),
+            rows.append({"run": run, "epoch": e, "loss": loss, "weight_decay": wd, "dist": scale * np.exp(a * e),
                          "weight_norm": 1.0 + (norm_end - 1.0) * e / 20})
-    t = noise.moving_table(pd.DataFrame(rows), trend_epochs=8, collapse_tol=1e-2, moving_fraction=0.5)
-    assert t["log_d_slope"].round(6).tolist() == [-0.2, 0.0, -0.2, -0.5]
-    assert t["moving"].tolist() == [False, True, False, False]
-    assert t["collapsed"].tolist() == [False, False, False, True]
+    t = noise.moving_table(pd.DataFrame(rows), trend_epochs=8, collapse_tol=1e-2, settle_factor=2.0)
+    assert t["log_d_slope"].round(6).tolist() == [-0.2, 0.0, -0.2, -0.5, -0.05, 0.0]
+    assert t["d_fall"].tolist() == pytest.approx(np.exp([1.4, 0.0, 1.4, 3.5, 0.35, 0.0]))
+    assert t["moving"].tolist() == [False, True, False, False, True, True]
+    assert t["collapsed"].tolist() == [False, False, False, True, False, False]
     assert t["d_over_zero"].iloc[2] == pytest.approx(50.0)
+    assert noise.collapse_or_moving_share(t) == (pytest.approx(3 / 4), pytest.approx(1 / 2))
     assert noise.log_slope([0, 1, 2], [1.0, np.e, np.e**2]) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="trend_epochs"):
-        noise.moving_table(pd.DataFrame(rows), trend_epochs=1, collapse_tol=1e-2, moving_fraction=0.5)
+        noise.moving_table(pd.DataFrame(rows), trend_epochs=1, collapse_tol=1e-2, settle_factor=2.0)
+    with pytest.raises(ValueError, match="settle_factor"):
+        noise.moving_table(pd.DataFrame(rows), trend_epochs=8, collapse_tol=1e-2, settle_factor=1.0)
 
 
 def test_spearman_permutation_null():
