@@ -345,3 +345,72 @@ def test_rank_one_statistics_against_svd():
     assert row["S1_over_G"] == pytest.approx(float(torch.linalg.svdvals(dec.S1)[0] / sv[0]), rel=1e-10)
     assert row["norm_S12_S2"] == pytest.approx(float(torch.linalg.svdvals(dec.S12 + dec.S2)[0]), rel=1e-10)
     assert 0 <= row["align_u1_q"] <= 1 and row["mu_median"] == pytest.approx(float(dec.mu.median()))
+
+
+def test_random_alignment_quantile_against_monte_carlo():
+    rng = np.random.default_rng(0)
+    d = 50
+    v = rng.standard_normal((200_000, d))
+    cos = np.abs(v[:, 0]) / np.linalg.norm(v, axis=1)  # |cos| with the first basis vector
+    assert gd.random_alignment_quantile(d, 0.95) == pytest.approx(np.quantile(cos, 0.95), rel=0.01)
+    assert gd.random_alignment_quantile(d, 0.5) == pytest.approx(np.quantile(cos, 0.5), rel=0.01)
+    assert gd.random_alignment_quantile(10_000, 0.95) == pytest.approx(1.96 / 100, rel=0.01)
+    with pytest.raises(ValueError, match="d must be"):
+        gd.random_alignment_quantile(1)
+    with pytest.raises(ValueError, match="level"):
+        gd.random_alignment_quantile(10, 1.0)
+
+
+def test_one_switch_from_residue():
+    assert gd.one_switch_from_residue([-0.5, -0.1, 0.2, 0.9]) == 1.0
+    assert gd.one_switch_from_residue([0.5, -0.1, 0.2]) == 0.0  # starts on q
+    assert gd.one_switch_from_residue([-0.5, 0.1, -0.2, 0.3]) == 0.0  # three changes of side
+    assert gd.one_switch_from_residue([-0.5, -0.4, -0.3]) == 0.0  # never switches
+    assert gd.one_switch_from_residue([-0.5, 0.0]) == 1.0  # zero counts as the q side
+    with pytest.raises(ValueError, match="at least two"):
+        gd.one_switch_from_residue([-0.5])
+
+
+def test_initial_lead_matches_an_explicit_svd():
+    data, omega, y, W, a = gd.single_index_draw(30, 20, 25, nu=0.5, seed=3)
+    gamma = 1 / 25
+    lead = gd.initial_lead(data.X, y, W, a, activation="tanh", gamma=gamma, X_B=data.X_B, q=data.q)
+    # independently: autograd gradient of the MSE loss, full SVD
+    V = W.clone().requires_grad_(True)
+    f = gamma * torch.tanh(data.X @ V.T) @ a
+    (0.5 * ((f - y) ** 2).mean()).backward()
+    U = torch.linalg.svd(V.grad.T, full_matrices=False)[0]
+    r = (f - y).detach()
+    res = data.X_B.T @ r
+    expected = abs(float(U[:, 0] @ data.q)) / float(data.q.norm()) - abs(float(U[:, 0] @ res)) / float(res.norm())
+    assert lead == pytest.approx(expected, abs=1e-10)
+
+
+def test_margin_over_rest():
+    assert gd.margin_over_rest({"relu": 0.0, "elu": -0.2, "silu": -0.1}, "relu", ["relu", "elu", "silu"]) == pytest.approx(0.1)
+    assert gd.margin_over_rest({"relu": 0.0, "elu": -0.2}, "elu", ["relu", "elu"]) == pytest.approx(-0.2)
+    with pytest.raises(ValueError, match="at least one"):
+        gd.margin_over_rest({"relu": 0.0}, "relu", ["relu"])
+
+
+def test_exponent_fits_recover_planted_power_laws():
+    import pandas as pd
+
+    ns = np.array([50, 100, 200, 400, 800] * 2, dtype=float)
+    nu, shift = 0.25, 0.0
+    beta = 0.8
+    table = pd.DataFrame({"nu": nu, "activation": "tanh", "n": ns, "r_rms": 2.0,
+                          "residue_alignment": 3 * ns ** (-beta / 2),
+                          "norm_S1": 2.0 * 5 * ns ** 0.0, "norm_S12": 2.0 * ns ** (nu - beta / 2),
+                          "norm_S2": 2.0 * ns ** 0.1, "norm_E": 2.0 * 7 * ns ** -0.4})
+    fits = gd.exponent_fits(table, shift=shift).set_index("term")
+    assert fits.loc["S1", "fitted"] == pytest.approx(0.0, abs=1e-12)
+    assert fits.loc["S12", "fitted"] == pytest.approx(nu - beta / 2)
+    assert fits.loc["S12", "predicted"] == pytest.approx(nu - beta / 2)  # beta recovered from residue_alignment
+    assert fits.loc["S2", "predicted"] == pytest.approx(nu) and fits.loc["S2", "fitted"] == pytest.approx(0.1)
+    assert fits.loc["E", "fitted"] == pytest.approx(-0.4) and np.isnan(fits.loc["E", "predicted"])
+    assert fits.loc["r", "fitted"] == pytest.approx(0.0, abs=1e-12)
+    mf = gd.exponent_fits(table, shift=-0.5).set_index("term")
+    assert mf.loc["S1", "predicted"] == -0.5
+    with pytest.raises(ValueError, match="no column"):
+        gd.exponent_fits(table.drop(columns="norm_E"), shift=0.0)

@@ -247,3 +247,45 @@ def test_spike_shares_on_hand_counted_configurations():
     assert decomposition.spikes_gone_share(rows, threshold=0.5) == 0.25
     with pytest.raises(ValueError, match="no column"):
         decomposition.spikes_kept_share(rows.drop(columns="q_0"), threshold=0.5)
+
+
+def test_jacobian_balance_lambda_equalises_the_spike_and_the_gradient():
+    p = decomposition.spiked_problem(40, 30, 35, alpha=0.0, nu=0.375, activation="sigmoid", seed=4)
+    dec = decomposition.decompose_problem(p)
+    lam_x = decomposition.jacobian_balance_lambda(dec.G, decomposition.jacobian_penalty_problem(p, 1.0))
+    # independently: S3 formed at lambda_x by the penalty itself, its norm by a full SVD
+    S3 = decomposition.jacobian_penalty_problem(p, lam_x).S3
+    assert float(torch.linalg.svdvals(S3)[0]) == pytest.approx(float(torch.linalg.svdvals(dec.G)[0]), rel=1e-10)
+    relu = decomposition.spiked_problem(40, 30, 35, alpha=0.0, nu=0.375, activation="relu", seed=4)
+    with pytest.raises(ValueError, match="no balance point"):
+        decomposition.jacobian_balance_lambda(dec.G, decomposition.jacobian_penalty_problem(relu, 1.0))
+
+
+def test_misalignment_closed():
+    assert decomposition.misalignment_closed(0.8, 0.9) == pytest.approx(0.5)  # 0.1 of the remaining 0.2
+    assert decomposition.misalignment_closed(0.0, 1.0) == pytest.approx(1.0)
+    assert decomposition.misalignment_closed(0.5, 0.25) == pytest.approx(-0.5)
+    np.testing.assert_allclose(decomposition.misalignment_closed(np.array([0.2, 0.6]), np.array([0.6, 0.6])), [0.5, 0.0])
+    with pytest.raises(ValueError, match="below 1"):
+        decomposition.misalignment_closed(1.0, 1.0)
+    with pytest.raises(ValueError, match="before must hold"):
+        decomposition.misalignment_closed(-0.1, 0.5)
+
+
+def test_jacobian_balance_alignments_by_hand():
+    p = decomposition.spiked_problem(40, 30, 35, alpha=0.0, nu=0.375, activation="sigmoid", seed=5)
+    dec = decomposition.decompose_problem(p)
+    unit = decomposition.jacobian_penalty_problem(p, 1.0)
+    x = p.data.X_B.T @ dec.r
+    out = decomposition.jacobian_balance_alignments(dec.G, unit, x, p.data.q)
+    lam_x = out["lam_x"]
+    # independently: the penalty recomputed at lambda_x, u1 from a full SVD
+    at = decomposition.jacobian_penalty_problem(p, lam_x)
+
+    def align_q(M):
+        u1 = torch.linalg.svd(M, full_matrices=False)[0][:, 0]
+        return abs(float(u1 @ p.data.q)) / float(p.data.q.norm())
+
+    assert out["align_q_0"] == pytest.approx(align_q(dec.G), abs=1e-9)
+    assert out["align_q_with_S3"] == pytest.approx(align_q(dec.G + at.G_reg), abs=1e-9)
+    assert out["align_q_without_S3"] == pytest.approx(align_q(dec.G + at.E2), abs=1e-9)

@@ -602,6 +602,58 @@ def jacobian_penalty_problem(p: SpikedProblem, lam: float) -> JacobianPenaltyGra
                                      gamma=p.gamma, lam=lam)
 
 
+def jacobian_balance_lambda(G, penalty_at_one: JacobianPenaltyGradient) -> float:
+    """The penalty strength at which the penalty's data spike is as large as the unregularised gradient.
+
+    Parameters
+    ----------
+    G : d x m, the unregularised gradient G(0). penalty_at_one : the Jacobian penalty's gradient at
+    lambda = 1 (`jacobian_penalty_problem(p, 1.0)`, with its S3 factors).
+
+    Returns
+    -------
+    `lambda_x = ||G(0)||_2 / ||S3(1)||_2`. S3 is linear in lambda (Prop. 4.3), so at lambda_x
+    `||lambda S3(1)||_2 = ||G(0)||_2`: neither the penalty's spike nor the loss's gradient outweighs the
+    other by construction, which is where the penalty's effect on G's leading direction is a question
+    (at lambda >> lambda_x, `G ~ lambda G_reg` and its direction is G_reg's own).
+    """
+    G = as_tensor(G, "G", min_ndim=2)
+    s3 = penalty_at_one.norm_S3()
+    if not s3 > 0:
+        raise ValueError("penalty_at_one has ||S3||_2 = 0 (sigma'' = 0, e.g. ReLU): no balance point")
+    return float(torch.linalg.matrix_norm(G, ord=2)) / s3
+
+
+def jacobian_balance_alignments(G, penalty_at_one: JacobianPenaltyGradient, residue_direction, q) -> dict:
+    """|cos(u1, q)| of G(0), of G(0) + lambda_x G_reg and of G(0) + lambda_x E2 (the penalty without its
+    spike S3), at the balance point `lambda_x = jacobian_balance_lambda(G, penalty_at_one)`.
+
+    Returns a dict with `lam_x`, `align_q_0`, `align_q_with_S3`, `align_q_without_S3` (`dominant_spike`'s
+    `align_q` of each matrix; `residue_direction` is `X_B^T r`).
+    """
+    lam_x = jacobian_balance_lambda(G, penalty_at_one)
+    aligns = [dominant_spike(M, residue_direction, q).align_q
+              for M in (G, G + lam_x * penalty_at_one.G_reg, G + lam_x * penalty_at_one.E2)]
+    return {"lam_x": lam_x, **dict(zip(("align_q_0", "align_q_with_S3", "align_q_without_S3"), aligns))}
+
+
+def misalignment_closed(before, after):
+    """Share of a misalignment removed: `(after - before) / (1 - before)` for alignments `|cos|` in [0, 1].
+
+    1 means `after` is perfectly aligned, 0 no change, negative a loss of alignment. Arrays work
+    elementwise; a `before` of 1 (nothing to close) raises.
+    """
+    b = np.asarray(before, dtype=float)
+    a = np.asarray(after, dtype=float)
+    for name, x in (("before", b), ("after", a)):
+        if not np.all(np.isfinite(x)) or np.any(x < 0) or np.any(x > 1 + 1e-12):
+            raise ValueError(f"{name} must hold alignments in [0, 1], got {x}")
+    if np.any(b >= 1):
+        raise ValueError("before must be below 1: a perfect alignment leaves nothing to close")
+    out = (a - b) / (1 - b)
+    return float(out) if out.ndim == 0 else out
+
+
 # --------------------------------------------------------------------------------------------
 # Residue alignment (Assumption 6), spectrum estimates for real data
 # --------------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from lowrank.core.spectral import alignment, principal_angles, top_singular, top
 __all__ = [
     "SlopeFit",
     "loglog_slope",
+    "exponent_fits",
     "term_norms",
     "rank_one_statistics",
     "sigma_perp",
@@ -48,6 +49,10 @@ __all__ = [
     "initial_alignments",
     "single_index_draw",
     "direction_switch",
+    "initial_lead",
+    "one_switch_from_residue",
+    "random_alignment_quantile",
+    "margin_over_rest",
 ]
 
 
@@ -90,6 +95,46 @@ def loglog_slope(x, y) -> SlopeFit:
     else:
         stderr = float("nan")
     return SlopeFit(float(slope), float(intercept), stderr, int(k))
+
+
+def exponent_fits(table, *, shift: float):
+    """Prop. 4.1's fitted and predicted exponents of n, per (nu, activation) group of a size sweep.
+
+    Parameters
+    ----------
+    table : a DataFrame with one row per (size, repeat) and columns `nu`, `activation`, `n`,
+        `residue_alignment`, `r_rms` and `norm_S1`, `norm_S12`, `norm_S2`, `norm_E` (`term_norms`).
+    shift : the exponent of `sqrt(m) gamma_m` in n (0 under NTK, -1/2 under MF with m proportional to n).
+
+    Returns
+    -------
+    DataFrame, one row per (nu, activation, term) with term in S1, S12, S2, E, r: the fitted exponent
+    (`loglog_slope` of the norm per unit residue `norm / r_rms`, or of `r_rms` itself for "r"), its
+    standard error, Prop. 4.1's prediction (`shift`, `shift + nu - beta/2`, `shift + nu`, NaN for E, 0
+    for r), beta fitted as -2 times the slope of `residue_alignment` (Assumption 6) and its standard
+    error, the median single-run beta_hat where a `beta_hat` column exists, and the fit's intercept.
+    """
+    import pandas as pd
+
+    needed = ["nu", "activation", "n", "residue_alignment", "r_rms", "norm_S1", "norm_S12", "norm_S2", "norm_E"]
+    missing = [c for c in needed if c not in table]
+    if missing:
+        raise ValueError(f"table has no column(s) {missing}")
+    fits = []
+    for (nu, act), grp in table.groupby(["nu", "activation"]):
+        beta_fit = loglog_slope(grp["n"], grp["residue_alignment"])
+        beta = -2 * beta_fit.slope
+        pred = {"S1": shift, "S12": shift + nu - beta / 2, "S2": shift + nu, "E": np.nan, "r": 0.0}
+        for term in ["S1", "S12", "S2", "E", "r"]:
+            # per unit residue: Prop. 4.1 is conditional on ||r|| = O(sqrt n), and the draw-to-draw scatter
+            # of ||r|| / sqrt(n) (the network's random output at init) would otherwise enter every fit
+            yv = grp["r_rms"] if term == "r" else grp[f"norm_{term}"] / grp["r_rms"]
+            fit = loglog_slope(grp["n"], yv)
+            fits.append({"nu": nu, "activation": act, "term": term, "fitted": fit.slope, "stderr": fit.stderr,
+                         "predicted": pred[term], "beta_fit": beta, "beta_stderr": beta_fit.stderr,
+                         "beta_hat_median": float(grp["beta_hat"].median()) if "beta_hat" in grp else np.nan,
+                         "intercept": fit.intercept})
+    return pd.DataFrame(fits)
 
 
 def term_norms(dec: Decomposition, *, data=None) -> dict:
@@ -497,6 +542,55 @@ def initial_alignments(n: int, d: int, m: int, *, scaling: str, activation: str 
     return {"align_Xy": alignment(u1, X.T @ y), "align_Xr": alignment(u1, X.T @ r),
             "align_omega": alignment(u1, omega), "s1_over_s2": float(s[0] / s[1]),
             "r_y_corr": float(torch.nn.functional.cosine_similarity(r, -y, dim=0))}
+
+
+def initial_lead(X, y, W, a, *, activation: str, gamma: float, X_B, q, loss: str = "mse") -> float:
+    """`|cos(u1, q)| - |cos(u1, X_B^T r)|` for the initial gradient on inputs `X` (> 0: u1 nearer the spike).
+
+    X : n x d inputs the network sees (with the spike, or `X_B` alone for a spike-free control). X_B :
+    the bulk part, which defines the residue direction `X_B^T r`. q : (d,) spike direction. The rest as
+    in `gradient_matrix`.
+    """
+    G, r = gradient_matrix(X, W, a, y, activation=activation, gamma=gamma, loss=loss)
+    X_B = as_tensor(X_B, "X_B", min_ndim=2)
+    u1 = top_singular(G, 1)[0][:, 0]
+    return alignment(u1, as_tensor(q, "q", min_ndim=1)) - alignment(u1, X_B.T @ r)
+
+
+def one_switch_from_residue(leads) -> float:
+    """1.0 if the sequence of leads (ordered by spike size; lead = align_q - align_residue) changes sign
+    exactly once and starts on the residue side (first lead < 0), else 0.0 (Theorems 3.1-3.2: residue
+    for small spikes, q for large ones). A lead of exactly 0 counts as the q side."""
+    signs = np.sign(np.asarray(leads, dtype=float))
+    if signs.size < 2 or not np.all(np.isfinite(signs)):
+        raise ValueError(f"leads must hold at least two finite values, got {leads}")
+    signs[signs == 0] = 1
+    return float(int((signs[1:] != signs[:-1]).sum()) == 1 and signs[0] < 0)
+
+
+def random_alignment_quantile(d: int, level: float = 0.95) -> float:
+    """The `level` quantile of `|cos(u, v)|` for `v` uniform on the unit sphere of R^d and any fixed `u`.
+
+    `cos^2` is Beta(1/2, (d-1)/2) distributed, so the quantile is `sqrt(Beta.ppf(level))`; about
+    `1.96 / sqrt(d)` for large d at level 0.95. An alignment above it is more than an unrelated direction
+    reaches with probability `1 - level`.
+    """
+    from scipy.stats import beta
+
+    if not isinstance(d, (int, np.integer)) or d < 2:
+        raise ValueError(f"d must be an integer >= 2, got {d!r}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    return float(np.sqrt(beta.ppf(level, 0.5, (d - 1) / 2)))
+
+
+def margin_over_rest(values: Mapping, target, others) -> float:
+    """`values[target] - max(values[o] for o in others if o != target)`: how far one entry exceeds the
+    largest of the others (e.g. ReLU's exponent over the smooth activations')."""
+    rest = [float(values[o]) for o in others if o != target]
+    if not rest:
+        raise ValueError("others must name at least one entry besides target")
+    return float(values[target]) - max(rest)
 
 
 def direction_switch(trace, *, source: str = "align_residue", target: str = "align_q", late_from: int | None = None,
