@@ -98,24 +98,31 @@ def test_rank_bound_is_the_papers_formula_and_k_choice():
 
 
 def test_moving_table_separates_levelling_off_from_falling():
-    """d = exp(a e): lambda = 0 falls at a = -0.2; one run levels off (a = 0), one falls as fast as
-    lambda = 0 with a larger d (not moving, whatever its size), one collapses."""
+    """d = exp(a e) over epochs 0..20, window of 8 epochs (7 epochs apart): ce's lambda = 0 run falls at
+    a = -0.2 (by e^1.4 = 4.1 > 2: settled), one run levels off (a = 0: moving), one falls as fast
+    with a larger d (settled, whatever its size), one collapses; mse's lambda = 0 run levels off and
+    so counts as moving by the same criterion (the control is not 0 by construction)."""
     from lowrank.sgd import noise
 
     rows = []
-    for run, (wd, a, scale, norm_end) in enumerate([(0.0, -0.2, 1.0, 1.0), (0.1, 0.0, 1.0, 0.5),
-                                                      (0.2, -0.2, 50.0, 0.5), (0.3, -0.5, 1.0, 1e-4)]):
+    for run, (loss, wd, a, scale, norm_end) in enumerate([("ce", 0.0, -0.2, 1.0, 1.0), ("ce", 0.1, 0.0, 1.0, 0.5),
+                                                            ("ce", 0.2, -0.2, 50.0, 0.5), ("ce", 0.3, -0.5, 1.0, 1e-4),
+                                                            ("mse", 0.0, -0.05, 1.0, 1.0), ("mse", 0.1, 0.0, 1.0, 0.5)]):
         for e in range(0, 21):
-            rows.append({"run": run, "epoch": e, "loss": "ce", "weight_decay": wd, "dist": scale * np.exp(a * e),
+            rows.append({"run": run, "epoch": e, "loss": loss, "weight_decay": wd, "dist": scale * np.exp(a * e),
                          "weight_norm": 1.0 + (norm_end - 1.0) * e / 20})
-    t = noise.moving_table(pd.DataFrame(rows), trend_epochs=8, collapse_tol=1e-2, moving_fraction=0.5)
-    assert t["log_d_slope"].round(6).tolist() == [-0.2, 0.0, -0.2, -0.5]
-    assert t["moving"].tolist() == [False, True, False, False]
-    assert t["collapsed"].tolist() == [False, False, False, True]
+    t = noise.moving_table(pd.DataFrame(rows), trend_epochs=8, collapse_tol=1e-2, settle_factor=2.0)
+    assert t["log_d_slope"].round(6).tolist() == [-0.2, 0.0, -0.2, -0.5, -0.05, 0.0]
+    assert t["d_fall"].tolist() == pytest.approx(np.exp([1.4, 0.0, 1.4, 3.5, 0.35, 0.0]))
+    assert t["moving"].tolist() == [False, True, False, False, True, True]
+    assert t["collapsed"].tolist() == [False, False, False, True, False, False]
     assert t["d_over_zero"].iloc[2] == pytest.approx(50.0)
+    assert noise.collapse_or_moving_share(t) == (pytest.approx(3 / 4), pytest.approx(1 / 2))
     assert noise.log_slope([0, 1, 2], [1.0, np.e, np.e**2]) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="trend_epochs"):
-        noise.moving_table(pd.DataFrame(rows), trend_epochs=1, collapse_tol=1e-2, moving_fraction=0.5)
+        noise.moving_table(pd.DataFrame(rows), trend_epochs=1, collapse_tol=1e-2, settle_factor=2.0)
+    with pytest.raises(ValueError, match="settle_factor"):
+        noise.moving_table(pd.DataFrame(rows), trend_epochs=8, collapse_tol=1e-2, settle_factor=1.0)
 
 
 def test_spearman_permutation_null():
@@ -156,3 +163,159 @@ def test_collapse_or_moving_share_counts_by_hand():
         noise.collapse_or_moving_share(m[m["weight_decay"] > 0])
     with pytest.raises(ValueError, match="moving"):
         noise.collapse_or_moving_share(m.drop(columns="moving"))
+
+
+# --- the shared rank experiment: regime, pooled trend, batch-size effect
+
+
+def test_accumulated_weight_decay_is_the_sum_over_steps_and_the_papers_cifar_value():
+    # by a loop over every step of the schedule
+    lr, wd, beta, B, n, epochs, milestones = 0.1, 5e-3, 0.9, 16, 1437, 30, (10, 20)
+    total = 0.0
+    for epoch in range(1, epochs + 1):
+        mu = lr * 0.1 ** sum(epoch > m for m in milestones)
+        for _ in range(n // B):
+            total += mu * wd / (1 - beta)
+    got = ranks.accumulated_weight_decay(lr=lr, weight_decay=wd, momentum=beta, batch_size=B, n_train=n, epochs=epochs,
+                                         milestones=milestones)
+    assert got == pytest.approx(total, rel=1e-12)
+    # the paper's CIFAR-10 runs (l.547): 390 steps per epoch at B = 128, 500 epochs, x0.1 at 60, 100, 200
+    paper = ranks.accumulated_weight_decay(lr=0.1, weight_decay=5e-4, momentum=0.9, batch_size=128, n_train=50_000,
+                                           epochs=500, milestones=(60, 100, 200))
+    assert paper == pytest.approx(390 * (60 * 0.1 + 40 * 0.01 + 100 * 1e-3 + 300 * 1e-4) * 5e-4 / 0.1)
+    assert 12 < paper < 14
+    assert ranks.per_step_decay(lr=0.1, weight_decay=5e-3, momentum=0.9) == pytest.approx(5e-3)
+    with pytest.raises(ValueError, match="momentum"):
+        ranks.per_step_decay(lr=0.1, weight_decay=5e-3, momentum=1.0)
+    with pytest.raises(ValueError, match="batch_size"):
+        ranks.accumulated_weight_decay(lr=0.1, weight_decay=1e-3, momentum=0, batch_size=0, n_train=10, epochs=1)
+
+
+def test_accumulated_weight_decay_is_the_log_shrink_of_heavy_ball_decay_alone():
+    """With no gradient, SGD with momentum and coupled decay shrinks a weight by about exp(-A)."""
+    lr, wd, beta, steps = 0.05, 1e-3, 0.9, 4000
+    w, buf = 1.0, 0.0
+    for _ in range(steps):
+        buf = beta * buf + wd * w
+        w -= lr * buf
+    A = ranks.accumulated_weight_decay(lr=lr, weight_decay=wd, momentum=beta, batch_size=1, n_train=steps, epochs=1)
+    assert A == pytest.approx(2.0)
+    assert -np.log(w) == pytest.approx(A, rel=0.02)
+
+
+def test_experiment_grid_and_regime_table():
+    grid = ranks.experiment_grid(batch_sizes=[16, 32], lrs=[0.1], weight_decays=[0.0, 1e-3], momenta=[0.9], seeds=[0, 1, 2])
+    assert len(grid) == 12 and grid[0] == {"batch_size": 16, "lr": 0.1, "weight_decay": 0.0, "momentum": 0.9, "seed": 0}
+    reg = ranks.regime_table(grid, n_train=320, epochs=2)
+    assert reg.loc[reg.weight_decay == 0, "A"].eq(0).all()
+    one = reg[(reg.batch_size == 32) & (reg.weight_decay > 0)].iloc[0]
+    assert one["A"] == pytest.approx(10 * 2 * 0.1 * 1e-3 / 0.1) and one["per_step"] == pytest.approx(1e-3)
+    with pytest.raises(ValueError, match="seed"):
+        ranks.experiment_grid(batch_sizes=[16], lrs=[0.1], weight_decays=[0.0], momenta=[0.0], seeds=[])
+
+
+def _slices(values, x=(1, 2, 4, 8, 16), fitted=None):
+    rows = [{"x": xv, "s": s, "rank": v, "fitted": True} for s, vals in enumerate(values) for xv, v in zip(x, vals)]
+    out = pd.DataFrame(rows)
+    if fitted is not None:
+        out["fitted"] = fitted
+    return out
+
+
+def test_pooled_trend_is_the_mean_of_scipys_per_slice_spearman():
+    from scipy.stats import spearmanr
+
+    rng = np.random.default_rng(1)
+    values = rng.normal(size=(4, 5)).round(1)
+    values[2] = 7.0  # a slice where every run has the same rank: rho 0
+    final = _slices(values)
+    got = ranks.pooled_trend(final, "x", column="rank", slices="s", sign=-1, permutations=200)
+    expected = [-spearmanr([1, 2, 4, 8, 16], v).statistic if np.unique(v).size > 1 else 0.0 for v in values]
+    assert got["statistic"] == pytest.approx(np.mean(expected))
+    assert got["per_slice"]["rho"].tolist() == pytest.approx(expected)
+    assert got["slices"] == 4 and got["excluded"] == 0 and got["dropped_slices"] == 0
+
+
+def test_pooled_trend_leaves_out_unfitted_runs_and_thin_slices():
+    fitted = [True] * 5 + [True, True, False, False, False] + [False, True, True, True, True]
+    final = _slices([[1, 2, 3, 4, 5], [1, 2, 3, 4, 5], [5, 4, 3, 2, 1]], fitted=fitted)
+    got = ranks.pooled_trend(final, "x", column="rank", slices=["s"], sign=+1, permutations=100)
+    assert got["excluded"] == 4 and got["total"] == 15
+    assert got["dropped_slices"] == 1 and got["slices"] == 2  # slice 1 has 2 fitted runs left
+    assert got["statistic"] == pytest.approx((1.0 - 1.0) / 2)
+    with pytest.raises(ValueError, match="sign"):
+        ranks.pooled_trend(final, "x", column="rank", slices="s", sign=0)
+    with pytest.raises(ValueError, match="column"):
+        ranks.pooled_trend(final, "x", column="nope", slices="s", sign=1)
+
+
+def test_pooled_trend_null_matches_the_exact_permutation_distribution():
+    """One slice of 5 distinct values: the null is Spearman's exact permutation distribution (120
+    orderings), whose 95th percentile and tail share the shuffles must reproduce."""
+    import itertools
+
+    from scipy.stats import spearmanr
+
+    y = [3.0, 1.0, 4.0, 1.5, 9.0]
+    exact = np.array([spearmanr(p, y).statistic for p in itertools.permutations([1, 2, 4, 8, 16])])
+    got = ranks.pooled_trend(_slices([y]), "x", column="rank", slices="s", sign=+1, permutations=20_000, seed=3)
+    assert got["null_95"] == pytest.approx(np.percentile(exact, 95), abs=0.051)  # rho moves in steps of 0.05
+    assert got["p_value"] == pytest.approx(np.mean(exact >= got["statistic"] - 1e-12), abs=0.01)
+    # a planted perfect trend over several slices is far outside the null; a reversed one far below
+    perfect = ranks.pooled_trend(_slices([[1, 2, 3, 4, 5]] * 4), "x", column="rank", slices="s", sign=+1)
+    assert perfect["statistic"] == 1.0 and perfect["null_95"] < 0.6 and perfect["p_value"] < 0.01
+    reverse = ranks.pooled_trend(_slices([[1, 2, 3, 4, 5]] * 4), "x", column="rank", slices="s", sign=-1)
+    assert reverse["statistic"] == -1.0 and reverse["p_value"] == 1.0
+
+
+def test_batch_effect_ratio_by_hand():
+    rows = []
+    # seed means: lambda 0 -> (60, 61); lambda 1e-3 -> (50, 58); lambda 1e-2 -> (20, 40)
+    for wd, (a, b) in {0.0: (60, 61), 1e-3: (50, 58), 1e-2: (20, 40)}.items():
+        for B, mean in ((16, a), (32, b)):
+            rows += [{"weight_decay": wd, "batch_size": B, "avg_rank": mean + d, "fitted": True} for d in (-1, 1)]
+    rows.append({"weight_decay": 1e-2, "batch_size": 32, "avg_rank": 0.0, "fitted": False})  # left out
+    got = ranks.batch_effect_ratio(pd.DataFrame(rows))
+    assert got["range_at_zero"] == 1 and got["largest_range"] == 20
+    assert got["ratio"] == pytest.approx(1 / 20) and got["control_ratio"] == pytest.approx(8 / 20)
+    assert got["smallest_positive"] == 1e-3
+    with pytest.raises(ValueError, match="weight decay 0"):
+        ranks.batch_effect_ratio(pd.DataFrame(rows).query("weight_decay > 0"))
+
+
+def test_rank_experiment_trains_the_grid_together_and_records_both_thresholds():
+    grid = ranks.experiment_grid(batch_sizes=[64, 128], lrs=[0.1], weight_decays=[0.0, 5e-3], momenta=[0.9], seeds=[0, 1])
+    kw = dict(model="MLP-BN-2-16", dataset="digits", grid=grid, epochs=2, eps=1e-3, coarse_eps=1e-1, min_train_acc=0.5)
+    before = ranks.rank_experiment(**kw, regime_only=True)
+    assert set(before) == {"regime", "coarse_column"} and len(before["regime"]) == 8
+    got = ranks.rank_experiment(**kw)
+    final = got["final"].sort_values("run")
+    assert len(final) == 8 and got["coarse_column"] == "avg_rank@0.1"
+    assert (final[got["coarse_column"]] <= final["avg_rank"]).all()  # a coarser threshold counts fewer values
+    for _, row in final.iterrows():
+        assert row["A"] == pytest.approx(ranks.accumulated_weight_decay(
+            lr=row["lr0"], weight_decay=row["weight_decay"], momentum=row["momentum"], batch_size=int(row["batch_size"]),
+            n_train=1437, epochs=2))
+    assert final["fitted"].tolist() == (final["train_acc"] >= 0.5).tolist()
+    with pytest.raises(ValueError, match="coarse_eps"):
+        ranks.rank_experiment(**(kw | {"coarse_eps": 1e-3}))
+
+
+def test_pooled_trend_claim_outcomes_follow_regime_and_controls():
+    from lowrank.book import rank_trends, verdicts
+
+    trend = _slices([[1, 2, 3, 4, 5]] * 4).assign(per_step=1e-3)
+    flat = _slices([[5, 5, 5, 5, 5]] * 4).assign(per_step=0.0)
+    regime = pd.DataFrame({"weight_decay": [0.0, 1e-3], "A": [0.0, 8.0]})
+    reached = rank_trends.decay_regime(regime, needed=5.0, origin="test")
+    assert reached.value == 8.0 and reached.reached
+    short = rank_trends.decay_regime(regime, needed=10.0, origin="test")
+    kw = dict(claim="II-3", scale="ci", x="x", slices="s", sign=+1, column="rank", min_trend=0.5, paper="l.1",
+              description="d", min_train_acc=0.5, control_name="lambda = 0", permutations=500)
+    agrees = rank_trends.pooled_trend_claim("t1", final=trend, regime=reached, control=flat, **kw)
+    assert agrees.outcome == "agrees" and agrees.controls[0]["value"] == 0.0
+    assert agrees.details["regime"]["value"] == 8.0
+    assert rank_trends.pooled_trend_claim("t2", final=trend, regime=reached, control=trend, **kw).outcome == "uninformative"
+    assert rank_trends.pooled_trend_claim("t3", final=flat, regime=reached, control=flat, **kw).outcome == "disagrees"
+    assert rank_trends.pooled_trend_claim("t4", final=trend, regime=short, control=flat, **kw).outcome != "agrees"
+    assert isinstance(short, verdicts.Regime) and not short.reached

@@ -1,5 +1,7 @@
 """Lemma 3.1 (per-sample gradient ranks) and Theorem 3.2 (the rank bound along SGD)."""
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -127,3 +129,13 @@ def test_bad_inputs():
         theory.rank_bound_check(net, x, y, lr=0.1, lam=0.1, batch_size=2, steps=5, check_at=[9], ks=[1])
     with pytest.raises(ValueError, match="weight_specs"):
         theory.patch_counts(nn.Linear(3, 2), torch.randn(1, 3))
+
+
+def test_bound_regime_picks_the_largest_k_below_full_rank():
+    got = theory.bound_regime(lr=0.1, lam=0.05, batch_size=4, ks=[1, 2, 5, 10, 15, 20], min_dim=64)
+    assert got["k"] == 15  # 4 * 15 = 60 < 64 <= 4 * 20
+    assert got["factor"] == pytest.approx(0.99**15) and got["exponent"] == pytest.approx(-15 * math.log(0.99))
+    none = theory.bound_regime(lr=0.1, lam=0.05, batch_size=4, ks=[20], min_dim=64, patches=2)
+    assert none == {"k": 0, "factor": 1.0, "exponent": 0.0}
+    with pytest.raises(ValueError, match="min_dim"):
+        theory.bound_regime(lr=0.1, lam=0.05, batch_size=4, ks=[1], min_dim=0)

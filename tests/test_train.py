@@ -292,3 +292,25 @@ def test_checkpoint_resume_matches_an_uninterrupted_run(tmp_path):
     torch.save(old, ckpt)
     with pytest.raises(ValueError, match="another version of lowrank.core.train"):
         train.train_ensemble(make, data, runs, epochs=4, checkpoint=ckpt, **kwargs)
+
+
+def test_extra_eps_ranks_match_numpy_matrix_rank_of_the_trained_weights():
+    """`extra_eps` columns against numpy's matrix_rank(M / ||M||_F, tol=eps) of the same run trained
+    with torch.optim.SGD (an independent training and rank computation)."""
+    data = _tiny()
+    run = {"lr": 0.2, "weight_decay": 0.05, "momentum": 0.9, "seed": 3}
+    make = lambda: mlp.MLP(6, 3, 3, 8)  # noqa: E731
+    table = train.train_ensemble(make, data, [run], batch_size=8, epochs=3, eps=1e-3, extra_eps=(1e-3, 0.1, 0.3),
+                                 progress=False)
+    last = table[table.epoch == 3].set_index("layer")
+    assert (last[train.extra_rank_column(1e-3)] == last["rank_frobenius"]).all()
+    net = _reference(make, data, run, batch_size=8, epochs=3, loss="ce", milestones=(), lr_decay=0.1)
+    for w in net.weight_matrices():
+        a = w.matrix.double().numpy()
+        for e in (0.1, 0.3):
+            assert last.loc[w.name, train.extra_rank_column(e)] == np.linalg.matrix_rank(a / np.linalg.norm(a), tol=e)
+    assert last[train.extra_rank_column(0.3)].max() < last["rank_frobenius"].max()  # the thresholds differ here
+    avg = ranks.rank_tables(table)
+    assert {"avg_rank@0.1", "avg_rank@0.3"} <= set(avg.columns)
+    with pytest.raises(ValueError, match="extra_eps"):
+        train.TrainConfig(batch_size=8, epochs=1, extra_eps=(0.0,))

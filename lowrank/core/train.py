@@ -60,7 +60,7 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from lowrank.core.validation import check_choice, check_seed, is_number
 from lowrank.core.datasets import DEFAULT_DATA_ROOT, Dataset
-from lowrank.core.spectral import monitor_dtype, singular_values_by_shape, spectrum_stats
+from lowrank.core.spectral import monitor_dtype, rank_from_singular_values, singular_values_by_shape, spectrum_stats
 
 __all__ = [
     "LOSSES",
@@ -79,6 +79,7 @@ __all__ = [
     "diverged_runs",
     "sweep",
     "augment_images",
+    "extra_rank_column",
 ]
 
 LOSSES = frozenset({"ce", "mse"})
@@ -221,6 +222,8 @@ class TrainConfig:
     milestones, lr_decay : the learning rate is multiplied by `lr_decay` after each epoch in
         `milestones` (`lr_at`; the paper's text says 0.1 at l.1290, the authors' code uses 0.2).
     eps : rank threshold of the monitors (both normalisations are recorded).
+    extra_eps : further thresholds of the Frobenius-normalised rank, recorded as columns
+        `rank_frobenius@<eps>` (e.g. `rank_frobenius@0.01`) from the same singular values.
     eval_every : train / test loss and accuracy at epoch 0, every `eval_every` epochs and after the
         last (NaN in between); ranks, norms and distances after every epoch.
     eval_batch : samples per member per evaluation chunk (default about 8192 / K).
@@ -245,6 +248,7 @@ class TrainConfig:
     milestones: tuple = ()
     lr_decay: float = 0.1
     eps: float = 1e-3
+    extra_eps: tuple = ()
     eval_every: int = 1
     eval_batch: int | None = field(default=None, metadata={"identity": False})
     augment: Callable | None = None
@@ -268,6 +272,9 @@ class TrainConfig:
         if not self.lr_decay > 0:
             raise ValueError(f"lr_decay must be positive, got {self.lr_decay}")
         object.__setattr__(self, "milestones", tuple(self.milestones))
+        object.__setattr__(self, "extra_eps", tuple(float(e) for e in self.extra_eps))
+        if not all(0 < e < 1 for e in self.extra_eps):
+            raise ValueError(f"extra_eps must be thresholds in (0, 1), got {self.extra_eps}")
 
 
 @dataclass
@@ -370,16 +377,24 @@ def _evaluate(fwd: _Forward, state: EnsembleState, x, y, chunk: int):
     return (tot_loss / x.shape[0]).cpu().numpy(), (correct / x.shape[0]).cpu().numpy()
 
 
-def _weight_stats(base: nn.Module, state: EnsembleState, eps: float) -> list[dict]:
+def extra_rank_column(eps: float) -> str:
+    """The monitor column of the Frobenius-normalised rank at a further threshold (`TrainConfig.extra_eps`)."""
+    return f"rank_frobenius@{eps:g}"
+
+
+def _weight_stats(base: nn.Module, state: EnsembleState, eps: float, extra_eps=()) -> list[dict]:
     """Per weight matrix (`base.weight_matrices`), numpy arrays over the K members: the spectral
-    record (`spectrum_stats`) and the distance to the last call's matrices."""
+    record (`spectrum_stats`), the Frobenius-normalised ranks at `extra_eps`, and the distance to the
+    last call's matrices."""
     K = len(state.alive)
     weights = base.weight_matrices(state.params)
-    mats = [torch.nan_to_num(w.matrix, nan=0.0, posinf=0.0, neginf=0.0).to(monitor_dtype(eps)) for w in weights]
+    dtype = monitor_dtype(min((eps, *extra_eps)))
+    mats = [torch.nan_to_num(w.matrix, nan=0.0, posinf=0.0, neginf=0.0).to(dtype) for w in weights]
     out = []
     for w, M, s in zip(weights, mats, singular_values_by_shape(mats)):
         fro = torch.linalg.vector_norm(M.reshape(K, -1), dim=-1, dtype=torch.float64)
         st = spectrum_stats(s, eps, fro=fro)
+        st |= {extra_rank_column(e): rank_from_singular_values(s.double(), e, "frobenius", fro=fro) for e in extra_eps}
         dist = dist_rel = np.full(K, math.nan)
         if w.name in state.prev:
             before, pfro = state.prev[w.name]
@@ -419,7 +434,7 @@ def _monitor(ctx: dict, state: EnsembleState, epoch: int, lr_now: np.ndarray):
     for k in np.flatnonzero(state.alive & (~finite.cpu().numpy() | (evaluated & ~np.isfinite(tr_loss)))):
         _stop(state, runs, cfg, k, epoch, f"train loss {tr_loss[k]:.3g} or non-finite weights after the epoch")
     t0 = time.perf_counter()
-    stats = _weight_stats(ctx["fwd"].base, state, cfg.eps)
+    stats = _weight_stats(ctx["fwd"].base, state, cfg.eps, cfg.extra_eps)
     seconds["track_ranks"] += time.perf_counter() - t0
     base_row = {"batch_size": cfg.batch_size, "loss": cfg.loss, **(cfg.extra or {})}
     for li, ((name, classifier), st) in enumerate(zip(specs, stats)):
@@ -429,6 +444,7 @@ def _monitor(ctx: dict, state: EnsembleState, epoch: int, lr_now: np.ndarray):
                                "shape": st["shape"], "rank": int(st["rank"][k]),
                                "rank_frobenius": int(st["rank_frobenius"][k]),
                                **{c: float(st[c][k]) for c in MONITOR_COLUMNS[2:]},
+                               **{extra_rank_column(e): int(st[extra_rank_column(e)][k]) for e in cfg.extra_eps},
                                "train_loss": float(tr_loss[k]), "train_acc": float(tr_acc[k]),
                                "test_loss": float(te_loss[k]), "test_acc": float(te_acc[k])})
 

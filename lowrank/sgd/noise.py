@@ -19,7 +19,7 @@ def log_slope(epochs, values) -> float:
     return float(np.polyfit(e, np.log(v), 1)[0])
 
 
-def moving_table(avg: pd.DataFrame, *, trend_epochs: int, collapse_tol: float, moving_fraction: float) -> pd.DataFrame:
+def moving_table(avg: pd.DataFrame, *, trend_epochs: int, collapse_tol: float, settle_factor: float) -> pd.DataFrame:
     """One row per run at its last epoch, classified.
 
     Parameters
@@ -28,19 +28,21 @@ def moving_table(avg: pd.DataFrame, *, trend_epochs: int, collapse_tol: float, m
         `dist` (d(W_{t+1}, W_t), averaged over layers), `weight_norm`.
     trend_epochs : the last epochs over which the slopes of log d and log ||W|| are fitted.
     collapse_tol : a run collapsed when its final weight norm is below this times its initial one.
-    moving_fraction : a run keeps moving when its log-d slope is above `moving_fraction` times the
-        slope of the lambda = 0 run with the same loss (which must fall: slope < 0); i.e. its d
-        falls at most that fraction as fast.
+    settle_factor : a run that did not collapse keeps moving when its d, by the least-squares line
+        through log d over the last `trend_epochs` epochs, falls by less than this factor across them
+        (`d_fall`); the same criterion for every run, with or without weight decay, so that a
+        lambda = 0 run that has not settled either counts as moving.
 
     Returns
     -------
     Columns of `avg` at the last epoch plus `norm_ratio`, `log_d_slope`, `log_norm_slope`,
-    `d_over_zero` (final d over the lambda = 0 run's), `collapsed`, `moving`.
+    `d_fall` (the fitted factor by which d fell over the window), `d_over_zero` (final d over the
+    lambda = 0 run's with the same loss), `collapsed`, `moving`.
     """
     if not (isinstance(trend_epochs, int) and trend_epochs >= 2):
         raise ValueError(f"trend_epochs must be an integer >= 2, got {trend_epochs!r}")
-    if not 0 <= moving_fraction <= 1:
-        raise ValueError(f"moving_fraction must be in [0, 1], got {moving_fraction}")
+    if not settle_factor > 1:
+        raise ValueError(f"settle_factor must be above 1, got {settle_factor}")
     rows = []
     for run, r in avg.sort_values("epoch").groupby("run"):
         tail = r[r["epoch"] > r["epoch"].max() - trend_epochs]
@@ -48,6 +50,7 @@ def moving_table(avg: pd.DataFrame, *, trend_epochs: int, collapse_tol: float, m
         last["norm_ratio"] = last["weight_norm"] / r["weight_norm"].iloc[0]
         last["log_d_slope"] = log_slope(tail["epoch"], tail["dist"])
         last["log_norm_slope"] = log_slope(tail["epoch"], tail["weight_norm"])
+        last["d_fall"] = float(np.exp(-last["log_d_slope"] * (tail["epoch"].max() - tail["epoch"].min())))
         rows.append(last)
     out = pd.DataFrame(rows)
     zero = out[out["weight_decay"] == 0].set_index("loss")
@@ -55,8 +58,7 @@ def moving_table(avg: pd.DataFrame, *, trend_epochs: int, collapse_tol: float, m
         raise ValueError("moving_table needs exactly one lambda = 0 run per loss")
     out["d_over_zero"] = out["dist"] / out["loss"].map(zero["dist"])
     out["collapsed"] = out["norm_ratio"] < collapse_tol
-    zero_slope = out["loss"].map(zero["log_d_slope"])
-    out["moving"] = ~out["collapsed"] & (zero_slope < 0) & (out["log_d_slope"] > moving_fraction * zero_slope)
+    out["moving"] = ~out["collapsed"] & (out["d_fall"] < settle_factor)
     return out
 
 

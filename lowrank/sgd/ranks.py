@@ -16,6 +16,8 @@ from scipy.stats import spearmanr
 from lowrank.core.validation import check_choice
 
 __all__ = ["RANK_COLUMNS", "average_rank", "final_values", "rank_tables", "rank_trend", "TrendResult",
+           "accumulated_weight_decay", "per_step_decay", "experiment_grid", "regime_table", "RankExperiment",
+           "rank_experiment", "PooledTrend", "pooled_trend", "batch_effect_ratio",
            "spearman_critical", "authors_layers", "RankSweep", "summarise", "rank_sweep", "rank_bound",
            "spearman_with_permutation_null", "fitting_correlation"]
 
@@ -41,7 +43,8 @@ def average_rank(table: pd.DataFrame, *, convention: str = "spectral", include_c
     Returns
     -------
     One row per group with `avg_rank` (mean rank), the means of `stable_rank`, `dist`, `dist_rel`,
-    `weight_norm`, and the run's other columns (first value).
+    `weight_norm`, `avg_rank@<eps>` (the mean of each `rank_frobenius@<eps>` column of
+    `TrainConfig.extra_eps`, whatever `convention`), and the run's other columns (first value).
     """
     check_choice(convention, "convention", set(RANK_COLUMNS))
     col = RANK_COLUMNS[convention]
@@ -54,7 +57,10 @@ def average_rank(table: pd.DataFrame, *, convention: str = "spectral", include_c
     keep = [c for c in t.columns if c not in by and c not in _LAYER_COLUMNS]
     agg = {c: "first" for c in keep}
     agg |= {col: "mean", "stable_rank": "mean", "dist": "mean", "dist_rel": "mean", "weight_norm": "mean"}
-    return t.groupby(by, sort=True).agg(agg).reset_index().rename(columns={col: "avg_rank"})
+    extra = [c for c in t.columns if c.startswith("rank_frobenius@")]  # TrainConfig.extra_eps: Frobenius-normalised
+    agg |= {c: "mean" for c in extra}
+    out = t.groupby(by, sort=True).agg(agg).reset_index().rename(columns={col: "avg_rank"})
+    return out.rename(columns={c: "avg_rank@" + c.split("@")[1] for c in extra})
 
 
 def final_values(table: pd.DataFrame, **kwargs) -> pd.DataFrame:
@@ -69,6 +75,7 @@ def rank_tables(table: pd.DataFrame, *, by=("run", "epoch"), layers=None) -> pd.
     avg = average_rank(table, convention="frobenius", include_classifier=False, by=by, layers=layers)
     alt = average_rank(table, convention="spectral", by=by, layers=layers)
     return avg.merge(alt[list(by) + ["avg_rank"]].rename(columns={"avg_rank": "avg_rank_spectral"}), on=list(by))
+
 
 
 def spearman_critical(n: int, alpha: float = 0.05) -> float:
@@ -230,3 +237,210 @@ def fitting_correlation(final: pd.DataFrame, *, fit_threshold: float, column: st
     return {"rho": rho, "null_5": null_5, "rho_all": rho_all, "fitting": int(len(fit)),
             "runs": int(len(final) + len(set(diverged) - set(final["run"]))),
             "test_acc_range": [float(fit["test_acc"].min()), float(fit["test_acc"].max())] if len(fit) else None}
+
+
+# --- the rank-versus-hyperparameter experiment shared by the batch-size, learning-rate and weight-decay pages
+
+
+def accumulated_weight_decay(*, lr: float, weight_decay: float, momentum: float, batch_size: int, n_train: int,
+                             epochs: int, milestones=(), lr_decay: float = 0.1) -> float:
+    """The accumulated weight decay of a run, `A = sum over steps t of mu_t lambda / (1 - beta)`, computed
+    from its settings before training.
+
+    `lambda` is PyTorch's coupled `weight_decay` (each plain step multiplies W by `1 - mu lambda`, the
+    paper's `1 - 2 mu lambda` with its `lambda = weight_decay / 2`); with momentum `beta` the decay term
+    accumulates in the buffer, so a steady step shrinks W by `mu lambda / (1 - beta)`. `mu_t` follows
+    `lowrank.core.train.lr_at` (milestones), with `floor(n_train / batch_size)` steps per epoch (the
+    last incomplete batch is dropped). `exp(-A)` is the share of the initial weights still left
+    after training when the gradients are ignored: A of a few units erases the initialisation.
+    """
+    from lowrank.core.train import lr_at
+
+    for name, v in (("batch_size", batch_size), ("n_train", n_train), ("epochs", epochs)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if not lr > 0 or not weight_decay >= 0 or not 0 <= momentum < 1:
+        raise ValueError(f"need lr > 0, weight_decay >= 0 and momentum in [0, 1), got {lr}, {weight_decay}, {momentum}")
+    if batch_size > n_train:
+        raise ValueError(f"batch_size {batch_size} exceeds n_train {n_train}")
+    steps = n_train // batch_size
+    lr_sum = sum(steps * lr_at(lr, e, milestones, lr_decay) for e in range(1, epochs + 1))
+    return float(lr_sum * weight_decay / (1 - momentum))
+
+
+def per_step_decay(*, lr: float, weight_decay: float, momentum: float) -> float:
+    """`mu lambda / (1 - beta)`: the share of W that weight decay removes per steady step, which sets
+    the level the rank settles at (the accumulated `A` says whether it gets there)."""
+    if not lr > 0 or not weight_decay >= 0 or not 0 <= momentum < 1:
+        raise ValueError(f"need lr > 0, weight_decay >= 0 and momentum in [0, 1), got {lr}, {weight_decay}, {momentum}")
+    return float(lr * weight_decay / (1 - momentum))
+
+
+def experiment_grid(*, batch_sizes, lrs, weight_decays, momenta, seeds) -> list[dict]:
+    """Every combination of the five lists, as run dicts (`batch_size`, `lr`, `weight_decay`,
+    `momentum`, `seed`) for `rank_experiment`, in that nesting order."""
+    import itertools
+
+    lists = {"batch_size": batch_sizes, "lr": lrs, "weight_decay": weight_decays, "momentum": momenta, "seed": seeds}
+    for name, v in lists.items():
+        if len(list(v)) == 0:
+            raise ValueError(f"{name} is empty")
+    return [dict(zip(lists, combo)) for combo in itertools.product(*(list(v) for v in lists.values()))]
+
+
+def regime_table(grid, *, n_train: int, epochs: int, milestones=(), lr_decay: float = 0.1) -> pd.DataFrame:
+    """One row per run dict of `grid` (with `batch_size`, `lr`, `weight_decay`, `momentum`): its settings,
+    `A` (`accumulated_weight_decay`) and `per_step` (`per_step_decay`). Computed before training."""
+    rows = []
+    for g in grid:
+        kw = dict(lr=g["lr"], weight_decay=g["weight_decay"], momentum=g["momentum"])
+        rows.append({**g, "A": accumulated_weight_decay(**kw, batch_size=g["batch_size"], n_train=n_train,
+                                                         epochs=epochs, milestones=milestones, lr_decay=lr_decay),
+                     "per_step": per_step_decay(**kw)})
+    return pd.DataFrame(rows)
+
+
+class RankExperiment(dict):
+    """`rank_experiment`'s result: `table` (monitor table), `avg` (`rank_tables` per run and epoch, with
+    `avg_rank@<coarse_eps>`), `final` (each run's last epoch, with `A`, `per_step` and `fitted`),
+    `diverged` ({run: where and why}), `regime` (`regime_table` of the grid, before training),
+    `coarse_column` (the name of the coarse-threshold rank column)."""
+
+
+def rank_experiment(*, model: str, dataset: str, grid, epochs: int, eps: float, coarse_eps: float,
+                    min_train_acc: float, milestones=(), lr_decay: float = 0.1, data_root=None,
+                    cnn_width: float = 1.0, augment: bool = False, rotation: str = "uniform",
+                    table: pd.DataFrame | None = None, regime_only: bool = False) -> RankExperiment:
+    """Train every run of `grid` (`experiment_grid`: batch size, lr, weight decay, momentum, seed), one
+    batched ensemble per batch size (seeds, learning rates, weight decays and momenta trained
+    together), and return the tables the rank-versus-hyperparameter pages read.
+
+    Parameters
+    ----------
+    eps, coarse_eps : rank thresholds (Frobenius-normalised); `avg_rank` is at `eps`, the column named
+        `coarse_column` at `coarse_eps`.
+    min_train_acc : a run is `fitted` when it did not diverge and its final train accuracy is at least
+        this (fixed in advance; the collapse to the zero function at large mu lambda fails it).
+    table : a monitor table trained elsewhere (a sweep's `collected.csv`): read, not trained; the grid
+        is read from it (a table without the coarse-threshold ranks gets NaN there).
+    regime_only : return only `regime` and `coarse_column`, before (without) any training.
+    Other arguments as `rank_sweep`.
+    """
+    from lowrank.core import datasets
+
+    if not 0 < eps < 1 or not 0 < coarse_eps < 1 or coarse_eps == eps:
+        raise ValueError(f"eps and coarse_eps must be two different thresholds in (0, 1), got {eps}, {coarse_eps}")
+    if not 0 <= min_train_acc <= 1:
+        raise ValueError(f"min_train_acc must be in [0, 1], got {min_train_acc}")
+    if table is not None:
+        grid = (table.rename(columns={"lr0": "lr"}).groupby("run")[["batch_size", "lr", "weight_decay", "momentum", "seed"]]
+                .first().reset_index().to_dict("records"))
+    grid = list(grid)
+    root = datasets.DEFAULT_DATA_ROOT if data_root is None else data_root
+    data = datasets.load(dataset, root=root) if dataset in ("mnist", "cifar10") else datasets.load(dataset)
+    regime = regime_table(grid, n_train=int(data.x_train.shape[0]), epochs=epochs, milestones=milestones, lr_decay=lr_decay)
+    coarse = f"avg_rank@{coarse_eps:g}"
+    if regime_only:
+        return RankExperiment(regime=regime, coarse_column=coarse)
+    if table is not None:
+        result = summarise(table, layers=authors_layers)
+        regime.index = [g["run"] for g in grid]
+    else:
+        result = rank_sweep(model=model, dataset=dataset, data_root=data_root, grid=grid, epochs=epochs, cnn_width=cnn_width,
+                            augment=augment, rotation=rotation, milestones=milestones, lr_decay=lr_decay, eps=eps,
+                            extra_eps=(coarse_eps,), loss="ce", layers=authors_layers, progress=False)
+    for frame in (result["avg"], result["final"]):
+        if coarse not in frame.columns:
+            frame[coarse] = np.nan
+    final = result["final"].merge(regime[["A", "per_step"]], left_on="run", right_index=True)
+    final["fitted"] = ~final["run"].isin(list(result["diverged"])) & (final["train_acc"] >= min_train_acc)
+    return RankExperiment(table=result["table"], avg=result["avg"], final=final, diverged=result["diverged"],
+                          regime=regime, coarse_column=coarse)
+
+
+class PooledTrend(dict):
+    """`pooled_trend`'s result: `statistic` (mean over slices of the signed Spearman rho), `null_95`
+    (its 95th percentile under shuffled hyperparameter labels), `p_value`, `per_slice` (DataFrame),
+    `slices` (used), `dropped_slices` (too few fitted runs), `excluded` and `total` (runs)."""
+
+
+def _average_ranks(v: np.ndarray) -> np.ndarray:
+    from scipy.stats import rankdata
+
+    return rankdata(v, method="average")
+
+
+def pooled_trend(final: pd.DataFrame, x: str, *, column: str, slices, sign: int, permutations: int = 2000,
+                 seed: int = 0, min_points: int = 3) -> PooledTrend:
+    """The rank trend of the three pages, pooled over seeds: Spearman's rho of `column` against the
+    hyperparameter `x` within each slice (a group of `slices` columns, e.g. one learning rate and one
+    seed), signed by `sign` (+1: the paper says the rank grows with x), averaged over slices. Runs
+    with `fitted` False are left out and counted; slices with fewer than `min_points` fitted runs or
+    a single value of x are dropped and counted. A slice whose ranks are all equal has rho 0.
+
+    The null: x shuffled within every slice (`permutations` times, generator `seed`), the same mean
+    recomputed; `null_95` is its 95th percentile (what shuffled labels reach one time in twenty) and
+    `p_value` the share of shuffles at least as large as the statistic (with the statistic counted).
+    """
+    if sign not in (1, -1):
+        raise ValueError(f"sign must be +1 or -1, got {sign!r}")
+    if not isinstance(permutations, int) or permutations < 1:
+        raise ValueError(f"permutations must be a positive integer, got {permutations!r}")
+    slices = [slices] if isinstance(slices, str) else list(slices)
+    for c in [x, column, "fitted", *slices]:
+        if c not in final.columns:
+            raise ValueError(f"final has no column {c!r}")
+    kept = final[final["fitted"].astype(bool)]
+    rng = np.random.default_rng(seed)
+    rows, nulls, dropped = [], [], 0
+    for key, g in kept.groupby(slices, sort=True):
+        if len(g) < min_points or g[x].nunique() < 2:
+            dropped += 1
+            continue
+        rx, ry = _average_ranks(g[x].to_numpy(float)), _average_ranks(g[column].to_numpy(float))
+        ry = ry - ry.mean()
+        if not np.any(ry):  # every run at the same rank: no trend, under any labels
+            rho, null = 0.0, np.zeros(permutations)
+        else:
+            shuffled = rng.permuted(np.tile(rx, (permutations, 1)), axis=1)
+            rho = sign * _pearson(rx, ry)
+            null = sign * _pearson(shuffled, ry)
+        rows.append({**dict(zip(slices, key if isinstance(key, tuple) else (key,))), "rho": float(rho), "runs": len(g)})
+        nulls.append(null)
+    statistic = float(np.mean([r["rho"] for r in rows])) if rows else float("nan")
+    null_mean = np.mean(nulls, axis=0) if nulls else np.full(permutations, np.nan)
+    return PooledTrend(statistic=statistic, null_95=float(np.percentile(null_mean, 95)) if rows else float("nan"),
+                       p_value=float((1 + np.sum(null_mean >= statistic - 1e-12)) / (permutations + 1)) if rows else float("nan"),
+                       per_slice=pd.DataFrame(rows), slices=len(rows), dropped_slices=dropped,
+                       excluded=int((~final["fitted"].astype(bool)).sum()), total=int(len(final)))
+
+
+def _pearson(a: np.ndarray, centred_b: np.ndarray) -> np.ndarray | float:
+    """Pearson's r of each row of `a` with `centred_b` (already centred); 0 where a row is constant."""
+    a = np.asarray(a, float)
+    ac = a - a.mean(axis=-1, keepdims=True)
+    denom = np.sqrt((ac**2).sum(-1) * (centred_b**2).sum())
+    r = (ac * centred_b).sum(-1) / np.where(denom > 0, denom, 1.0)
+    return np.where(denom > 0, r, 0.0) if r.ndim else float(r if denom > 0 else 0.0)
+
+
+def batch_effect_ratio(final: pd.DataFrame, *, column: str = "avg_rank") -> dict:
+    """The "little batch-size effect without weight decay" statistic: over the `fitted` runs, the mean
+    of `column` per weight decay and batch size (over seeds), its range over the batch sizes per weight
+    decay, and `ratio` = the range at weight decay 0 over the largest range at weight decay > 0;
+    `control_ratio` puts the smallest positive weight decay in place of 0. A weight decay without a
+    fitted run at every batch size gives no range. Needs weight decay 0 and a positive one."""
+    for c in ("weight_decay", "batch_size", "fitted", column):
+        if c not in final.columns:
+            raise ValueError(f"final has no column {c!r}")
+    n_batch = final["batch_size"].nunique()
+    means = final[final["fitted"].astype(bool)].groupby(["weight_decay", "batch_size"])[column].mean()
+    spread = means.groupby(level="weight_decay").agg(lambda r: r.max() - r.min() if len(r) == n_batch else np.nan)
+    positive = spread[spread.index > 0].dropna()
+    if 0.0 not in spread.index or not np.isfinite(spread.get(0.0, np.nan)) or positive.empty:
+        raise ValueError("batch_effect_ratio needs fitted runs at weight decay 0 and at a positive one, at every batch size")
+    largest = float(positive.max())
+    ratio = float(spread[0.0]) / largest if largest > 0 else float("nan")
+    control = float(positive.iloc[0]) / largest if largest > 0 else float("nan")
+    return {"ratio": ratio, "control_ratio": control, "range_at_zero": float(spread[0.0]), "largest_range": largest,
+            "smallest_positive": float(positive.index[0])}

@@ -246,3 +246,21 @@ def rank_bound_check(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, lr: 
                          "quarter_budget_holds": bool(lhs_quarter <= rhs * (1 + 1e-12) + 1e-15),
                          "lambda_x4_holds": bool(lhs <= rhs_wrong * (1 + 1e-12) + 1e-15)})
     return pd.DataFrame(rows)
+
+
+def bound_regime(*, lr: float, lam: float, batch_size: int, ks, min_dim: int, patches: int = 1) -> dict:
+    """What Theorem 3.2 can say before any training: the decay factor `(1 - 2 mu lambda)^k` at the
+    largest `k` of `ks` whose rank budget `N B k` is still below `min_dim` (a matrix's smaller side;
+    at or above it the bound is about a full-rank matrix and says nothing). The right side of the
+    bound is this factor times `||W_{t-k}|| / ||W_t||`, so a factor near 1 leaves nothing to check.
+
+    Returns `{"k", "factor", "exponent"}` with `exponent = -log(factor)`; `k = 0`, factor 1 when no k fits.
+    """
+    if not 0 < 2 * lr * lam < 1 and lam != 0:
+        raise ValueError(f"need 0 < 2 lr lam < 1, got lr={lr}, lam={lam}")
+    if not isinstance(min_dim, (int, np.integer)) or min_dim < 1:
+        raise ValueError(f"min_dim must be a positive integer, got {min_dim!r}")
+    fitting = [int(k) for k in ks if patches * batch_size * k < min_dim]
+    k = max(fitting, default=0)
+    factor = (1 - 2 * lr * lam) ** k
+    return {"k": k, "factor": float(factor), "exponent": float(-k * np.log1p(-2 * lr * lam))}
