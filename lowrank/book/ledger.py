@@ -182,11 +182,11 @@ def _what_it_means(c: dict[str, Counter]) -> str:
     text = f"of {n} claims, {', '.join(words)}. "
     if decided == 0:
         return text + "No claim is decided at ci scale: read this part as a method, and its verdicts at paper scale."
-    text += f"{decided} of {n} are decided at ci scale"
-    undecided = [f"{claims[o]} {what}" for o, what in ((LARGER_SCALE, "cannot reach their mechanism's regime here"),
-                                                       (UNSTABLE, "turn on the seed or the CPU's rounding"),
-                                                       ("uninformative", "are matched by their negative control"))
-                 if claims[o]]
+    text += f"{decided} of {n} {'is' if decided == 1 else 'are'} decided at ci scale"
+    undecided = [f"{claims[o]} {one if claims[o] == 1 else many}" for o, one, many in (
+        (LARGER_SCALE, "cannot reach its mechanism's regime here", "cannot reach their mechanism's regime here"),
+        (UNSTABLE, "turns on the seed or the CPU's rounding", "turn on the seed or the CPU's rounding"),
+        ("uninformative", "is matched by its negative control", "are matched by their negative control")) if claims[o]]
     return text + (f"; {'; '.join(undecided)}." if undecided else ".")
 
 
