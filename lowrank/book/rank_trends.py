@@ -27,7 +27,8 @@ def decay_regime(regime: pd.DataFrame, *, needed: float, origin: str, what: str 
 def pooled_trend_claim(name: str, *, claim: str, scale: str, final: pd.DataFrame, x: str, slices, sign: int,
                        column: str, min_trend: float, regime: verdicts.Regime, paper: str, description: str,
                        min_train_acc: float, control: pd.DataFrame | None = None, control_name: str = "",
-                       permutations: int = 2000, seed: int = 0, details: dict | None = None) -> verdicts.Verdict:
+                       permutations: int = 2000, seed: int = 0, details: dict | None = None,
+                       latex: str = "") -> verdicts.Verdict:
     """A claim that the final rank (`column`) moves with the hyperparameter `x` in the paper's
     direction (`sign`), measured by `lowrank.sgd.ranks.pooled_trend` over `final` (slices `slices`).
 
@@ -54,7 +55,7 @@ def pooled_trend_claim(name: str, *, claim: str, scale: str, final: pd.DataFrame
         controls=controls, regime=regime,
         expected=f"mean over {main['slices']} slices (seeds x panels) of the signed Spearman rho >= {min_trend:g}",
         excluded=verdicts.Excluded(main["excluded"], main["total"], f"diverged or train accuracy < {min_train_acc:g}"),
-        description=description, note="" if finite else "no slice with enough fitted runs: recorded as -1 (no evidence)",
+        description=description, latex=latex, note="" if finite else "no slice with enough fitted runs: recorded as -1 (no evidence)",
         details={"statistic_range": [-1.0, 1.0], "slices": main["slices"], "dropped_slices": main["dropped_slices"],
                  "p_value": round(main["p_value"], 4) if finite else None,
                  "slice_rho_range": [round(float(per_slice["rho"].min()), 3), round(float(per_slice["rho"].max()), 3)] if len(per_slice) else None,

@@ -164,9 +164,10 @@ class Verdict:
     scale: str  # "ci" or "paper"
     controls: list = field(default_factory=list)  # [{name, value, passes}]
     excluded: dict | None = None  # {count, total, reason}
-    description: str = ""
+    description: str = ""  # plain text (terminal, nbval summary)
     note: str = ""
     details: dict = field(default_factory=dict)
+    latex: str = ""  # the description with inline LaTeX ($\\lambda \\|W\\|$), rendered by the book's tables
 
     @property
     def agrees(self) -> bool:
@@ -205,7 +206,7 @@ def _controls(name, controls, threshold: Threshold) -> list[dict]:
 
 
 def check(name, *, claim, measured, threshold: Threshold, expected, scale, controls=(), description="", note="",
-          details=None) -> Verdict:
+          details=None, latex="") -> Verdict:
     """A statement that must hold whatever the data; `threshold.origin` says which identity or theorem.
 
     controls: optional Control(s), the statistic for a deliberately wrong version the check should
@@ -215,12 +216,12 @@ def check(name, *, claim, measured, threshold: Threshold, expected, scale, contr
     recorded = _controls(name, controls, threshold)
     outcome = "fails" if not threshold.met(m) else "loose" if any(c["passes"] for c in recorded) else "holds"
     v = Verdict(name, claim, "check", m, expected, asdict(threshold), outcome, scale, recorded, None,
-                description, note, dict(details or {}))
+                description, note, dict(details or {}), latex)
     return _glue(v)
 
 
 def claim(name, *, claim, measured, threshold: Threshold, controls, expected, scale, excluded: Excluded | None = None,
-          regime: Regime | None = None, description="", note="", details=None) -> Verdict:
+          regime: Regime | None = None, description="", note="", details=None, latex="") -> Verdict:
     """An empirical statement of a paper, judged beside its negative control(s) by the same threshold.
 
     controls: a Control or a list of them (at least one). regime: the quantity the mechanism needs,
@@ -248,7 +249,7 @@ def claim(name, *, claim, measured, threshold: Threshold, controls, expected, sc
     else:
         outcome = "agrees"
     v = Verdict(name, claim, "claim", m, expected, asdict(threshold), outcome, scale, recorded,
-                asdict(excluded) if excluded else None, description, note, details)
+                asdict(excluded) if excluded else None, description, note, details, latex)
     return _glue(v)
 
 
@@ -256,7 +257,7 @@ _claim = claim  # trend_claim's own `claim` argument (the claim id) hides the fu
 
 
 def trend_claim(name, *, claim, scale, trend, controls, critical: float, values: str, paper: str, group: str,
-                min_train_acc: float, regime: Regime | None = None, description="", details=None) -> Verdict:
+                min_train_acc: float, regime: Regime | None = None, description="", details=None, latex="") -> Verdict:
     """A claim that the final rank moves with a hyperparameter in the paper's direction in every
     group of runs (Part II's rank-versus-hyperparameter figures).
 
@@ -275,7 +276,7 @@ def trend_claim(name, *, claim, scale, trend, controls, critical: float, values:
                             f"paper {paper}"),
         controls=controls, expected=f"signed Spearman rho >= {critical:.3g} at every {group}",
         excluded=Excluded(trend["excluded"], trend["total"], f"diverged or train accuracy < {min_train_acc:g}"),
-        regime=regime, description=description,
+        regime=regime, description=description, latex=latex,
         note="" if finite else f"too few runs left at every {group}: recorded as -1 (no evidence)",
         details={"statistic_range": [-1.0, 1.0], "per_group": {f"{k:g}" if isinstance(k, float) else str(k): round(v, 3) for k, v in trend["per_group"].items()},
                  **(details or {})})
@@ -289,16 +290,29 @@ def _recorded_outcomes(name: str) -> dict | None:
     path = os.environ.get(STABILITY_ENV)
     if not path:
         return None
-    import yaml
-
-    try:
-        golden = yaml.safe_load(open(path)) or {}
-    except (OSError, yaml.YAMLError) as err:
-        raise RuntimeError(f"{STABILITY_ENV}={path}: cannot read the recorded outcomes ({err})") from None
-    for block in golden.values():
+    for block in _golden_blocks(path).values():
         if isinstance(block, dict) and isinstance(block.get(name), dict):
             return block[name].get("outcomes")
     return None
+
+
+_GOLDEN_CACHE: dict = {}
+
+
+def _golden_blocks(path: str) -> dict:
+    """The golden file's blocks, parsed once per (path, mtime): a page records many verdicts."""
+    import os
+
+    import yaml
+
+    try:
+        key = (path, os.stat(path).st_mtime_ns)
+        if key not in _GOLDEN_CACHE:
+            _GOLDEN_CACHE.clear()
+            _GOLDEN_CACHE[key] = yaml.safe_load(open(path)) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise RuntimeError(f"{STABILITY_ENV}={path}: cannot read the recorded outcomes ({err})") from None
+    return _GOLDEN_CACHE[key]
 
 
 def stability_text(outcomes: dict) -> str:
