@@ -82,9 +82,9 @@ def bench_part_one_work(repeats):
     row("  Fig. 4: one draw (data, one product, top-2 singular pairs of G = A^T B), seconds", f"{t_draw:.3f}")
     row("  Figs. 5-6: one weight-normalised step (two products, warm-started top-2 pairs), seconds",
         f"{t_step:.3f} ({t_step / t_mm:.1f} products)")
-    from lowrank.book import runs
+    from lowrank.book import rules
 
-    p = runs.resolve_parameters("gradients/mf_vs_ntk", scale="paper")
+    p = rules.resolve_parameters("gradients/mf_vs_ntk", scale="paper")
     draws = 2 * p["init_repeats"]
     train_steps = (2 + len(p["spike_nus"])) * p["train_repeats"] * (p["steps"] + 1)
     row(f"  mf_vs_ntk's paper file: {draws} draws + {train_steps} steps, at these times, seconds (a floor: "
