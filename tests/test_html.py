@@ -26,6 +26,8 @@ import pytest
 
 from lowrank.book import build, notebooks, pages, rules
 
+pytestmark = pytest.mark.book  # reads the built HTML book
+
 HTML = pages.BUILD / "html"
 SCREENSHOTS = pages.BUILD / "screenshots"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -79,7 +79,7 @@ def execution_key(name: str) -> str:
     src = source_path(name)
     code = "\n".join(c.source for c in jupytext.read(src).cells if c.cell_type == "code")
     used = [part for p in lowrank_sources(code) for part in (p.relative_to(PACKAGE).as_posix(), p)]
-    return digest(src, *used, json.dumps(goldens.recorded_outcomes(name), sort_keys=True))
+    return digest(src, *used, json.dumps(goldens.recorded_block(name), sort_keys=True, default=str))
 
 
 def code_key(target: str) -> str:
