@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lowrank.book import build
+from lowrank.book import build, pages
 from lowrank.core import datasets, device, train
 from lowrank.gradients import decomposition  # noqa: E402
 from lowrank.core.nets import mlp  # noqa: E402
@@ -82,9 +82,9 @@ def bench_part_one_work(repeats):
     row("  Fig. 4: one draw (data, one product, top-2 singular pairs of G = A^T B), seconds", f"{t_draw:.3f}")
     row("  Figs. 5-6: one weight-normalised step (two products, warm-started top-2 pairs), seconds",
         f"{t_step:.3f} ({t_step / t_mm:.1f} products)")
-    from lowrank.book import runs
+    from lowrank.book import rules
 
-    p = runs.resolve_parameters("gradients/mf_vs_ntk", scale="paper")
+    p = rules.resolve_parameters("gradients/mf_vs_ntk", scale="paper")
     draws = 2 * p["init_repeats"]
     train_steps = (2 + len(p["spike_nus"])) * p["train_repeats"] * (p["steps"] + 1)
     row(f"  mf_vs_ntk's paper file: {draws} draws + {train_steps} steps, at these times, seconds (a floor: "
@@ -246,11 +246,11 @@ def bench_monitors(repeats, ks=(1, 16), epochs=5):
 
 
 def bench_notebooks():
-    for path in sorted(build.EXECUTED.rglob("*.ipynb")):
+    for path in sorted(pages.EXECUTED.rglob("*.ipynb")):
         meta = json.loads(path.read_text())["metadata"].get("lowrank", {})
         wall = meta.get("wall_s")
         if wall is not None:
-            name = path.relative_to(build.EXECUTED).with_suffix("").as_posix()
+            name = path.relative_to(pages.EXECUTED).with_suffix("").as_posix()
             row(f"notebook {name} at ci scale (last build, 2 at once), seconds", f"{wall:.1f}", "<= 60",
                 "yes" if wall <= 60 else "no")
 
@@ -330,7 +330,7 @@ def bench_paper():
 
 def bench_book():
     env = {**os.environ}
-    shutil.rmtree(build.BUILD, ignore_errors=True)
+    shutil.rmtree(pages.BUILD, ignore_errors=True)
     t = time.perf_counter()
     subprocess.run([sys.executable, "-m", "lowrank.book.build"], cwd=ROOT, env=env, check=True, capture_output=True)
     cold = time.perf_counter() - t
@@ -346,7 +346,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--book", action="store_true", help="also time a cold and a warm book build")
     ap.add_argument("--only", nargs="+", choices=["decomposition", "ensemble", "monitors", "notebooks", "paper", "ci"])
-    ap.add_argument("--ci-build", type=Path, default=build.BUILD,
+    ap.add_argument("--ci-build", type=Path, default=pages.BUILD,
                     help="the _build folder of a finished `.ci/run` (for --only ci; default this checkout's)")
     args = ap.parse_args()
     chosen = set(args.only or ["decomposition", "ensemble", "monitors", "notebooks", "paper"])

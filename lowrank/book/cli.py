@@ -21,22 +21,22 @@ import argparse
 import sys
 from pathlib import Path
 
-from lowrank.book import notebooks, runs
+from lowrank.book import notebooks, rules, runs
 
 __all__ = ["main"]
 
 
 def _parse_value(text: str):
-    """`-p` values are YAML scalars or flow lists: 0.3, 1e-3, relu, [tanh, elu], true (`runs.parse_value`)."""
-    return runs.parse_value(text)
+    """`-p` values are YAML scalars or flow lists: 0.3, 1e-3, relu, [tanh, elu], true (`rules.parse_value`)."""
+    return rules.parse_value(text)
 
 
 def cmd_list(args) -> int:
     names = [args.name] if args.name else notebooks.list_notebooks()
     for name in names:
-        specs = runs.parameter_specs(name)
+        specs = rules.parameter_specs(name)
         paper_path = notebooks.paper_params_path(name)
-        paper = runs.load_yaml_mapping(paper_path) if paper_path.is_file() else {}
+        paper = rules.load_yaml_mapping(paper_path) if paper_path.is_file() else {}
         print(f"{name}")
         for spec in specs.values():
             p = f"  paper: {paper[spec.name]!r}" if spec.name in paper else ""
@@ -52,14 +52,14 @@ def _overrides(pairs) -> dict:
     out = {}
     for k, v in pairs or []:
         if k in out:
-            raise runs.ParameterError(f"-p {k} is given twice ({out[k]!r} and {_parse_value(v)!r}); give it once")
+            raise rules.ParameterError(f"-p {k} is given twice ({out[k]!r} and {_parse_value(v)!r}); give it once")
         out[k] = _parse_value(v)
     return out
 
 
 def cmd_run(args) -> int:
     overrides = _overrides(args.p)
-    params = runs.resolve_parameters(args.name, scale=args.scale, params_file=args.params, overrides=overrides)
+    params = rules.resolve_parameters(args.name, scale=args.scale, params_file=args.params, overrides=overrides)
     folder, reused = runs.run(args.name, params, force=args.force, progress=True)
     print(f"{'reused' if reused else 'wrote'} {folder}")
     for v in runs.load_run(folder)["verdicts"].values():
