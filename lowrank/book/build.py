@@ -257,10 +257,28 @@ def repository_url() -> str:
     return yaml.safe_load((REPO_ROOT / "_config.yml").read_text()).get("repository", {}).get("url", "").rstrip("/")
 
 
+# Colab opens the published notebooks from this branch of the repository, which book.yml's `notebooks`
+# job fills from `_build/html/_sources/notebooks/` (publish_notebooks) on every push to the default branch.
+COLAB_BRANCH = "notebooks"
+
+
+def colab_path(name: str) -> str:
+    """The path of notebook `name`'s published .ipynb on COLAB_BRANCH (`_sources/` of the HTML dropped)."""
+    return f"notebooks/{name}.ipynb"
+
+
+def colab_url(repo_url: str, name: str) -> str:
+    """The Colab address that opens notebook `name` as published on COLAB_BRANCH of `repo_url`."""
+    owner_repo = repo_url.rstrip("/").split("github.com/", 1)[-1]
+    return f"https://colab.research.google.com/github/{owner_repo}/blob/{COLAB_BRANCH}/{colab_path(name)}"
+
+
+# The notebook extra only: what the notebooks import beyond the science. Its ranges keep Colab's own torch,
+# numpy, pandas and matplotlib (no runtime restart); the `book` extra would bring Jupyter Book and pins.
 SETUP_SOURCE = """# On Colab or Binder: install the book's package when it is missing (a clone with `make book` has it).
 import importlib.util, subprocess, sys
 if importlib.util.find_spec("lowrank") is None:
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "lowrank[book] @ git+{url}"], check=True)"""
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "lowrank[notebook] @ git+{url}"], check=True)"""
 
 
 def publish_notebooks(names, html: Path = BUILD / "html") -> list[Path]:
@@ -296,6 +314,8 @@ def main(argv=None) -> None:
     ap.add_argument("--no-html", action="store_true", help="execute only; skip Jupyter Book")
     ap.add_argument("--only", nargs="+", metavar="PART/NAME", help="execute just these notebooks (always), nothing else")
     ap.add_argument("--list-executed", action="store_true", help="print the executed notebooks of the book and exit")
+    ap.add_argument("--keys", action="store_true", help="print each notebook's execution key and exit (book.yml "
+                    "keys its cache of executed notebooks by them)")
     ap.add_argument("--scale", choices=["ci", "paper"], default="ci",
                     help="paper: every notebook with its paper file on the best device, into _build/paper/")
     args = ap.parse_args(argv)
@@ -306,6 +326,9 @@ def main(argv=None) -> None:
         return
     if args.list_executed:
         print(" ".join(str(executed_path(n).relative_to(REPO_ROOT)) for n in book_notebooks()))
+        return
+    if args.keys:
+        print("\n".join(f"{n} {execution_key(n)}" for n in book_notebooks()))
         return
     start = time.time()
     if args.only:
