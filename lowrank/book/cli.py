@@ -223,7 +223,8 @@ def _version() -> str:
         return "lowrank (not installed: run from a source checkout)"
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The `lowrank` command's arguments: every command and argument with its help text."""
     ap = argparse.ArgumentParser(prog="lowrank", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=_version())
     sub = ap.add_subparsers(dest="command", required=True)
@@ -278,7 +279,11 @@ def main(argv=None) -> int:
     p_store = p_res_sub.add_parser("store", help="store finished `lowrank run NAME --scale paper` folders")
     p_store.add_argument("folders", nargs="+", metavar="RUN_FOLDER", help="run folders of `lowrank run NAME --scale paper`")
     p_res_sub.add_parser("list", help="every stored result: current, or stale when its parameters changed")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
 
     def say(err) -> None:
         from lowrank.core.validation import cut

@@ -89,15 +89,19 @@ def default_data_root() -> Path:
 
 def resolve_root(root=None) -> Path:
     """The data folder `root` names, `~` expanded. None, "" and the paper files' `data` (DEFAULT_DATA_ROOT)
-    mean `default_data_root()`, unless a folder of that name exists below the working directory;
-    another relative folder that does not exist there is taken below the checkout's root (notebooks
-    execute in their own folder while `lowrank data fetch` writes below the repository root)."""
+    mean `default_data_root()` ($LOWRANK_DATA when set), else a folder `data` below the working
+    directory when there is one; another relative folder that does not exist there is taken below the
+    checkout's root (notebooks execute in their own folder while `lowrank data fetch` writes below the
+    repository root)."""
     if root in (None, ""):
         return default_data_root()
     path = Path(root).expanduser()
+    default = path == Path(DEFAULT_DATA_ROOT)
+    if default and os.environ.get(DATA_ENV, "").strip():
+        return default_data_root()
     if path.is_absolute() or path.is_dir():
         return path
-    if path == Path(DEFAULT_DATA_ROOT):
+    if default:
         return default_data_root()
     checkout = _checkout_root()
     return checkout / path if checkout is not None else path
