@@ -243,6 +243,16 @@ def test_cli_fetch_without_root_writes_to_lowrank_data(tmp_path, monkeypatch, ca
     assert datasets.present("mnist", "data") and datasets.mnist("data").x_train.shape == (6, 1, 28, 28)
 
 
+def test_lowrank_data_mirrors_replaces_the_mirrors(tmp_path, monkeypatch):
+    mnist, cifar = _mnist_files(), _cifar_archive()
+    with _Server(mnist) as srv:
+        monkeypatch.setitem(datasets.SOURCES, "mnist", _sources("http://127.0.0.1:9/nowhere/", mnist, cifar)["mnist"])
+        monkeypatch.setenv(datasets.MIRRORS_ENV, srv.base.rstrip("/"))
+        datasets.fetch("mnist", tmp_path, progress=False)
+        assert len(srv.ranges) == 4
+    assert datasets.present("mnist", tmp_path)
+
+
 def test_relative_data_root_is_found_below_the_repository_root(tmp_path, monkeypatch):
     monkeypatch.delenv(datasets.DATA_ENV, raising=False)
     monkeypatch.chdir(tmp_path)  # as a notebook runs in its own folder

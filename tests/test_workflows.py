@@ -35,6 +35,12 @@ def _actionlint(*args, cwd=ROOT):
                           text=True, env={**os.environ, "PATH": _PATH})
 
 
+def test_the_projects_shell_scripts_pass_shellcheck():
+    scripts = [ROOT / "binder" / "postBuild", ROOT / "requirements" / "refresh-lock.sh"]
+    out = subprocess.run([_linter("shellcheck"), *map(str, scripts)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 def _load(name: str) -> dict:
     # YAML 1.1 reads the key `on` as True
     return {("on" if k is True else k): v for k, v in yaml.safe_load((ROOT / ".github" / "workflows" / name).read_text()).items()}

@@ -101,10 +101,54 @@ def paper_params_path(name: str) -> Path:
 
 
 def read_notebook(name: str):
-    """The notebook as an nbformat object, converted from MyST markdown by jupytext."""
-    import jupytext
-
+    """The notebook as an nbformat object, converted from MyST markdown by jupytext; without jupytext
+    (the science install, `pip install lowrank`) its code cells only, read by `myst_code_cells`:
+    enough for the parameter cell that `lowrank list` shows."""
+    try:
+        import jupytext
+    except ModuleNotFoundError:
+        return myst_code_cells(source_path(name).read_text(encoding="utf-8"))
     return jupytext.read(source_path(name))
+
+
+class _Cell(dict):
+    """A code cell as nbformat has it (`cell.cell_type`, `cell.metadata`, `cell.source`)."""
+
+    __getattr__ = dict.__getitem__
+
+
+class _Notebook:
+    def __init__(self, cells):
+        self.cells = cells
+
+
+# a MyST code cell: ```{code-cell} LANG ... ``` with its options as `:key: value` lines or a YAML block
+_CODE_CELL = re.compile(r"^(?P<fence>`{3,}|~{3,})\{code-cell\}[^\n]*\n(?P<body>.*?)^(?P=fence)[ \t]*$", re.M | re.S)
+
+
+def myst_code_cells(text: str) -> _Notebook:
+    """The code cells of a MyST notebook's text, each with its metadata and source, as jupytext reads
+    them up to trailing blank lines (tests/test_install.py checks every notebook of the book against jupytext)."""
+    from lowrank.book.runs import parse_yaml
+
+    cells = []
+    for m in _CODE_CELL.finditer(text):
+        lines = m.group("body").split("\n")[:-1]
+        meta = {}
+        if lines and lines[0].strip() == "---":
+            end = lines.index("---", 1)
+            meta = parse_yaml("\n".join(lines[1:end]), "code-cell options") or {}
+            lines = lines[end + 1:]
+        else:
+            while lines and re.match(r":[A-Za-z_-]+:", lines[0]):
+                key, _, value = lines.pop(0)[1:].partition(":")
+                meta[key] = parse_yaml(value.strip(), "code-cell option") if value.strip() else None
+        if meta and lines and not lines[0].strip():
+            lines.pop(0)  # the blank line that ends the options
+        while lines and not lines[-1].strip():
+            lines.pop()  # blank lines before the closing fence are not part of the cell
+        cells.append(_Cell(cell_type="code", metadata=meta, source="\n".join(lines)))
+    return _Notebook(cells)
 
 
 def parameter_defaults(nb) -> dict:

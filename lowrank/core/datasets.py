@@ -28,6 +28,7 @@ from lowrank.core.validation import check_choice
 __all__ = [
     "DEFAULT_DATA_ROOT",
     "DATA_ENV",
+    "MIRRORS_ENV",
     "user_data_dir",
     "default_data_root",
     "resolve_root",
@@ -52,6 +53,7 @@ __all__ = [
 
 DEFAULT_DATA_ROOT = "data"  # the name by which the paper files' `data_root` means the default data folder
 DATA_ENV = "LOWRANK_DATA"  # an environment variable naming the data folder; it overrides every default
+MIRRORS_ENV = "LOWRANK_DATA_MIRRORS"  # base URLs (space-separated) tried instead of a source's own mirrors
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -455,6 +457,8 @@ def fetch(name: str, root=None, *, sources: dict | None = None, progress: bool =
         points); MNIST goes to `root/MNIST/raw`, CIFAR-10 to `root/cifar-10-batches-py`
         (the layouts `mnist()` and `cifar10()` read).
     sources : the source table (default SOURCES); the tests pass a server on 127.0.0.1.
+        $LOWRANK_DATA_MIRRORS (base URLs separated by spaces: an institute's mirror holding the same
+        file names) replaces every source's mirrors.
 
     Returns the root. Verified files already present are not downloaded again. A mirror that cannot be
     reached or answers with an HTTP error (403, 404, 5xx) is passed over for the next one. Raises
@@ -464,6 +468,9 @@ def fetch(name: str, root=None, *, sources: dict | None = None, progress: bool =
     table = SOURCES if sources is None else sources
     check_choice(name, "dataset", frozenset(table))
     source = table[name]
+    mirrors = os.environ.get(MIRRORS_ENV, "").split()
+    if mirrors:
+        source = source._replace(mirrors=tuple(m if m.endswith("/") else m + "/" for m in mirrors))
     root = resolve_root(None) if root in (None, "") else Path(root).expanduser()
     folder = root / source.folder
     if source.extract_to and all((root / source.extract_to / n).is_file() for n in source.expect):
