@@ -65,6 +65,7 @@ def test_failure_message_names_the_cell_the_error_and_the_partial_notebook(tmp_p
     assert lines[-1].endswith(str(tmp_path / "part" / "name.ipynb")) and len(lines) <= 8
 
 
+@pytest.mark.slow  # starts a kernel
 def test_a_failing_notebook_keeps_its_partial_notebook_and_lowrank_run_says_so(tmp_path, monkeypatch, capsys):
     root = tmp_path / "notebooks"
     (root / "t").mkdir(parents=True)

@@ -8,6 +8,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -83,6 +84,7 @@ def test_environment_yml_and_binder_install_with_the_lock_and_the_cpu_index():
     assert "-c requirements/lock.txt" in stamp_rule.group(1)
 
 
+@pytest.mark.slow
 def test_import_changes_no_global_state_and_reproducible_skips_the_compiler():
     """`import lowrank...` leaves torch's flags alone; `device.reproducible()` turns on deterministic
     kernels without importing torch._inductor (0.9 s of every kernel's start) and without
