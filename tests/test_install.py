@@ -54,9 +54,9 @@ def test_science_install_in_a_fresh_venv_runs_the_lowrank_command(tmp_path):
         pytest.skip(f"no venv with pip could be made here ({err})")
     bin_ = tmp_path / "venv" / "bin"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON", "LOWRANK_"))}
-    env.update(HOME=str(tmp_path / "home"), PIP_DISABLE_PIP_VERSION_CHECK="1", XDG_DATA_HOME="",
+    env.pop("XDG_DATA_HOME", None)  # the user data folder is then ~/.local/share/lowrank below HOME
+    env.update(HOME=str(tmp_path / "home"), PIP_DISABLE_PIP_VERSION_CHECK="1",
                PIP_CACHE_DIR=os.environ.get("PIP_CACHE_DIR", str(Path.home() / ".cache" / "pip")))
-    env.pop("XDG_DATA_HOME")
     # a copy of the package's sources: building in place would leave build/ in the clone
     src = tmp_path / "src"
     shutil.copytree(ROOT / "lowrank", src / "lowrank", ignore=shutil.ignore_patterns("__pycache__"))

@@ -300,6 +300,8 @@ def main(argv=None) -> int:
         print(f"lowrank: error: {err}", file=sys.stderr)
         return 1
     except ModuleNotFoundError as err:  # a command of an extra the install lacks
+        if (err.name or "lowrank").split(".")[0] == "lowrank":
+            raise  # the package's own module: a bug, not a missing extra
         extra = "data" if err.name == "mnist1d" else "book"
         say(f"{err}: this command needs `pip install 'lowrank[{extra}]'` (the science install lacks {err.name})")
         return 1

@@ -37,7 +37,7 @@ __all__ = [
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_ROOT = REPO_ROOT / "notebooks"
 # the partial notebook of a failed execution (its outputs up to the failing cell): <part>/<name>.ipynb
-FAILED_ROOT = Path(os.environ.get("LOWRANK_FAILED_DIR") or REPO_ROOT / "_build" / "failed")
+FAILED_ROOT = REPO_ROOT / "_build" / "failed"
 
 
 def list_notebooks() -> list[str]:
@@ -128,7 +128,8 @@ _CODE_CELL = re.compile(r"^(?P<fence>`{3,}|~{3,})\{code-cell\}[^\n]*\n(?P<body>.
 
 def myst_code_cells(text: str) -> _Notebook:
     """The code cells of a MyST notebook's text, each with its metadata and source, as jupytext reads
-    them up to trailing blank lines (tests/test_install.py checks every notebook of the book against jupytext)."""
+    them up to trailing blank lines (tests/test_install.py checks every notebook of the book against
+    jupytext)."""
     from lowrank.book.runs import parse_yaml
 
     cells = []
