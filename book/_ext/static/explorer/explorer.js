@@ -164,10 +164,11 @@
     async function redraw() {
       const w = width(box);
       const epochs = data.curves.filter((r) => match(r, names));
+      const coarseName = data.coarse ? `average rank (eps ${data.coarse.slice(9)})` : "coarse rank";
       const long = [];
       epochs.forEach((r) => {
         long.push({epoch: r.epoch, quantity: "average rank", value: r.avg_rank});
-        if (data.coarse) long.push({epoch: r.epoch, quantity: `average rank (eps ${data.coarse.slice(9)})`, value: r[data.coarse]});
+        if (data.coarse) long.push({epoch: r.epoch, quantity: coarseName, value: r[data.coarse]});
       });
       const acc = [];
       epochs.forEach((r) => {
@@ -175,23 +176,24 @@
         acc.push({epoch: r.epoch, quantity: "test accuracy", value: r.test_acc});
       });
       const none = epochs.length === 0;
-      const line = (name, rows, title) => ({
+      const line = (name, rows, title, quantities) => ({
         $schema: "https://vega.github.io/schema/vega-lite/v6.json",
         title: none ? `${title}: no per-epoch curve saved for this setting` : title,
         width: w, height: 170, datasets: {[name]: rows}, data: {name},
         mark: {type: "line", point: false},
         encoding: {x: {field: "epoch", type: "quantitative", title: "epoch"},
                    y: {field: "value", type: "quantitative", title, scale: {zero: false}},
-                   strokeDash: {field: "quantity", type: "nominal", title: null, legend: {orient: "bottom"}},
+                   strokeDash: {field: "quantity", type: "nominal", title: null, legend: {orient: "bottom"},
+                               scale: {domain: quantities, range: [[1, 0], [5, 3]]}},  // as the figure: solid, dashed
                    tooltip: [{field: "epoch"}, {field: "quantity"}, {field: "value", format: ".4g"}]},
       });
-      views.rank = await draw(panes[0], line("curve", long, "average rank per epoch"));
-      views.accuracy = await draw(panes[1], line("accuracy", acc, "accuracy per epoch"));
+      views.rank = await draw(panes[0], line("curve", long, "average rank per epoch", ["average rank", coarseName]));
+      views.accuracy = await draw(panes[1], line("accuracy", acc, "accuracy per epoch", ["train accuracy", "test accuracy"]));
       const along = data.finals.filter((r) => match(r, names.filter((k) => k !== swept)));
       const setting = data.finals.find((r) => match(r, names)) || null;
       views.final = await draw(panes[2], {
         $schema: "https://vega.github.io/schema/vega-lite/v6.json",
-        title: `final average rank against ${NAMES[swept] || swept} (fitted seeds)`, width: w, height: 170,
+        title: `final rank against ${(NAMES[swept] || swept).split(" ").pop()} (fitted seeds)`, width: w, height: 170,
         datasets: {along, selected: setting ? [setting] : []},
         layer: [
           {data: {name: "along"}, mark: {type: "line", point: true},
