@@ -98,6 +98,16 @@ def test_phase_explorer_slider_moves_the_cell_and_shows_the_csv(browser, server)
     norms = tab.evaluate("() => document.querySelector('.lowrank-explorer').explorer.views.spikes.data('spikes')")
     assert {n["spike"]: n["norm"] for n in norms} == pytest.approx(
         {k[5:]: row[k] for k in ("norm_S1", "norm_S12", "norm_S2") if row[k] > 0}, rel=1e-9)
+    # a click on a map cell selects it (the sliders follow)
+    nu, alpha = float(grid["nu"].max()), float(grid["alpha"].max())
+    xy = tab.evaluate(f"""() => {{ const v = document.querySelector('.lowrank-explorer').explorer.views.map;
+        const r = v.container().querySelector('svg').getBoundingClientRect(), o = v.origin();
+        const x = v.scale('x'), y = v.scale('y');
+        return [r.left + o[0] + x({alpha}) + x.bandwidth() / 2, r.top + o[1] + y({nu}) + y.bandwidth() / 2]; }}""")
+    tab.mouse.click(*xy)
+    tab.wait_for_function(f"() => {{ const s = document.querySelector('.lowrank-explorer').explorer.state;"
+                          f" return s.nu === {nu} && s.alpha === {alpha}; }}", timeout=15_000)
+    _check_phase_readout(_readout(tab), _phase_row(grid, _state(tab)))
     assert not errors and not outside, (errors, outside)
 
 

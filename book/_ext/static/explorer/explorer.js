@@ -23,6 +23,7 @@
 
   /* One slider per key with more than one value (a fixed line otherwise); state[key] follows it. */
   function controls(box, keys, state, redraw, initial) {
+    const setters = {};
     const form = el("div", {class: "explorer-controls"});
     Object.entries(keys).forEach(([key, values]) => {
       const start = Math.max(0, values.findIndex((v) => initial && key in initial && same(v, initial[key])));
@@ -38,12 +39,20 @@
           out.textContent = fmt(state[key]);
           redraw();
         });
+        setters[key] = (value) => {  // move the slider to `value`, as a reader would
+          const i = values.findIndex((v) => same(v, value));
+          if (i >= 0 && i !== Number(input.value)) {
+            input.value = String(i);
+            input.dispatchEvent(new Event("input"));
+          }
+        };
         label.appendChild(input);
       }
       label.appendChild(out);
       form.appendChild(label);
     });
     box.appendChild(form);
+    return setters;
   }
 
   function readout(table, rows) {
@@ -113,6 +122,10 @@
            encoding: {x: {field: "alpha", type: "ordinal"}, y: {field: "nu", type: "ordinal", sort: "descending"}}},
         ],
       });
+      views.map.addEventListener("click", (event, item) => {  // a click on a cell selects it
+        const d = item && item.datum;
+        if (d && "nu" in d && "alpha" in d) { setters.nu && setters.nu(d.nu); setters.alpha && setters.alpha(d.alpha); }
+      });
       const norms = cell ? ["norm_S1", "norm_S12", "norm_S2"].filter((k) => k in cell && cell[k] > 0)
         .map((k) => ({spike: k.slice(5), norm: cell[k]})) : [];
       views.spikes = await draw(panes[1], {
@@ -145,7 +158,7 @@
       rendered(box);
     }
 
-    controls(box, keys, state, () => { pending = pending.then(redraw); });
+    const setters = controls(box, keys, state, () => { pending = pending.then(redraw); });
     box.insertBefore(box.querySelector(".explorer-controls"), box.querySelector(".explorer-charts"));
     pending = pending.then(redraw);
   }
