@@ -105,8 +105,9 @@ def test_phase_explorer_slider_moves_the_cell_and_shows_the_csv(browser, server)
         const x = v.scale('x'), y = v.scale('y');
         return [r.left + o[0] + x({alpha}) + x.bandwidth() / 2, r.top + o[1] + y({nu}) + y.bandwidth() / 2]; }}""")
     tab.mouse.click(*xy)
-    tab.wait_for_function(f"() => {{ const s = document.querySelector('.lowrank-explorer').explorer.state;"
-                          f" return s.nu === {nu} && s.alpha === {alpha}; }}", timeout=15_000)
+    shown = "(col) => Number(document.querySelector(`.explorer-readout td[data-col='${col}']`).dataset.value)"
+    tab.wait_for_function(f"() => {{ const v = {shown}; return v('nu') === {nu} && v('alpha') === {alpha}; }}",
+                          timeout=15_000)  # redrawn: the table shows the clicked cell
     _check_phase_readout(_readout(tab), _phase_row(grid, _state(tab)))
     assert not errors and not outside, (errors, outside)
 
