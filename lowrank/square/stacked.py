@@ -26,10 +26,10 @@ __all__ = ["train_stacked"]
 
 
 def _stack(models, dtype):
-    body = [torch.stack([m.body[k].v.detach().to(dtype) for m in models]).clone()
+    body = [torch.stack([m.body[k].v.detach().to(dtype) for m in models]).clone().requires_grad_(True)
             for k in range(len(models[0].body))]
-    head = torch.stack([m.head.v.detach().to(dtype) for m in models]).clone()
-    rho = torch.stack([m.rho.detach().to(dtype) for m in models]).clone()
+    head = torch.stack([m.head.v.detach().to(dtype) for m in models]).clone().requires_grad_(True)
+    rho = torch.stack([m.rho.detach().to(dtype) for m in models]).clone().requires_grad_(True)
     return body, head, rho
 
 
@@ -37,53 +37,13 @@ def _unit(v):
     return v / v.flatten(1).norm(dim=1).reshape(-1, *([1] * (v.ndim - 1)))
 
 
-def _through_unit(v, grad_w, gain=1.0):
-    """The gradient in `v` of a loss whose gradient in `W = gain * v / ||v||` is `grad_w` (per member):
-    `gain / ||v|| (G - <G, u> u)` with `u = v / ||v||`."""
-    shape = (-1, *([1] * (v.ndim - 1)))
-    norm = v.flatten(1).norm(dim=1).reshape(shape)
-    u = v / norm
-    along = (grad_w * u).flatten(1).sum(1).reshape(shape)
-    return gain / norm * (grad_w - along * u)
-
-
-def _loss_and_gradients(x, targets, body, head, rho, lam, gains):
-    """Per-member loss `(1/N) sum_n ||rho f_V(x_n) - t_n||^2 + lam rho^2` and its gradients in
-    (body..., head, rho), by backpropagation written out (the forward of `_outputs`, kept in full).
-    Autograd gives the same numbers (tests/test_square_stacked.py) at several times the cost on a CPU:
-    its batched-einsum backward does not reuse the forward's layout."""
-    n = x.shape[0]
-    hs, masks = [x], []
-    weights = [g * _unit(v) for v, g in zip(body, gains)]
-    for W in weights:
-        h = hs[-1]
-        if h.ndim == 2:  # the shared inputs: one product for all members, (n, d) x (d, K o)
-            z = (h @ W.reshape(-1, W.shape[-1]).T).reshape(h.shape[0], *W.shape[:2]).transpose(0, 1)
-        else:
-            z = torch.bmm(h, W.transpose(1, 2))
-        masks.append(z > 0)
-        hs.append(torch.relu(z))
-    U = _unit(head)
-    out = torch.bmm(hs[-1], U.transpose(1, 2))  # (K, n, C)
-    t = targets.reshape(out.shape)
-    r = rho.reshape(-1, 1, 1) * out - t
-    loss = (r**2).sum((1, 2)) / n + lam * rho**2
-    d_out = (2.0 / n) * rho.reshape(-1, 1, 1) * r
-    g_rho = (2.0 / n) * (r * out).sum((1, 2)) + 2 * lam * rho
-    g_head = _through_unit(head, torch.bmm(d_out.transpose(1, 2), hs[-1]))
-    d_h = torch.bmm(d_out, U)
-    g_body = [None] * len(body)
-    for k in range(len(body) - 1, -1, -1):
-        d_z = d_h * masks[k]
-        h_in = hs[k]
-        if h_in.ndim == 2:
-            g_w = (d_z.transpose(1, 2).reshape(-1, h_in.shape[0]) @ h_in).reshape(*d_z.shape[:1], d_z.shape[2], -1)
-        else:
-            g_w = torch.bmm(d_z.transpose(1, 2), h_in)
-        g_body[k] = _through_unit(body[k], g_w, gains[k])
-        if k:
-            d_h = torch.bmm(d_z, weights[k])
-    return loss, g_body + [g_head, g_rho]
+def _outputs(x, body, head, gains, single):
+    h = x
+    for v, g in zip(body, gains):
+        W = g * _unit(v)
+        h = torch.relu(torch.einsum("nd,kod->kno", h, W) if h.ndim == 2 else torch.einsum("kni,koi->kno", h, W))
+    out = torch.einsum("knp,kcp->knc", h, _unit(head))
+    return out.squeeze(-1) if single else out
 
 
 def _check(models, datasets):
@@ -125,8 +85,9 @@ def train_stacked(models, datasets, lams, *, epochs: int, lr: float, rho_lr: flo
     config = training.SquareConfig(epochs=epochs, lr=lr, rho_lr=rho_lr, momentum=momentum, schedule=schedule,
                                    min_lr=min_lr, dtype=dtype, nc=False)
     dtype = config.dtype
+    single = models[0].num_outputs == 1
     data = [training._to_device(m.to(dtype), d, torch.device("cpu"), dtype) for m, d in zip(models, datasets)]
-    x = data[0].x_train
+    x, n = data[0].x_train, data[0].n
     targets = torch.stack([d.targets for d in data])
     lam = torch.tensor(lams, dtype=dtype)
     gains = [float(layer.g) for layer in models[0].body]
@@ -136,8 +97,11 @@ def train_stacked(models, datasets, lams, *, epochs: int, lr: float, rho_lr: flo
     alive = torch.ones(len(models), dtype=torch.bool)
     for step in range(epochs):
         cur = training._lr_at(config, step, epochs)
+        out = _outputs(x, body, head, gains, single)
+        per_member = ((rho.reshape(-1, *([1] * (out.ndim - 1))) * out - targets) ** 2).reshape(len(models), n, -1)
+        loss = per_member.sum(2).mean(1) + lam * rho**2
+        grads = torch.autograd.grad(loss.sum(), params)
         with torch.no_grad():
-            loss, grads = _loss_and_gradients(x, targets, body, head, rho, lam, gains)
             alive &= torch.isfinite(loss)
             for i, (p, g) in enumerate(zip(params, grads)):
                 if momentum:
