@@ -255,6 +255,46 @@ def bench_notebooks():
                 "yes" if wall <= 60 else "no")
 
 
+CI_TABLE_START = "<!-- ci timings: bench/run.py --only ci -->"
+PAGE_TARGET_S, BOOK_TARGET_S, CI_TARGET_S = 45, 180, 1200  # issue 32: per page, the cold ci book, .ci/run
+
+
+def _replace_between(path: Path, start_marker: str, body: str, end_marker: str = "<!-- end -->") -> None:
+    text = path.read_text()
+    start = text.index(start_marker) + len(start_marker)
+    end = text.index(end_marker, start)
+    path.write_text(text[:start] + "\n" + body + "\n" + text[end:])
+
+
+def bench_ci(build_dir: Path, readme: Path = ROOT / "README.md"):
+    """The stages of the last `.ci/run` (`_build/ci-times.txt`) and the ci pages' execution seconds of
+    that build, into README's ci table: one run's numbers, each page also as a share of the whole."""
+    stages = [line.split() for line in (build_dir / "ci-times.txt").read_text().splitlines() if line.strip()]
+    pages = {}
+    for path in sorted((build_dir / "executed").rglob("*.ipynb")):
+        wall = json.loads(path.read_text())["metadata"].get("lowrank", {}).get("wall_s")
+        if wall is not None:
+            pages[path.relative_to(build_dir / "executed").with_suffix("").as_posix()] = wall
+    total_ci = sum(int(s) for _, s in stages)
+    total_pages = sum(pages.values())
+    # two kernels at a time: no schedule finishes the pages in less than this
+    floor = max(total_pages / 2, max(pages.values(), default=0.0))
+    lines = ["| measured | seconds | target | share |", "|---|---|---|---|"]
+    lines += [f"| `.ci/run` stage: {name} | {int(secs)} | | {int(secs) / total_ci:.0%} |" for name, secs in stages]
+    lines.append(f"| `.ci/run` in all | {total_ci} | <= {CI_TARGET_S} | |")
+    lines.append(f"| ci pages' execution, summed over pages | {total_pages:.0f} | | |")
+    lines.append(f"| floor of the ci book's execution on 2 workers (max of sum / 2, slowest page) | {floor:.0f} | "
+                 f"<= {BOOK_TARGET_S} with rendering | |")
+    lines += [f"| page {name} | {wall:.1f} | <= {PAGE_TARGET_S} | {wall / total_pages:.0%} |"
+              for name, wall in sorted(pages.items(), key=lambda kv: -kv[1])]
+    stamp = time.strftime("%Y-%m-%d", time.localtime((build_dir / "ci-times.txt").stat().st_mtime))
+    body = f"Measured by one `.ci/run` on a fresh clone, {stamp}, {os.cpu_count()} CPU cores.\n\n" + "\n".join(lines)
+    _replace_between(readme, CI_TABLE_START, body)
+    for name, secs in stages:
+        row(f".ci/run stage {name}, seconds", secs)
+    row(".ci/run in all, seconds", str(total_ci), f"<= {CI_TARGET_S}", "yes" if total_ci <= CI_TARGET_S else "no")
+
+
 PAPER_TABLE_START, PAPER_TABLE_END = "<!-- paper-scale timings: bench/run.py --only paper -->", "<!-- end -->"
 PAPER_TARGET_S, PART_I_TARGET_S = 180, 900  # issue 19: each Part I notebook, and all nine together, on 2 cores
 
@@ -305,7 +345,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--book", action="store_true", help="also time a cold and a warm book build")
-    ap.add_argument("--only", nargs="+", choices=["decomposition", "ensemble", "monitors", "notebooks", "paper"])
+    ap.add_argument("--only", nargs="+", choices=["decomposition", "ensemble", "monitors", "notebooks", "paper", "ci"])
+    ap.add_argument("--ci-build", type=Path, default=build.BUILD,
+                    help="the _build folder of a finished `.ci/run` (for --only ci; default this checkout's)")
     args = ap.parse_args()
     chosen = set(args.only or ["decomposition", "ensemble", "monitors", "notebooks", "paper"])
     if args.book:
@@ -320,6 +362,8 @@ def main():
         bench_notebooks()
     if "paper" in chosen:
         bench_paper()
+    if "ci" in chosen:
+        bench_ci(args.ci_build)
     machine = f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, " \
               f"{torch.get_num_threads()} threads"
     lines = [f"Measured {time.strftime('%Y-%m-%d')} on {machine} (`bench/run.py`, medians of {args.repeats}).", "",

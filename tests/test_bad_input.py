@@ -218,6 +218,7 @@ def test_sweep_refuses_a_spec_that_is_not_utf8(sandbox, capsys):
     refused(["sweep", spec, "--output", sandbox / "out"], "is not UTF-8 text", capsys, sandbox, keep=[spec])
 
 
+@pytest.mark.slow
 def test_sweep_refuses_an_unreachable_ray_address_within_bounded_tries(sandbox, capsys):
     import socket
 
@@ -324,6 +325,7 @@ def test_public_functions_refuse_bad_input(sandbox, i):
     assert written(sandbox) == []
 
 
+@pytest.mark.slow
 def test_collect_refuses_a_changed_run_folder(sandbox, capsys):
     spec = spec_file(sandbox, FUNCTION)
     out = sandbox / "out"

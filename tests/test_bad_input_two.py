@@ -124,6 +124,7 @@ def test_the_book_declares_its_file_parameters():
 
 # ---- 3. divergence travels through sweeps, results.csv and collect -------------------------------
 
+@pytest.mark.slow
 def test_divergence_reaches_results_collect_and_the_summary(sandbox, capsys):
     from lowrank.core import train
     from lowrank.sgd import ranks
@@ -376,6 +377,7 @@ def test_dict_parameters_keep_the_keys_left_out(sandbox):
     assert got["eps_by_name"] == {"a": 0.1, "b": 0.5} and got["ds"] == [3] and type(got["ds"][0]) is int
 
 
+@pytest.mark.slow
 def test_every_notebook_of_the_book_states_a_memory_estimate_that_refuses_absurd_sizes(monkeypatch):
     monkeypatch.setenv("LOWRANK_MEMORY_LIMIT", "64G")
     for name in notebooks.list_notebooks():

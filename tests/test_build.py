@@ -2,6 +2,8 @@
 
 import shutil
 
+import pytest
+
 from lowrank.book import build
 from probe_book import probe_notebook
 
@@ -17,6 +19,7 @@ def test_sources_follow_imports_transitively():
     assert not used & {"book/ledger.py", "book/runs.py", "book/cli.py", "book/build.py", "book/verdicts.py"}
 
 
+@pytest.mark.slow
 def test_key_changes_with_used_code_only(tmp_path, monkeypatch):
     pkg = tmp_path / "lowrank"
     shutil.copytree(build.PACKAGE, pkg, ignore=shutil.ignore_patterns("__pycache__"))
@@ -28,6 +31,7 @@ def test_key_changes_with_used_code_only(tmp_path, monkeypatch):
     assert build.execution_key(NB) != before
 
 
+@pytest.mark.slow
 def test_changed_function_shows_up_in_rebuilt_book(tmp_path):
     """Build a two-page book on a copy of the package, change a function one page uses, rebuild:
     that page shows the new value, the other page is not executed again."""
@@ -87,8 +91,9 @@ def test_a_figure_the_notebook_no_longer_draws_does_not_linger(tmp_path, monkeyp
     assert sorted(p.name for p in (tmp_path / "figures" / NB).iterdir()) == ["new_name.svg"]
 
 
-def test_key_follows_the_recorded_outcomes_of_its_verdicts(monkeypatch):
-    """An entry re-measured as unstable changes what the ci page shows, so it re-executes the page."""
+def test_key_follows_the_golden_record_of_its_verdicts(monkeypatch):
+    """An entry re-measured as unstable, or with another tolerance, changes what the ci page shows (its
+    outcome, its nbval summary), so it re-executes the page."""
     from lowrank.book import goldens
 
     golden = goldens.load()
@@ -97,4 +102,7 @@ def test_key_follows_the_recorded_outcomes_of_its_verdicts(monkeypatch):
     first = next(iter(block))
     block[first]["outcomes"] = {"agrees": 3, "disagrees": 3}
     monkeypatch.setattr(goldens, "load", lambda path=goldens.GOLDEN: {**golden, NB: block})
-    assert build.execution_key(NB) != before
+    unstable = build.execution_key(NB)
+    assert unstable != before
+    block[first] = {**block[first], "abs": 2 * block[first].get("abs", 1.0) + 1}
+    assert build.execution_key(NB) != unstable

@@ -6,6 +6,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,6 +22,7 @@ def test_environment_yml_matches_pyproject():
     assert all("==" in p for p in pins), "every dependency is pinned"
 
 
+@pytest.mark.slow
 def test_import_changes_no_global_state_and_reproducible_skips_the_compiler():
     """`import lowrank...` leaves torch's flags alone; `device.reproducible()` turns on deterministic
     kernels without importing torch._inductor (0.9 s of every kernel's start) and without

@@ -26,6 +26,8 @@ import pytest
 
 from lowrank.book import build, notebooks, runs
 
+pytestmark = pytest.mark.book  # reads the built HTML book
+
 HTML = build.BUILD / "html"
 SCREENSHOTS = build.BUILD / "screenshots"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -55,6 +55,7 @@ def test_the_checker_sees_a_wrong_direction(tmp_path):
     assert all(LAYER[subpackage(n)] > LAYER["core"] for n in found)
 
 
+@pytest.mark.slow
 def test_science_imports_without_the_book_sweep_and_test_stacks():
     code = ("import sys; import lowrank.core.spectral, lowrank.core.train, lowrank.gradients.dynamics, "
             "lowrank.sgd.theory, lowrank.square.training, lowrank.square.bounds; "

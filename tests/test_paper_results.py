@@ -106,6 +106,7 @@ def test_notebooks_without_their_data_are_skipped_with_the_fetch_command(tmp_pat
     assert pb.missing_data("sgd/rank_bound", {"dataset": "cifar10", "data_root": str(tmp_path)}) is None
 
 
+@pytest.mark.slow
 def test_paper_build_executes_stores_caches_and_skips(tmp_path, monkeypatch, capsys):
     """The build's bookkeeping with the kernel replaced by a stub (a real paper-scale execution takes
     minutes to hours): one notebook executed and stored, one skipped for its data, then a cache hit."""
@@ -196,6 +197,7 @@ def _probe(name, dataset):
                           "The value is {glue:text}`n_squared`.")
 
 
+@pytest.mark.slow
 def test_make_paper_on_a_probe_book(tmp_path):
     """`python -m lowrank.book.build --scale paper` end to end on a two-page copy of the book: the page
     with a paper file is executed with it, stored with provenance and rendered in the paper-scale

@@ -92,6 +92,7 @@ def test_failed_run_leaves_no_folder(tmp_path, monkeypatch):
     assert list((tmp_path / NB).iterdir()) == []
 
 
+@pytest.mark.slow
 def test_run_folder_contents_reuse_and_report(tmp_path):
     params = runs.resolve_parameters(NB, overrides=TINY)
     folder, reused = runs.run(NB, params, runs_root=tmp_path)
@@ -113,6 +114,7 @@ def test_run_folder_contents_reuse_and_report(tmp_path):
     assert "identity_residual" in text and "data:image/png;base64" in text
 
 
+@pytest.mark.slow
 def test_same_parameters_give_identical_verdicts(tmp_path):
     """Determinism on the CPU: two executions, bit-identical verdicts (not just rounded)."""
     params = runs.resolve_parameters(NB, overrides={**TINY, "seed": 7})
@@ -144,6 +146,7 @@ def _fake_execute(calls):
     (lambda f: (f / "notebook.ipynb").write_text(""), "notebook.ipynb changed"),
     (lambda f: (f / "manifest.json").unlink(), "no readable manifest.json"),
 ])
+@pytest.mark.slow
 def test_a_changed_run_folder_is_run_again_and_said(tmp_path, monkeypatch, capsys, tamper, why):
     calls = []
     monkeypatch.setattr(notebooks, "execute", _fake_execute(calls))
@@ -170,6 +173,7 @@ def test_the_run_key_covers_the_code(tmp_path, monkeypatch):
     assert runs.run_hash(NB, params) == runs.run_hash(NB, params, code="edited lowrank/")
 
 
+@pytest.mark.slow
 def test_stale_partial_folders_of_dead_processes_are_cleaned(tmp_path, monkeypatch):
     import os
     import socket
@@ -225,6 +229,7 @@ def test_report_temporary_file_is_removed_on_error(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_kernels_start_without_the_tcp_warning(tmp_path, monkeypatch, capfd):
     """The kernel's sockets are local IPC, so it no longer prints "Kernel is running over TCP
     without encryption"; with jupyter_client's default (TCP) manager the same run prints it."""
@@ -240,6 +245,7 @@ def test_kernels_start_without_the_tcp_warning(tmp_path, monkeypatch, capfd):
     assert "without encryption" in capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_kernels_started_at_once_in_one_folder_get_sockets_of_their_own(tmp_path, monkeypatch):
     """Two executions of the same notebook at once (the goldens' seeds, the build's two jobs) each
     get their own IPC sockets, none of them in the notebook's folder (jupyter_client's default puts
@@ -292,6 +298,7 @@ def test_execute_leaves_no_work_folder_and_cleans_dead_ones(tmp_path, monkeypatc
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_lowrank_run_shows_progress_per_cell(tmp_path, monkeypatch, capsys):
     """`lowrank run` is not silent while it works: papermill's bar counts the executed cells."""
     monkeypatch.setattr(runs, "RUNS", tmp_path)

@@ -9,6 +9,8 @@ import yaml
 
 from lowrank.book import cli, sweeps
 
+pytestmark = pytest.mark.slow  # every sweep test starts kernels or Ray workers
+
 
 @pytest.fixture(autouse=True)
 def allow_the_sweep_fixture_module(monkeypatch):

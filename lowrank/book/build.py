@@ -102,7 +102,7 @@ def execution_key(name: str) -> str:
     for p in lowrank_sources(code):
         h.update(p.relative_to(PACKAGE).as_posix().encode())
         h.update(p.read_bytes())
-    h.update(json.dumps(goldens.recorded_outcomes(name), sort_keys=True).encode())
+    h.update(json.dumps(goldens.recorded_block(name), sort_keys=True, default=str).encode())
     return h.hexdigest()
 
 
@@ -135,7 +135,17 @@ def _execute_one(name: str, key: str, threads: int) -> tuple[str, float]:
 
 
 def execute_all(names, jobs: int, force: bool = False) -> dict:
-    """Execute the notebooks whose key changed; return `{name: seconds}` of those executed."""
+    """Execute the notebooks whose key changed; return `{name: seconds}` of those executed. One process
+    at a time (a lock file): test workers that need the book wait for the first one's execution."""
+    import fcntl
+
+    EXECUTED.mkdir(parents=True, exist_ok=True)
+    with open(EXECUTED / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _execute_stale(names, jobs, force)
+
+
+def _execute_stale(names, jobs: int, force: bool) -> dict:
     todo = [n for n in names if force or not is_current(n)]
     done = {}
     if not todo:
