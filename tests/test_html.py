@@ -322,26 +322,29 @@ def test_verdict_descriptions_render_their_math(page, server, browser):
 
 
 def _text_dumps(page: str) -> list[str]:
-    """The first line of every DataFrame printed as text in `page`'s outputs (lowrank.book.tables.text_dump)."""
+    """The first line of every DataFrame printed as text in `page`'s outputs (lowrank.book.tables.text_dump),
+    and every DataFrame left to pandas' own HTML (all digits, no units: `class="dataframe"`)."""
     from lowrank.book.tables import text_dump
 
     found = []
     for cell in nbformat.read(build.executed_path(_notebook(page)), as_version=4).cells:
         for out in cell.get("outputs", []):
             if out.get("output_type") == "stream":
-                lines = text_dump(out.get("text", ""))
-                found += lines[:1]
+                found += text_dump(out.get("text", ""))[:1]
+            if 'class="dataframe' in str(out.get("data", {}).get("text/html", "")):
+                found.append("a DataFrame in pandas' own HTML (unformatted)")
     return found
 
 
-# Pages whose notebooks still print DataFrames as text (`print(df.to_string())`): their owners replace
-# those lines by `tables.show(df, ...)` (see lowrank/book/tables.py); each entry leaves this list then.
-TEXT_DUMPS_PENDING = {
-    "notebooks/gradients/convolution.html", "notebooks/gradients/decomposition.html",
-    "notebooks/gradients/large_spike.html", "notebooks/gradients/mf_vs_ntk.html",
-    "notebooks/gradients/phase_diagram.html", "notebooks/gradients/real_data.html",
-    "notebooks/gradients/regularization.html", "notebooks/gradients/relu.html", "notebooks/gradients/scaling.html",
-}
+# Pages whose notebooks still print DataFrames as text (`print(df.to_string())`) or leave them to pandas'
+# HTML: their owners replace those lines by `tables.show(df, ...)` (lowrank/book/tables.py); a page leaves
+# this list when it does (the test says so).
+TEXT_DUMPS_PENDING = {f"notebooks/{n}.html" for n in (
+    "gradients/convolution", "gradients/decomposition", "gradients/large_spike", "gradients/mf_vs_ntk",
+    "gradients/phase_diagram", "gradients/real_data", "gradients/regularization", "gradients/relu",
+    "gradients/scaling", "sgd/architectures", "sgd/generalization", "sgd/rank_vs_batch_size",
+    "sgd/rank_vs_learning_rate", "sgd/rank_vs_weight_decay", "sgd/sgd_noise", "square/neural_collapse",
+    "square/quasi_interpolation", "square/rademacher_bounds", "square/random_labels", "square/rho_dynamics")}
 
 
 @pytest.mark.parametrize("page", [p for p in _pages() if _notebook(p)])

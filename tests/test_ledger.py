@@ -28,7 +28,7 @@ def test_each_part_gets_generated_sentences_on_what_holds_and_what_did_not_run(m
     """Counted here by hand from the rows: the sentences say the counts, the pages by outcome at the
     largest scale measured, and why the other pages did not run at paper scale."""
     monkeypatch.setattr(ledger, "page_title", lambda name: {"sgd/x": "Page X", "sgd/y": "Page Y"}[name])
-    monkeypatch.setattr(ledger, "not_run_reason", lambda name: "no CIFAR-10 here")
+    monkeypatch.setattr(ledger, "not_run_reason", lambda name, short=False: "no CIFAR-10 here")
     rows = [_row("a", "agrees"), _row("b", "needs a larger scale"), _row("c", "unstable"),
             {**_row("d", "agrees"), "notebook": "sgd/y"}, {**_row("e", "disagrees"), "notebook": "sgd/y"},
             {**_row("f", "disagrees"), "notebook": "sgd/y"}]

@@ -40,7 +40,7 @@ def test_the_empty_claim_header_is_named_and_cells_are_labelled(monkeypatch):
     header = ["", "kind", "verdict", "measured", "control", "expects (origin)", "outcome"]
     doc, table = _verdict_table(header, ["I-1", "check", "lambda ||W|| <= 1", "-0", "—", "<= 1 (probe)", "holds"])
     record = {"name": "probe_norm", "description": "lambda ||W|| <= 1", "latex": r"$\lambda \|W\| \le 1$",
-              "kind": "check", "outcome": "holds"}
+              "kind": "check", "outcome": "holds", "measured": 0.7}
     monkeypatch.setattr(reader, "_executed_verdicts", lambda name: {"probe_norm": record})
     reader._mark_verdicts(None, doc, "notebooks/probe/page")
     head = next(iter(table.findall(nodes.thead)))
@@ -51,6 +51,7 @@ def test_the_empty_claim_header_is_named_and_cells_are_labelled(monkeypatch):
     assert [c["classes"][0] for c in cells] == ["vcol-claim", "vcol-kind", "vcol-verdict", "vcol-measured",
                                                 "vcol-control", "vcol-expectsorigin", "vcol-outcome"]
     assert any(isinstance(n, nodes.math) for n in cells[2].findall(nodes.math))
+    assert cells[3].astext() == "0.7000"  # one format down the measured column
     # a record without latex keeps its plain description
     doc, table = _verdict_table(header, ["I-1", "check", "lambda ||W|| <= 1", "1", "—", "<= 1", "holds"])
     monkeypatch.setattr(reader, "_executed_verdicts", lambda name: {"probe_norm": {**record, "latex": ""}})

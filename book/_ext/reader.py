@@ -406,7 +406,8 @@ def latex_paragraph(text: str) -> nodes.paragraph | None:
     return para
 
 
-VERDICT_COLUMN_NAMES = {"": "claim"}  # show() leaves the claim id's header empty
+VERDICT_COLUMN_NAMES = {"": "claim"}
+MEASURED_DIGITS = 4  # as lowrank.book.verdicts.show prints them  # show() leaves the claim id's header empty
 
 
 def _label_columns(table, cols: list[str]) -> list[str]:
@@ -430,6 +431,7 @@ def _key(text: str) -> str:
 
 def _mark_verdicts(app, doctree, docname):
     from lowrank.book.ledger import OUTCOME_STYLE
+    from lowrank.book.tables import significant
 
     name = _notebook_name(docname)
     if name is None:
@@ -457,6 +459,10 @@ def _mark_verdicts(app, doctree, docname):
                 shown = latex_paragraph(record.get("latex") or "")
                 if shown is not None:
                     entries[i_verdict].children = [shown]
+                if "measured" in cols and isinstance(record.get("measured"), (int, float)):
+                    # one format down the column: 4 significant digits with their trailing zeros, no "-0"
+                    entries[cols.index("measured")].children = [
+                        nodes.paragraph(text=significant(record["measured"], MEASURED_DIGITS))]
             outcome, _, rest = entries[i_outcome].astext().strip().partition(" (")  # "unstable (agrees in 2 of 6)"
             if outcome in OUTCOME_STYLE:
                 badge = nodes.inline(text=outcome, classes=["outcome-badge", f"outcome-{OUTCOME_STYLE[outcome]}"])

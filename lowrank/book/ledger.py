@@ -241,25 +241,29 @@ def _title_html(name: str) -> str:
 DATA_NAME = {"mnist": "MNIST", "cifar10": "CIFAR-10"}
 
 
-def not_run_reason(name: str) -> str:
-    """Why `name` has no stored paper-scale result, as a predicate ("needs CIFAR-10, not fetched ..."):
-    the real data its paper file reads when they are not where the book was built, a paper file that
-    no longer matches the page's parameters, or simply that nobody has run it."""
+def not_run_reason(name: str, short: bool = False) -> str:
+    """Why `name` has no stored paper-scale result, in words ("no CIFAR-10 where this book was built
+    (...), and the paper's sizes take hours of a GPU"; `short`: "no CIFAR-10"): the real data its paper
+    file reads when they are not where the book was built, a paper file the page's parameter checks
+    reject, or simply that nobody has run it."""
     from lowrank.book import paper_build
     from lowrank.core import datasets
 
     try:
         params = _paper_results_module.paper_parameters(name)
     except Exception:  # noqa: BLE001 (a paper file that no longer parses or validates: say so, build on)
-        return "paper file rejected by the page's parameter checks (`lowrank run PART/NAME --scale paper` says why)"
+        return "paper file rejected" if short else \
+            "paper file rejected by the page's parameter checks (`lowrank run PART/NAME --scale paper` says why)"
     data = paper_build.required_data(params)
     root = datasets.resolve_root(params.get("data_root") or None)
-    absent = [DATA_NAME.get(d, d) for d in data if not datasets.present(d, root)]
+    absent = [d for d in data if not datasets.present(d, root)]
+    names = " or ".join(DATA_NAME.get(d, d) for d in absent)
+    if absent and short:
+        return f"no {names}"
     if absent:
-        fetch = " ".join(f"`lowrank data fetch {d}`" for d in data if DATA_NAME.get(d, d) in absent)
-        return (f"no {' or '.join(absent)} where this book was built ({fetch}), and the paper's sizes "
-                "take hours of a GPU")
-    return "not run yet"
+        fetch = " ".join(f"`lowrank data fetch {d}`" for d in absent)
+        return f"no {names} where this book was built ({fetch}), and the paper's sizes take hours of a GPU"
+    return "" if short else "not run yet"
 
 
 def _page_claims(rows: list[dict], name: str, scale: str) -> list[dict]:
@@ -375,7 +379,8 @@ def matrix_html(rows: list[dict], part: str, base: str) -> str:
         stale = any(r.get("paper_stale") for r in mine)
         paper_cell = (_count_cell(paper) + (' <span class="outcome-badge outcome-none" title="the paper file changed '
                                             'since this run">stale</span>' if stale else "")) if paper else \
-            f'<span class="outcome-badge outcome-none">not run</span> <small>{_code(_e(not_run_reason(name)))}</small>'
+            (f'<span class="outcome-badge outcome-none" title="{_e(not_run_reason(name))}">not run</span> '
+             f'<small>{_e(not_run_reason(name, short=True))}</small>')
         body.append(f'<tr><td data-label="page"><small class="claim-id">{_e(mine[0]["claim"])}</small> '
                     f'<a href="{_e(base)}notebooks/{_e(name)}.html">{_title_html(name)}</a></td>'
                     f'<td data-label="ci scale">{_count_cell(ci)}</td><td data-label="paper scale">{paper_cell}</td></tr>')
@@ -419,7 +424,7 @@ def summary_html(rows: list[dict], base: str, golden: dict | None = None) -> str
     for part in PARTS:
         out += [f'<section class="paper-block" data-part="{part}"><p class="paper-title"><strong>Part {part}</strong> · '
                 f"{_e(PAPERS[part])}</p>", paper_summary_html(rows, part, base),
-                f"<details class=\"paper-matrix\"><summary>Its pages by scale</summary>{matrix_html(rows, part, base)}"
+                f"<details class=\"paper-matrix\" open><summary>Its pages by scale</summary>{matrix_html(rows, part, base)}"
                 "</details></section>"]
     out.append(_range_note(golden))
     return "".join(out)
@@ -456,19 +461,18 @@ def _outcome_html(v: dict | None, date: str | None = None, stale: bool = False) 
     if v is None:
         return '<span class="outcome-badge outcome-none">not run</span>'
     stab = (v.get("details") or {}).get("stability")
-    out = f'{badge(v["outcome"])} <span class="measured">{fmt(v["measured"])}</span>'
+    when = f' title="measured {_e(date)}"' if date else ""
+    out = f'{badge(v["outcome"])} <span class="measured"{when}>{fmt(v["measured"])}</span>'
     if v["outcome"] == UNSTABLE and stab:
         out += f'<br><small>{_e(stability_text(stab["outcomes"]))}</small>'
-    if date:
-        out += f" <small>{_e(date)}</small>"
     if stale:
         out += ' <span class="outcome-badge outcome-none" title="the paper file changed since this run">stale</span>'
     return out
 
 
 def _row_html(r: dict, toc_files: set[str]) -> str:
-    """One verdict: its claim id and page, its description (math rendered), the outcome at each scale;
-    the threshold, its origin, the controls and the note folded in a details element."""
+    """One verdict: its description (math rendered) linking to its row on its page, the outcome at each
+    scale; the threshold, its origin, the controls and the note folded in a details element."""
     v, nb = r["verdict"], r["notebook"]
     in_book = f"notebooks/{nb}" in toc_files
     if v is None:
@@ -483,22 +487,34 @@ def _row_html(r: dict, toc_files: set[str]) -> str:
         more.append(f"<p><strong>Negative control{'s' if len(v['controls']) > 1 else ''}</strong>: {_control_text(v)}</p>")
     if v.get("note"):
         more.append(f"<p>{_e(v['note'])}</p>")
-    page = _title_html(nb) if in_book else _e(nb)
     return (f'<tr class="kind-{_e(v["kind"])}" data-outcome="{_e(v["outcome"])}">'
-            f'<td data-label="verdict"><small class="claim-id">{_e(r["claim"])} · {_e(v["kind"])} · {page}</small><br>'
-            f'{link}<details class="ledger-more"><summary>threshold, control</summary>{"".join(more)}</details></td>'
+            f'<td data-label="{_e(v["kind"])}">{link}<details class="ledger-more"><summary>threshold, control</summary>'
+            f'{"".join(more)}</details></td>'
             f'<td data-label="ci scale" class="outcome-cell">{_outcome_html(v)}</td>'
             f'<td data-label="paper scale" class="outcome-cell">'
             f'{_outcome_html(r.get("paper"), r.get("paper_date"), bool(r.get("paper_stale")))}</td></tr>')
 
 
+def _page_row(r: dict, toc_files: set[str]) -> str:
+    """The row that opens a page's verdicts: its claim id and title, linked."""
+    nb = r["notebook"]
+    title = (f'<a href="../notebooks/{_e(nb)}.html">{_title_html(nb)}</a>' if f"notebooks/{nb}" in toc_files
+             else f"<code>{_e(nb)}</code>")
+    return f'<tr class="page-row"><th colspan="3" scope="rowgroup"><span class="claim-id">{_e(r["claim"])}</span> {title}</th></tr>'
+
+
 def _part_table(rows: list[dict], toc_files: set[str]) -> str:
-    """Rows in claims.yaml order."""
+    """Rows in claims.yaml order, each page's under a row naming the page."""
     head = ["verdict (links to its row on its page)", "ci scale", "paper scale"]
+    body, page = [], None
+    for r in rows:
+        if r["notebook"] != page and r["verdict"] is not None:
+            body.append(_page_row(r, toc_files))
+        page = r["notebook"]
+        body.append(_row_html(r, toc_files))
     return ('<div class="ledger-wrap"><table class="ledger-table rows"><colgroup><col class="c-verdict">'
             '<col class="c-ci"><col class="c-paper"></colgroup><thead><tr>' +
-            "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>" +
-            "".join(_row_html(r, toc_files) for r in rows) + "</tbody></table></div>")
+            "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>" + "".join(body) + "</tbody></table></div>")
 
 
 def _raw(text: str) -> list[str]:
