@@ -55,3 +55,13 @@ def test_text_dumps_are_found_and_other_printed_lines_are_not():
     assert tables.text_dump(summary) == []
     assert tables.text_dump("max over 40 configurations of ||G - S|| / ||G|| = 1.29e-15") == []
     assert tables.text_dump(repr(tables.table(df))) != []  # the plain-text form is a table too: shown as HTML
+
+
+def test_a_pivot_tables_columns_are_named_by_their_levels():
+    df = pd.DataFrame({"lr": [0.1, 0.1, 0.2], "momentum": [0.0, 0.9, 0.0], "A": [1.5, 15.0, 3.0]})
+    pivot = df.pivot_table(index="lr", columns=["momentum"], values="A")
+    t = tables.table(pivot)
+    assert t.header == ["lr", "momentum 0.0", "momentum 0.9"]
+    assert t.rows[1] == ["0.200", "3.00", "—"]
+    two = df.assign(bs=[4, 4, 8]).pivot_table(index="lr", columns=["momentum", "bs"], values="A")
+    assert tables.table(two).header == ["lr", "momentum 0.0, bs 4", "momentum 0.0, bs 8", "momentum 0.9, bs 4"]

@@ -100,8 +100,17 @@ class Table:
         unknown = sorted(set(units) - set(map(str, frame.columns)))
         if unknown:
             raise ValueError(f"units for columns the table does not have: {unknown}")
-        self.header = [str(names.get(str(c), c)) + (f" ({units[str(c)]})" if str(c) in units else "")
-                       for c in frame.columns]
+        levels = list(frame.columns.names)
+
+        def label(c):  # a pivot table's column ("momentum 0.9, weight_decay 0.0005"), else the column's name
+            if not isinstance(c, tuple):
+                named = len(levels) == 1 and levels[0] and not isinstance(c, str)  # a one-level pivot: "momentum 0.9"
+                return f"{levels[0]} {c}" if named else str(names.get(str(c), c))
+            if all(str(v) == "" for v in c[1:]):  # the index, moved into the columns
+                return str(c[0])
+            return ", ".join(f"{lv} {v}" if lv else str(v) for lv, v in zip(levels, c) if str(v) != "")
+
+        self.header = [label(c) + (f" ({units[str(c)]})" if str(c) in units else "") for c in frame.columns]
         self.numeric = [pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])
                         for c in frame.columns]
         cells = []
