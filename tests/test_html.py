@@ -24,10 +24,12 @@ from urllib.parse import unquote, urljoin, urlparse
 import nbformat
 import pytest
 
-from lowrank.book import build, notebooks, runs
+from lowrank.book import build, notebooks, pages, rules
 
-HTML = build.BUILD / "html"
-SCREENSHOTS = build.BUILD / "screenshots"
+pytestmark = pytest.mark.book  # reads the built HTML book
+
+HTML = pages.BUILD / "html"
+SCREENSHOTS = pages.BUILD / "screenshots"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run"]
@@ -187,7 +189,7 @@ def test_verdict_section_is_a_table_with_one_anchored_row_per_verdict(page, serv
     assert box.count() == 1, f"{page}: no rerun box"
     box_text = box.inner_text()
     assert f"lowrank run {_notebook(page)}" in box_text
-    assert len(runs.parameter_specs(_notebook(page))) == box.locator(".rerun-parameter-table tbody tr").count()
+    assert len(rules.parameter_specs(_notebook(page))) == box.locator(".rerun-parameter-table tbody tr").count()
     tab.context.close()
 
 
