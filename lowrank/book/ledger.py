@@ -246,7 +246,6 @@ def not_run_reason(name: str, short: bool = False) -> str:
     (...), and the paper's sizes take hours of a GPU"; `short`: "no CIFAR-10"): the real data its paper
     file reads when they are not where the book was built, a paper file the page's parameter checks
     reject, or simply that nobody has run it."""
-    from lowrank.book import paper_build
     from lowrank.core import datasets
 
     try:
@@ -254,7 +253,7 @@ def not_run_reason(name: str, short: bool = False) -> str:
     except Exception:  # noqa: BLE001 (a paper file that no longer parses or validates: say so, build on)
         return "paper file rejected" if short else \
             "paper file rejected by the page's parameter checks (`lowrank run PART/NAME --scale paper` says why)"
-    data = paper_build.required_data(params)
+    data = _paper_results_module.required_data(params)
     root = datasets.resolve_root(params.get("data_root") or None)
     absent = [d for d in data if not datasets.present(d, root)]
     names = " or ".join(DATA_NAME.get(d, d) for d in absent)
