@@ -21,6 +21,7 @@ import yaml
 
 from lowrank.book import notebooks, pages, paper_results, rules, runs
 from lowrank.book.keys import execution_key
+from lowrank.book.paper_results import REAL_DATA, required_data  # noqa: F401 (re-exported)
 
 __all__ = ["PAPER", "required_data", "missing_data", "execute_paper", "paper_toc", "main"]
 
@@ -28,26 +29,12 @@ PAPER = pages.BUILD / "paper"
 EXECUTED = PAPER / "executed"
 FIGURES = PAPER / "figures"
 CACHE = PAPER / ".jupyter_cache"
-REAL_DATA = ("mnist", "cifar10")
 PAPER_CELL_TIMEOUT = 48 * 3600  # seconds per cell: a paper-scale training cell may run for hours
 HEARTBEAT_S = 60.0  # how often a running notebook reports its elapsed time and cell
 
 
 def executed_path(name: str) -> Path:
     return EXECUTED / f"{name}.ipynb"
-
-
-def required_data(params: dict) -> list[str]:
-    """The real data sets (`mnist`, `cifar10`) a parameter set reads: the values of `dataset` and of
-    any list parameter whose name starts with `dataset` (e.g. `datasets_used`)."""
-    found = []
-    for key, value in params.items():
-        if not key.startswith("dataset"):
-            continue
-        for v in value if isinstance(value, list) else [value]:
-            if v in REAL_DATA and v not in found:
-                found.append(v)
-    return found
 
 
 def missing_data(name: str, params: dict) -> str | None:

@@ -31,6 +31,22 @@ __all__ = ["RESULTS", "result_dir", "paper_parameters", "parameter_hash", "store
 RESULTS = notebooks.REPO_ROOT / "results" / "paper"
 
 
+REAL_DATA = ("mnist", "cifar10")
+
+
+def required_data(params: dict) -> list[str]:
+    """The real data sets (`mnist`, `cifar10`) a parameter set reads: the values of `dataset` and of
+    any list parameter whose name starts with `dataset` (e.g. `datasets_used`)."""
+    found = []
+    for key, value in params.items():
+        if not key.startswith("dataset"):
+            continue
+        for v in value if isinstance(value, list) else [value]:
+            if v in REAL_DATA and v not in found:
+                found.append(v)
+    return found
+
+
 def result_dir(name: str, root: Path | None = None) -> Path:
     return (RESULTS if root is None else Path(root)) / name
 
