@@ -345,8 +345,7 @@ TEXT_DUMPS_PENDING = {f"notebooks/{n}.html" for n in (
     "gradients/convolution", "gradients/decomposition", "gradients/large_spike", "gradients/mf_vs_ntk",
     "gradients/phase_diagram", "gradients/real_data", "gradients/regularization", "gradients/relu",
     "gradients/scaling", "sgd/architectures", "sgd/generalization", "sgd/rank_vs_batch_size",
-    "sgd/rank_vs_learning_rate", "sgd/rank_vs_weight_decay", "sgd/sgd_noise", "square/neural_collapse",
-    "square/quasi_interpolation", "square/rademacher_bounds", "square/random_labels", "square/rho_dynamics")}
+    "sgd/rank_vs_learning_rate", "sgd/rank_vs_weight_decay", "sgd/sgd_noise")}
 
 
 @pytest.mark.parametrize("page", [p for p in _pages() if _notebook(p)])
