@@ -7,7 +7,7 @@ import nbformat
 import pytest
 import yaml
 
-from lowrank.book import build, goldens, notebooks, pages
+from lowrank.book import build, goldens, notebooks, pages, rules
 
 GOLDEN = goldens.load()
 NAMES = build.book_notebooks()
@@ -79,6 +79,7 @@ def test_paper_params_are_notebook_parameters(name):
     assert paper.get("scale") == "paper" and defaults.get("scale") == "ci"
     for key, value in paper.items():
         assert type(value) is type(defaults[key]) or (isinstance(value, (int, float)) and isinstance(defaults[key], (int, float))), key
+    rules.resolve_parameters(name, scale="paper", memory=False)  # the paper file obeys the notebook's own rules
 
 
 def test_book_renders_executed_outputs_without_reexecuting():
