@@ -5,10 +5,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: book test unit reproduce diff paper env clean browser
 
-# The environment: a venv with the pinned stack, rebuilt when pyproject.toml changes.
-$(STAMP): pyproject.toml
+# The environment: a venv with the locked stack (pyproject.toml's ranges, requirements/lock.txt's exact
+# versions), rebuilt when either changes. The lock pins torch's public version: add PyTorch's CPU index
+# (PIP_EXTRA_INDEX_URL, as book.yml does) where no local `+cpu` wheel is at hand, or pip takes PyPI's CUDA build.
+$(STAMP): pyproject.toml requirements/lock.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[book,sweep,test]'
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -c requirements/lock.txt -e '.[book,sweep,test]'
 	$(VENV)/bin/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3" >/dev/null
 	touch $(STAMP)
 

@@ -402,10 +402,12 @@ def _mark_verdicts(app, doctree, docname):
 # --- page context: launch links, theorem numbers -------------------------------------------------
 
 def _colab_url(app, pagename: str) -> str:
-    """Colab opens the executed notebook published with the HTML (`_sources/<page>.ipynb` on gh-pages)."""
+    """Colab opens the executed notebook that book.yml publishes on the `notebooks` branch
+    (`lowrank.book.pages.colab_url`)."""
+    from lowrank.book.pages import colab_url
+
     url, _ = repository(app)
-    owner_repo = url.split("github.com/", 1)[-1]
-    return f"https://colab.research.google.com/github/{owner_repo}/blob/gh-pages/_sources/{pagename}.ipynb"
+    return colab_url(url, _notebook_name(pagename))
 
 
 def _walk_buttons(buttons):

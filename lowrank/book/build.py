@@ -106,6 +106,8 @@ def main(argv=None) -> None:
     ap.add_argument("--no-html", action="store_true", help="execute only; skip Jupyter Book")
     ap.add_argument("--only", nargs="+", metavar="PART/NAME", help="execute just these notebooks (always), nothing else")
     ap.add_argument("--list-executed", action="store_true", help="print the executed notebooks of the book and exit")
+    ap.add_argument("--keys", action="store_true", help="print each notebook's execution key and exit (book.yml "
+                    "keys its cache of executed notebooks by them)")
     ap.add_argument("--scale", choices=["ci", "paper"], default="ci",
                     help="paper: every notebook with its paper file on the best device, into _build/paper/")
     args = ap.parse_args(argv)
@@ -116,6 +118,9 @@ def main(argv=None) -> None:
         return
     if args.list_executed:
         print(" ".join(str(executed_path(n).relative_to(REPO_ROOT)) for n in book_notebooks()))
+        return
+    if args.keys:
+        print("\n".join(f"{n} {execution_key(n)}" for n in book_notebooks()))
         return
     start = time.time()
     if args.only:

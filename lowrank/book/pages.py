@@ -119,10 +119,28 @@ def repository_url() -> str:
     return yaml.safe_load((REPO_ROOT / "_config.yml").read_text()).get("repository", {}).get("url", "").rstrip("/")
 
 
+# Colab opens the published notebooks from this branch of the repository, which book.yml's `notebooks`
+# job fills from `_build/html/_sources/notebooks/` (publish_notebooks) on every push to the default branch.
+COLAB_BRANCH = "notebooks"
+
+
+def colab_path(name: str) -> str:
+    """The path of notebook `name`'s published .ipynb on COLAB_BRANCH (`_sources/` of the HTML dropped)."""
+    return f"notebooks/{name}.ipynb"
+
+
+def colab_url(repo_url: str, name: str) -> str:
+    """The Colab address that opens notebook `name` as published on COLAB_BRANCH of `repo_url`."""
+    owner_repo = repo_url.rstrip("/").split("github.com/", 1)[-1]
+    return f"https://colab.research.google.com/github/{owner_repo}/blob/{COLAB_BRANCH}/{colab_path(name)}"
+
+
+# The notebook extra only: what the notebooks import beyond the science. Its ranges keep Colab's own torch,
+# numpy, pandas and matplotlib (no runtime restart); the `book` extra would bring Jupyter Book and pins.
 SETUP_SOURCE = """# On Colab or Binder: install the book's package when it is missing (a clone with `make book` has it).
 import importlib.util, subprocess, sys
 if importlib.util.find_spec("lowrank") is None:
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "lowrank[book] @ git+{url}"], check=True)"""
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "lowrank[notebook] @ git+{url}"], check=True)"""
 
 
 def publish_notebooks(names, html: Path = BUILD / "html") -> list[Path]:

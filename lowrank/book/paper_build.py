@@ -58,7 +58,8 @@ def missing_data(name: str, params: dict) -> str | None:
         root = datasets.resolve_root(params.get("data_root") or None)
         if not datasets.present(ds, root):
             return (f"{ds} is not in {root} (data_root: {params.get('data_root')!r}): run "
-                    f"`lowrank data fetch {ds}` (into {datasets.DEFAULT_DATA_ROOT}/, the default root) and set data_root to that folder")
+                    f"`lowrank data fetch {ds} --root {root}`, or fetch into the default data folder "
+                    f"({datasets.default_data_root()}, `data_root: {datasets.DEFAULT_DATA_ROOT}`; $LOWRANK_DATA moves it)")
     return None
 
 

@@ -148,7 +148,7 @@ class Regime:
         return self.value >= self.needed
 
     def text(self) -> str:
-        state = "reached" if self.reached else "NOT reached: the claim needs a larger scale"
+        state = "reached" if self.reached else "NOT reached: what it decides needs a larger scale"
         return f"{self.quantity} = {self.value:.4g} (needs >= {self.needed:.4g}; {self.origin}): {state}"
 
 
