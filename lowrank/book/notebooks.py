@@ -130,7 +130,7 @@ def myst_code_cells(text: str) -> _Notebook:
     """The code cells of a MyST notebook's text, each with its metadata and source, as jupytext reads
     them up to trailing blank lines (tests/test_install.py checks every notebook of the book against
     jupytext)."""
-    from lowrank.book.rules import parse_yaml
+    from lowrank.book.yaml_reader import parse_yaml
 
     cells = []
     for m in _CODE_CELL.finditer(text):
