@@ -130,7 +130,7 @@ def myst_code_cells(text: str) -> _Notebook:
     """The code cells of a MyST notebook's text, each with its metadata and source, as jupytext reads
     them up to trailing blank lines (tests/test_install.py checks every notebook of the book against
     jupytext)."""
-    from lowrank.book.yaml_reader import parse_yaml
+    import yaml  # cell options are tags and flags: plain YAML (papermill's number reading is for parameters)
 
     cells = []
     for m in _CODE_CELL.finditer(text):
@@ -138,12 +138,12 @@ def myst_code_cells(text: str) -> _Notebook:
         meta = {}
         if lines and lines[0].strip() == "---":
             end = lines.index("---", 1)
-            meta = parse_yaml("\n".join(lines[1:end]), "code-cell options") or {}
+            meta = yaml.safe_load("\n".join(lines[1:end])) or {}
             lines = lines[end + 1:]
         else:
             while lines and re.match(r":[A-Za-z_-]+:", lines[0]):
                 key, _, value = lines.pop(0)[1:].partition(":")
-                meta[key] = parse_yaml(value.strip(), "code-cell option") if value.strip() else None
+                meta[key] = yaml.safe_load(value.strip()) if value.strip() else None
         if meta and lines and not lines[0].strip():
             lines.pop(0)  # the blank line that ends the options
         while lines and not lines[-1].strip():
