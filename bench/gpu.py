@@ -13,7 +13,7 @@ real data sets need not be on the machine; timings do not depend on the pixel va
 - an ensemble of 16 MLP-BN-10-100 against one run (B=128), training steps only;
 - the singular values of the monitors' stacked weight matrices on the GPU against a copy to the
   CPU, per shape (what sets `lowrank.core.spectral.GPU_SVD_MIN_ENTRIES`);
-- one notebook at the paper's scale (`gradients/decomposition`), parameters through `lowrank.book.rules`.
+- one notebook at the paper's scale (`gradients/decomposition`), wall time through `lowrank.book.runs`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lowrank.core import datasets, device, spectral, train
-from lowrank.book import rules  # noqa: E402
+from lowrank.book import rules, runs  # noqa: E402
 from lowrank.core.device import describe_device, get_device  # noqa: E402
 from lowrank.core.nets import zoo  # noqa: E402
 

@@ -307,7 +307,7 @@ def _spectral_cases():
         (lambda: spectral.numerical_rank(np.zeros((3, 3))), ValueError, "zero matrix"),
         (lambda: spectral.numerical_rank(np.eye(3), eps=0), ValueError, "eps must be positive"),
         (lambda: spectral.numerical_rank(np.eye(3), eps=float("nan")), ValueError, "eps must be positive"),
-        (lambda: spectral.numerical_rank(np.eye(3), scale="l2"), ValueError, "scale='l2' is not allowed"),
+        (lambda: spectral.numerical_rank(np.eye(3), norm="l2"), ValueError, "norm='l2' is not allowed"),
         (lambda: spectral.stable_rank(np.ones(3)), ValueError, "at least 2 dimensions"),
         (lambda: spectral.effective_rank(np.zeros((0, 3))), ValueError, "is empty"),
         (lambda: spectral.rank_k_error(np.eye(3), -1), ValueError, "k must be a non-negative integer"),

@@ -414,3 +414,17 @@ def test_exponent_fits_recover_planted_power_laws():
     assert mf.loc["S1", "predicted"] == -0.5
     with pytest.raises(ValueError, match="no column"):
         gd.exponent_fits(table.drop(columns="norm_E"), shift=0.0)
+
+
+def test_a_descent_config_gives_the_run_its_keywords_give():
+    p = small_problem()
+    cfg = gd.DescentConfig(activation="tanh", gamma=p.gamma, steps=2, top_k=1)
+    by_config = gd.train_weight_normalized(p.data.X, p.y, p.W, p.a, cfg)
+    by_keywords = gd.train_weight_normalized(p.data.X, p.y, p.W, p.a, activation="tanh", gamma=p.gamma, steps=2, top_k=1)
+    assert by_config.trace.equals(by_keywords.trace) and cfg.lr == 1 / p.gamma
+    longer = gd.train_weight_normalized(p.data.X, p.y, p.W, p.a, cfg, steps=3)
+    assert len(longer.trace) == 4
+    with pytest.raises(ValueError, match="unknown training settings"):
+        gd.train_weight_normalized(p.data.X, p.y, p.W, p.a, cfg, step=3)
+    with pytest.raises(ValueError, match="loss"):
+        gd.DescentConfig(activation="tanh", gamma=1.0, steps=1, loss="hinge")

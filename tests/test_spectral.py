@@ -28,10 +28,10 @@ def test_numerical_rank_spectral_and_frobenius_on_planted_spectrum():
     # spectral: s_i / 10 > 1e-3  <=> s_i > 0.01 -> 10, 1, 0.05, 0.011
     assert spectral.numerical_rank(M, eps=1e-3) == 4
     fro = np.sqrt(np.sum(np.square(s)))
-    assert spectral.numerical_rank(M, eps=1e-3, scale="frobenius") == sum(v / fro > 1e-3 for v in s)
+    assert spectral.numerical_rank(M, eps=1e-3, norm="frobenius") == sum(v / fro > 1e-3 for v in s)
     # the authors' code: torch.linalg.matrix_rank(M / ||M||_F, tol=1e-3)
     Mt = torch.as_tensor(M)
-    assert spectral.numerical_rank(M, eps=1e-3, scale="frobenius") == int(
+    assert spectral.numerical_rank(M, eps=1e-3, norm="frobenius") == int(
         torch.linalg.matrix_rank(Mt / Mt.norm(), atol=1e-3, rtol=0.0))
     assert spectral.numerical_rank(M, eps=0.5) == 1
 
@@ -175,7 +175,7 @@ def test_top_singular_is_deterministic_and_accepts_a_start_vector():
         (lambda: spectral.numerical_rank(np.ones(3)), "at least 2 dimensions"),
         (lambda: spectral.numerical_rank(np.array([[1.0, np.nan]])), "NaN"),
         (lambda: spectral.numerical_rank(np.eye(3), eps=-1e-3), "eps must be positive"),
-        (lambda: spectral.numerical_rank(np.eye(3), scale="nuclear"), "scale="),
+        (lambda: spectral.numerical_rank(np.eye(3), norm="nuclear"), "norm="),
         (lambda: spectral.stable_rank(np.zeros((3, 3))), "zero matrix"),
         (lambda: spectral.rank_k_error(np.eye(3), -1), "k must be"),
         (lambda: spectral.singular_values(np.zeros((0, 3))), "empty"),
@@ -225,7 +225,7 @@ def test_rank_quantities_at_the_edges_of_float64(value):
     subnormals (1e-310, 5e-324)."""
     M = np.full((5, 4), value)
     assert spectral.numerical_rank(M) == 1
-    assert spectral.numerical_rank(M, scale="frobenius") == 1
+    assert spectral.numerical_rank(M, norm="frobenius") == 1
     assert spectral.stable_rank(M) == pytest.approx(1.0, rel=1e-12)
     assert spectral.effective_rank(M) == pytest.approx(1.0, rel=1e-6)
     assert spectral.numerical_rank(M, dtype=torch.float32) == 1

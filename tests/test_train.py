@@ -159,7 +159,7 @@ def test_spectrum_stats_matches_numpy_matrix_rank():
     spec = [np.linalg.matrix_rank(a / np.linalg.norm(a, 2), tol=1e-3) for a in A]
     assert st["rank_frobenius"].tolist() == fro and st["rank"].tolist() == spec
     assert st["rank"].tolist() == spectral.numerical_rank(M, 1e-3).tolist()
-    assert st["rank_frobenius"].tolist() == spectral.numerical_rank(M, 1e-3, scale="frobenius").tolist()
+    assert st["rank_frobenius"].tolist() == spectral.numerical_rank(M, 1e-3, norm="frobenius").tolist()
     np.testing.assert_allclose(st["stable_rank"].numpy(), [np.linalg.norm(a) ** 2 / np.linalg.norm(a, 2) ** 2 for a in A])
     zero = spectral.spectrum_stats(torch.zeros(1, 3, dtype=torch.float64), 1e-3)
     assert zero["rank"].item() == 0 and zero["rank_frobenius"].item() == 0 and math.isnan(zero["stable_rank"].item())

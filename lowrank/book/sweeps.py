@@ -306,7 +306,7 @@ def execute_point(target_kind: str, target: str, params, folder, threads: int = 
         return str(folder)
     if target_kind == "notebook":
         made, _ = runs.run(target, params, runs_root=folder.parent / ".nb")
-        os.rename(made, folder)  # same file system: atomic
+        io.replace_folder(made, folder)  # same file system: atomic
         return str(folder)
     result = _load_function(target, check=False)(**params)  # checked when the spec was read
     return _write_result(folder, target, params, result, (started, load, time.time() - t0))
@@ -333,7 +333,7 @@ def _write_result(folder: Path, target: str, params: dict, result, timing: tuple
         provenance = io.provenance(*timing, function=target, parameters=params, hash=folder.name, status=status)
         (tmp / "provenance.json").write_text(json.dumps(provenance, indent=2, sort_keys=True))
         runs.write_manifest(tmp)
-        os.rename(tmp, folder)
+        io.replace_folder(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

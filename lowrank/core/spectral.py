@@ -129,7 +129,7 @@ def _singular_value_input(s, name: str) -> torch.Tensor:
     return s
 
 
-def rank_from_singular_values(s: torch.Tensor, eps: float, scale: str = "spectral", *,
+def rank_from_singular_values(s: torch.Tensor, eps: float, norm: str = "spectral", *,
                               fro: torch.Tensor | None = None) -> torch.Tensor:
     """Number of singular values above `eps * ||M||`, from the singular values `s` (..., r), descending.
 
@@ -137,7 +137,7 @@ def rank_from_singular_values(s: torch.Tensor, eps: float, scale: str = "spectra
     ----------
     s : singular values of M, descending along the last axis (any float dtype; compared in it).
     eps : rank threshold, relative to the norm below.
-    scale : "spectral" (divide by `s[..., 0]`, the paper's text as the book first read it) or
+    norm : "spectral" (divide by `s[..., 0]`, the paper's text as the book first read it) or
         "frobenius" (divide by `||M||_F`: the paper's `||.||_2` at l.1034 and the authors' code,
         `matrix_rank(M / ||M||_F, tol=eps)`).
     fro : Frobenius norms `(...)` computed from the matrices (more accurate than `||s||` for float32 `s`).
@@ -148,28 +148,28 @@ def rank_from_singular_values(s: torch.Tensor, eps: float, scale: str = "spectra
     """
     s = _singular_value_input(s, "s")
     _check_eps(eps)
-    check_choice(scale, "scale", {"spectral", "frobenius"})
-    if scale == "spectral":
-        norm = s[..., 0]
+    check_choice(norm, "norm", {"spectral", "frobenius"})
+    if norm == "spectral":
+        size = s[..., 0]
     else:
-        norm = torch.linalg.vector_norm(s, dim=-1) if fro is None else fro.to(s.dtype)
-    rank = (s > eps * norm.unsqueeze(-1)).sum(-1)
-    return torch.where(norm > 0, rank, 0)
+        size = torch.linalg.vector_norm(s, dim=-1) if fro is None else fro.to(s.dtype)
+    rank = (s > eps * size.unsqueeze(-1)).sum(-1)
+    return torch.where(size > 0, rank, 0)
 
 
-def numerical_rank(M, eps: float = 1e-3, scale: str = "spectral", *, dtype=torch.float64):
+def numerical_rank(M, eps: float = 1e-3, norm: str = "spectral", *, dtype=torch.float64):
     """Number of singular values of `M / ||M||` above `eps` (`rank_from_singular_values`).
 
-    scale="spectral" divides by the largest singular value; scale="frobenius" divides by the
+    norm="spectral" divides by the largest singular value; norm="frobenius" divides by the
     Frobenius norm (the paper's `||.||_2`, l.1034, and the authors' public code, which calls
     `torch.linalg.matrix_rank(M / ||M||_F, tol=eps)`). Scale-free: right for any finite `M`, 1e308 or
     1e-310 everywhere included. A zero matrix raises.
     """
     _check_eps(eps)
-    check_choice(scale, "scale", {"spectral", "frobenius"})
+    check_choice(norm, "norm", {"spectral", "frobenius"})
     s = _scale_free_singular_values(M, dtype)
     _top_and_fro(s)
-    return _out(rank_from_singular_values(s, eps, scale), s.ndim == 1)
+    return _out(rank_from_singular_values(s, eps, norm), s.ndim == 1)
 
 
 def spectrum_stats(s: torch.Tensor, eps: float, fro: torch.Tensor | None = None) -> dict:

@@ -8,7 +8,8 @@ The helpers of Part I's pages beyond the decomposition itself (`lowrank.gradient
 - ReLU (Prop. 3.1): `sigma_perp` and `sigma_perp_norm`, the centred activation derivatives;
 - training (Section 3.4): `gradient_matrix`, `train_weight_normalized` (gradient descent on
   weight-normalised rows with step `1/gamma_m`, recording the gradient's leading left singular
-  vectors and their alignment with reference directions at every step), `scaling_comparison`
+  vectors and their alignment with reference directions at every step; its settings are a
+  `DescentConfig`), `scaling_comparison`
   (MF and NTK from one initialisation, with the principal angles between their weights) and
   `initial_alignments` (Fig. 4's alignments of the initial gradient).
 
@@ -17,7 +18,9 @@ Every function works in float64 on the CPU tensors `lowrank.core.data` produces.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 from typing import Mapping, NamedTuple
 
 import numpy as np
@@ -44,6 +47,7 @@ __all__ = [
     "median_gap_interval",
     "gradient_matrix",
     "TrainingRun",
+    "DescentConfig",
     "train_weight_normalized",
     "weight_angles",
     "scaling_comparison",
@@ -334,9 +338,52 @@ class TrainingRun(NamedTuple):
 NORMALIZATIONS = frozenset({"wn", "projected"})
 
 
-def _training_inputs(X, y, W0, a, gamma, steps, lr, normalization, activation, top_k, X_B, references,
-                     snapshot_steps):
-    """Validate `train_weight_normalized`'s arguments (one-line errors before any work)."""
+@dataclass(frozen=True)
+class DescentConfig:
+    """The settings of `train_weight_normalized`: full-batch gradient descent on unit-norm rows.
+
+    Parameters
+    ----------
+    activation : a name of ACTIVATIONS. gamma : gamma_m, the output scale.
+    steps : number of gradient steps (>= 0). lr : step size, default `1 / gamma` (the paper's large step).
+    loss : "mse" or "logistic". top_k : singular pairs of G_t recorded at every step.
+    snapshot_steps : steps whose W_t is kept (default every step).
+    normalization : "wn" (weight normalisation, V takes the step) or "projected" (a step in W, then
+        the rows renormalised).
+    """
+
+    activation: str
+    gamma: float
+    steps: int
+    lr: float | None = None
+    loss: str = "mse"
+    top_k: int = 2
+    snapshot_steps: tuple | None = None
+    normalization: str = "wn"
+
+    def __post_init__(self):
+        if not isinstance(self.steps, int) or self.steps < 0:
+            raise ValueError(f"steps must be a non-negative integer, got {self.steps!r}")
+        check_positive(self.gamma, "gamma")
+        object.__setattr__(self, "lr", 1.0 / self.gamma if self.lr is None else self.lr)
+        check_positive(self.lr, "lr")
+        check_choice(self.normalization, "normalization", NORMALIZATIONS)
+        get_activation(self.activation)
+        loss_function(self.loss)
+        if not isinstance(self.top_k, int) or self.top_k < 1:
+            raise ValueError(f"top_k must be a positive integer, got {self.top_k!r}")
+        if self.snapshot_steps is not None:
+            steps = tuple(sorted({int(t) for t in self.snapshot_steps}))
+            if any(t < 0 or t > self.steps for t in steps):
+                raise ValueError(f"snapshot_steps must lie in [0, {self.steps}], got {list(steps)}")
+            object.__setattr__(self, "snapshot_steps", steps)
+
+    def snapshots(self) -> set:
+        return set(range(self.steps + 1)) if self.snapshot_steps is None else set(self.snapshot_steps)
+
+
+def _training_data(X, y, W0, a, X_B, references, top_k: int):
+    """Validate `train_weight_normalized`'s data against each other (one-line errors before any work)."""
     X = as_tensor(X, "X", min_ndim=2)
     n, d = X.shape
     y = as_tensor(y, "y", min_ndim=1)
@@ -349,14 +396,7 @@ def _training_inputs(X, y, W0, a, gamma, steps, lr, normalization, activation, t
         raise ValueError(f"W0 must have {d} columns (from X), got shape {tuple(W0.shape)}")
     if a.shape != (m,):
         raise ValueError(f"a must have shape ({m},) (from W0), got {tuple(a.shape)}")
-    if not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
-    check_positive(gamma, "gamma")
-    lr = 1.0 / gamma if lr is None else lr
-    check_positive(lr, "lr")
-    check_choice(normalization, "normalization", NORMALIZATIONS)
-    get_activation(activation)
-    if not isinstance(top_k, int) or not 1 <= top_k <= min(d, m):
+    if top_k > min(d, m):
         raise ValueError(f"top_k must be an integer between 1 and {min(d, m)}, got {top_k!r}")
     if X_B is not None:
         X_B = as_tensor(X_B, "X_B", min_ndim=2)
@@ -368,10 +408,7 @@ def _training_inputs(X, y, W0, a, gamma, steps, lr, normalization, activation, t
         if v.shape != (d,):
             raise ValueError(f"references[{name!r}] must have shape ({d},), got {tuple(v.shape)}")
         refs[name] = v
-    snapshots = set(range(steps + 1)) if snapshot_steps is None else {int(s) for s in snapshot_steps}
-    if any(s < 0 or s > steps for s in snapshots):
-        raise ValueError(f"snapshot_steps must lie in [0, {steps}], got {sorted(snapshots)}")
-    return X, y, W0, a, lr, X_B, refs, snapshots
+    return X, y, W0, a, X_B, refs
 
 
 def _trace_row(t, loss, s, u1, u_init, refs, X_B, r, top_k) -> dict:
@@ -397,9 +434,8 @@ def _normalized_step(V, W, grad_W, lr, normalization):
     return normalize_rows(W - lr * grad_W)
 
 
-def train_weight_normalized(X, y, W0, a, *, activation: str, gamma: float, steps: int, lr: float | None = None,
-                            loss: str = "mse", X_B=None, references: Mapping[str, object] | None = None,
-                            top_k: int = 2, snapshot_steps=None, normalization: str = "wn") -> TrainingRun:
+def train_weight_normalized(X, y, W0, a, config: DescentConfig | None = None, *, X_B=None,
+                            references: Mapping[str, object] | None = None, **settings) -> TrainingRun:
     """Full-batch gradient descent on the inner weights with weight normalisation (Section 3.4).
 
     The rows of W are kept on the unit sphere (Assumption 3): with normalization="wn" W is
@@ -411,18 +447,24 @@ def train_weight_normalized(X, y, W0, a, *, activation: str, gamma: float, steps
     Parameters
     ----------
     X : n x d inputs; y : (n,) targets; W0 : m x d initial weights (rows normalised); a : (m,)
-        fixed outer weights. activation : a name of ACTIVATIONS. gamma : gamma_m.
-    steps : number of gradient steps. lr : step size, default `1 / gamma` (the paper's large step).
-    loss : "mse" or "logistic". X_B : n x d bulk inputs, to record `align_residue`.
+        fixed outer weights.
+    config : a `DescentConfig` (activation, gamma, steps, lr, loss, top_k, snapshot_steps,
+        normalization); or its fields as keyword `settings` (`activation="tanh", gamma=..., steps=...`).
+    X_B : n x d bulk inputs, to record `align_residue`.
     references : name -> (d,) directions whose alignment with u1(G_t) is recorded.
-    top_k : singular pairs recorded. snapshot_steps : steps whose W_t is kept (default all).
 
     Returns
     -------
     `TrainingRun`. Raises FloatingPointError when the weights stop being finite.
     """
-    X, y, W0, a, lr, X_B, refs, snapshots = _training_inputs(
-        X, y, W0, a, gamma, steps, lr, normalization, activation, top_k, X_B, references, snapshot_steps)
+    unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(DescentConfig)})
+    if unknown:
+        raise ValueError(f"unknown training settings {unknown}; DescentConfig takes "
+                         f"{[f.name for f in dataclasses.fields(DescentConfig)]}")
+    cfg = dataclasses.replace(config, **settings) if config is not None else DescentConfig(**settings)
+    X, y, W0, a, X_B, refs = _training_data(X, y, W0, a, X_B, references, cfg.top_k)
+    activation, gamma, steps, lr, loss, top_k = cfg.activation, cfg.gamma, cfg.steps, cfg.lr, cfg.loss, cfg.top_k
+    normalization, snapshots = cfg.normalization, cfg.snapshots()
     lossf = loss_function(loss)
     import pandas as pd
 
