@@ -342,9 +342,7 @@ def _text_dumps(page: str) -> list[str]:
 # HTML: their owners replace those lines by `tables.show(df, ...)` (lowrank/book/tables.py); a page leaves
 # this list when it does (the test says so).
 TEXT_DUMPS_PENDING = {f"notebooks/{n}.html" for n in (
-    "gradients/convolution", "gradients/decomposition", "gradients/large_spike", "gradients/mf_vs_ntk",
-    "gradients/phase_diagram", "gradients/real_data", "gradients/regularization", "gradients/relu",
-    "gradients/scaling", "sgd/architectures", "sgd/generalization", "sgd/rank_vs_batch_size",
+    "sgd/architectures", "sgd/generalization", "sgd/rank_vs_batch_size",
     "sgd/rank_vs_learning_rate", "sgd/rank_vs_weight_decay", "sgd/sgd_noise")}
 
 
