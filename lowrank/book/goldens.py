@@ -32,6 +32,7 @@ from pathlib import Path
 import yaml
 
 from lowrank.book import notebooks
+from lowrank.core import io
 from lowrank.book.verdicts import STABILITY_ENV, UNSTABLE, entry_mismatch, within
 
 __all__ = ["GOLDEN", "TOLERANCE_RULE", "CPU_PATH_ENV", "load", "seed_overrides", "parse_seeds", "measure",
@@ -217,9 +218,7 @@ def _write_block(name: str, entries: dict, path: Path, order: list[str] | None) 
         lines.append(f"{n}:")
         for key, entry in golden[n].items():
             lines.append(f"  {key}: " + yaml.safe_dump(entry, default_flow_style=True, width=10**6, sort_keys=False).strip())
-    tmp = Path(path).with_suffix(".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(path)
+    io.write_atomically(path, "\n".join(lines) + "\n")
 
 
 def block_mismatches(found: dict, block: dict) -> list[str]:
