@@ -76,6 +76,7 @@ def pooled_trend_claim(name: str, *, claim: str, scale: str, final: pd.DataFrame
     controls.append(verdicts.Control("shuffled hyperparameter labels (95th percentile of the same score)", scored["null_95"]))
     finite = math.isfinite(main["statistic"])
     per_slice = main["per_slice"]
+    bound = min(1 / min_trend, 1 / min_drop_fraction)  # the score's largest value; its smallest is -max(...)
     record = {"spearman": _round(scored["spearman"]), "spearman_null_95": _round(scored["spearman_null_95"]),
               "drop_fraction": _round(scored["drop_fraction"]), "full_rank": round(full, 3), **extra}
     _glue_numbers(name, record)
@@ -90,8 +91,8 @@ def pooled_trend_claim(name: str, *, claim: str, scale: str, final: pd.DataFrame
                  f"{main['slices']} slices of the signed Spearman rho",
         excluded=verdicts.Excluded(main["excluded"], main["total"], f"diverged or train accuracy < {min_train_acc:g}"),
         description=description, latex=latex, note="" if finite else "no slice with enough fitted runs: recorded as -1 (no evidence)",
-        details={"statistic_range": [-max(1 / min_trend, 1 / min_drop_fraction), min(1 / min_trend, 1 / min_drop_fraction)], **record, "slices": main["slices"],
-                 "dropped_slices": main["dropped_slices"],
+        details={"statistic_range": [-max(1 / min_trend, 1 / min_drop_fraction), bound], **record,
+                 "slices": main["slices"], "dropped_slices": main["dropped_slices"],
                  "p_value_spearman": round(main["p_value"], 4) if finite else None,
                  "slice_rho_range": [round(float(per_slice["rho"].min()), 3), round(float(per_slice["rho"].max()), 3)] if len(per_slice) else None,
                  "largest_per_step_decay": round(float(final["per_step"].max()), 6), **(details or {})})
