@@ -3,12 +3,14 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: book test reproduce diff paper env clean browser
+.PHONY: book test unit reproduce diff paper env clean browser
 
-# The environment: a venv with the pinned stack, rebuilt when pyproject.toml changes.
-$(STAMP): pyproject.toml
+# The environment: a venv with the locked stack (pyproject.toml's ranges, requirements/lock.txt's exact
+# versions), rebuilt when either changes. The lock pins torch's public version: add PyTorch's CPU index
+# (PIP_EXTRA_INDEX_URL, as book.yml does) where no local `+cpu` wheel is at hand, or pip takes PyPI's CUDA build.
+$(STAMP): pyproject.toml requirements/lock.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[book,sweep,test]'
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -c requirements/lock.txt -e '.[book,sweep,test]'
 	$(VENV)/bin/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3" >/dev/null
 	touch $(STAMP)
 
@@ -20,8 +22,13 @@ book: $(STAMP)
 
 # Unit tests, golden verdicts, figures, ledger and the browser check, all on the build's executed
 # notebooks: in `make test` every notebook is executed exactly once (by `make book`).
+# Two test processes, one file each at a time (pytest-xdist); one BLAS thread each (tests/conftest.py).
 test: browser book
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest -n 2 --dist loadfile
+
+# The fast lane, no book: the unit tests that start no kernel, sweep or build (CONTRIBUTING.md).
+unit: $(STAMP)
+	$(VENV)/bin/python -m pytest -n 2 -q -m "not slow and not book"
 
 # tests/test_html.py reads the book in Debian's Chromium (driven by playwright, no browser download).
 browser:
@@ -30,12 +37,15 @@ browser:
 	  echo "Install it with:  sudo apt-get install -y chromium   (Debian/Ubuntu; .ci/run does this)"; \
 	  exit 1; }
 
-# nbval: a fresh kernel re-runs each executed notebook and must print the same rounded verdict
-# summary (cells tagged nbval-check-output), two notebooks at a time (pytest-xdist, one worker per notebook file). It executes every
-# notebook a second time, so it is a reader's reproduction check, not part of `make test` (a unit test
-# checks bit-identical reruns).
+# nbval: a fresh kernel re-runs each executed notebook and must print the same verdict summary (cells
+# tagged nbval-check-output: each verdict's outcome and whether it meets its golden entry), two
+# notebooks at a time (pytest-xdist, one worker per notebook file). It executes every notebook a second
+# time, so it is a reader's reproduction check, not part of `make test` (a unit test checks bit-identical
+# reruns). `make reproduce CPU_PATH=default` runs the kernels on torch's portable CPU code path (other
+# rounding): CI does, so that no verdict's agreement with its record depends on the machine.
+CPU_PATH ?=
 reproduce: book
-	OMP_NUM_THREADS=1 LOWRANK_STABILITY_FROM=$(CURDIR)/tests/golden_verdicts.yaml LOWRANK_FIGURE_DIR=$(CURDIR)/_build/nbval-figures \
+	$(if $(CPU_PATH),ATEN_CPU_CAPABILITY=$(CPU_PATH)) OMP_NUM_THREADS=1 LOWRANK_STABILITY_FROM=$(CURDIR)/tests/golden_verdicts.yaml LOWRANK_FIGURE_DIR=$(CURDIR)/_build/nbval-figures \
 		$(VENV)/bin/python -m pytest -p no:cacheprovider -n 2 --dist loadfile \
 		--nbval-lax --nbval-current-env -o testpaths= $$($(VENV)/bin/python -m lowrank.book.build --list-executed)
 

@@ -13,7 +13,7 @@ real data sets need not be on the machine; timings do not depend on the pixel va
 - an ensemble of 16 MLP-BN-10-100 against one run (B=128), training steps only;
 - the singular values of the monitors' stacked weight matrices on the GPU against a copy to the
   CPU, per shape (what sets `lowrank.core.spectral.GPU_SVD_MIN_ENTRIES`);
-- one notebook at the paper's scale (`gradients/decomposition`), wall time through `lowrank.book.runs`.
+- one notebook at the paper's scale (`gradients/decomposition`), parameters through `lowrank.book.rules`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lowrank.core import datasets, device, spectral, train
-from lowrank.book import runs  # noqa: E402
+from lowrank.book import rules  # noqa: E402
 from lowrank.core.device import describe_device, get_device  # noqa: E402
 from lowrank.core.nets import zoo  # noqa: E402
 
@@ -134,7 +134,7 @@ def bench_svd(cfg, dev, repeats=5):
 def bench_notebook(cfg):
     name = "gradients/decomposition"
     scale = "ci" if cfg["notebook_overrides"] else "paper"
-    params = runs.resolve_parameters(name, scale=scale, overrides=cfg["notebook_overrides"])
+    params = rules.resolve_parameters(name, scale=scale, overrides=cfg["notebook_overrides"])
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
         runs.run(name, params, runs_root=Path(tmp))

@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lowrank.book import build
+from lowrank.book import build, pages
 from lowrank.core import datasets, device, train
 from lowrank.gradients import decomposition  # noqa: E402
 from lowrank.core.nets import mlp  # noqa: E402
@@ -82,9 +82,9 @@ def bench_part_one_work(repeats):
     row("  Fig. 4: one draw (data, one product, top-2 singular pairs of G = A^T B), seconds", f"{t_draw:.3f}")
     row("  Figs. 5-6: one weight-normalised step (two products, warm-started top-2 pairs), seconds",
         f"{t_step:.3f} ({t_step / t_mm:.1f} products)")
-    from lowrank.book import runs
+    from lowrank.book import rules
 
-    p = runs.resolve_parameters("gradients/mf_vs_ntk", scale="paper")
+    p = rules.resolve_parameters("gradients/mf_vs_ntk", scale="paper")
     draws = 2 * p["init_repeats"]
     train_steps = (2 + len(p["spike_nus"])) * p["train_repeats"] * (p["steps"] + 1)
     row(f"  mf_vs_ntk's paper file: {draws} draws + {train_steps} steps, at these times, seconds (a floor: "
@@ -246,13 +246,53 @@ def bench_monitors(repeats, ks=(1, 16), epochs=5):
 
 
 def bench_notebooks():
-    for path in sorted(build.EXECUTED.rglob("*.ipynb")):
+    for path in sorted(pages.EXECUTED.rglob("*.ipynb")):
         meta = json.loads(path.read_text())["metadata"].get("lowrank", {})
         wall = meta.get("wall_s")
         if wall is not None:
-            name = path.relative_to(build.EXECUTED).with_suffix("").as_posix()
+            name = path.relative_to(pages.EXECUTED).with_suffix("").as_posix()
             row(f"notebook {name} at ci scale (last build, 2 at once), seconds", f"{wall:.1f}", "<= 60",
                 "yes" if wall <= 60 else "no")
+
+
+CI_TABLE_START = "<!-- ci timings: bench/run.py --only ci -->"
+PAGE_TARGET_S, BOOK_TARGET_S, CI_TARGET_S = 45, 180, 1200  # issue 32: per page, the cold ci book, .ci/run
+
+
+def _replace_between(path: Path, start_marker: str, body: str, end_marker: str = "<!-- end -->") -> None:
+    text = path.read_text()
+    start = text.index(start_marker) + len(start_marker)
+    end = text.index(end_marker, start)
+    path.write_text(text[:start] + "\n" + body + "\n" + text[end:])
+
+
+def bench_ci(build_dir: Path, readme: Path = ROOT / "README.md"):
+    """The stages of the last `.ci/run` (`_build/ci-times.txt`) and the ci pages' execution seconds of
+    that build, into README's ci table: one run's numbers, each page also as a share of the whole."""
+    stages = [line.split() for line in (build_dir / "ci-times.txt").read_text().splitlines() if line.strip()]
+    pages = {}
+    for path in sorted((build_dir / "executed").rglob("*.ipynb")):
+        wall = json.loads(path.read_text())["metadata"].get("lowrank", {}).get("wall_s")
+        if wall is not None:
+            pages[path.relative_to(build_dir / "executed").with_suffix("").as_posix()] = wall
+    total_ci = sum(int(s) for _, s in stages)
+    total_pages = sum(pages.values())
+    # two kernels at a time: no schedule finishes the pages in less than this
+    floor = max(total_pages / 2, max(pages.values(), default=0.0))
+    lines = ["| measured | seconds | target | share |", "|---|---|---|---|"]
+    lines += [f"| `.ci/run` stage: {name} | {int(secs)} | | {int(secs) / total_ci:.0%} |" for name, secs in stages]
+    lines.append(f"| `.ci/run` in all | {total_ci} | <= {CI_TARGET_S} | |")
+    lines.append(f"| ci pages' execution, summed over pages | {total_pages:.0f} | | |")
+    lines.append(f"| floor of the ci book's execution on 2 workers (max of sum / 2, slowest page) | {floor:.0f} | "
+                 f"<= {BOOK_TARGET_S} with rendering | |")
+    lines += [f"| page {name} | {wall:.1f} | <= {PAGE_TARGET_S} | {wall / total_pages:.0%} |"
+              for name, wall in sorted(pages.items(), key=lambda kv: -kv[1])]
+    stamp = time.strftime("%Y-%m-%d", time.localtime((build_dir / "ci-times.txt").stat().st_mtime))
+    body = f"Measured by one `.ci/run` on a fresh clone, {stamp}, {os.cpu_count()} CPU cores.\n\n" + "\n".join(lines)
+    _replace_between(readme, CI_TABLE_START, body)
+    for name, secs in stages:
+        row(f".ci/run stage {name}, seconds", secs)
+    row(".ci/run in all, seconds", str(total_ci), f"<= {CI_TARGET_S}", "yes" if total_ci <= CI_TARGET_S else "no")
 
 
 PAPER_TABLE_START, PAPER_TABLE_END = "<!-- paper-scale timings: bench/run.py --only paper -->", "<!-- end -->"
@@ -290,7 +330,7 @@ def bench_paper():
 
 def bench_book():
     env = {**os.environ}
-    shutil.rmtree(build.BUILD, ignore_errors=True)
+    shutil.rmtree(pages.BUILD, ignore_errors=True)
     t = time.perf_counter()
     subprocess.run([sys.executable, "-m", "lowrank.book.build"], cwd=ROOT, env=env, check=True, capture_output=True)
     cold = time.perf_counter() - t
@@ -305,7 +345,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--book", action="store_true", help="also time a cold and a warm book build")
-    ap.add_argument("--only", nargs="+", choices=["decomposition", "ensemble", "monitors", "notebooks", "paper"])
+    ap.add_argument("--only", nargs="+", choices=["decomposition", "ensemble", "monitors", "notebooks", "paper", "ci"])
+    ap.add_argument("--ci-build", type=Path, default=pages.BUILD,
+                    help="the _build folder of a finished `.ci/run` (for --only ci; default this checkout's)")
     args = ap.parse_args()
     chosen = set(args.only or ["decomposition", "ensemble", "monitors", "notebooks", "paper"])
     if args.book:
@@ -320,6 +362,8 @@ def main():
         bench_notebooks()
     if "paper" in chosen:
         bench_paper()
+    if "ci" in chosen:
+        bench_ci(args.ci_build)
     machine = f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, " \
               f"{torch.get_num_threads()} threads"
     lines = [f"Measured {time.strftime('%Y-%m-%d')} on {machine} (`bench/run.py`, medians of {args.repeats}).", "",

@@ -1,3 +1,10 @@
+import os
+
+# One BLAS/OpenMP thread per test process, set before numpy and torch load: on 2 busy cores OpenBLAS's
+# threads spin against each other (a 700 x 500 LAPACK SVD took 6 s with two threads, 0.3 s with one).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 from collections.abc import Mapping
 
 import pytest
@@ -35,3 +42,9 @@ def executed_notebooks(request):
                 if "executed_notebooks" in getattr(item, "fixturenames", ()) and hasattr(item, "callspec")}
     build.execute_all([n for n in names if n in selected], jobs=2)  # the selected stale ones, two at a time
     return _Executed(names)
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:  # the fast lane (`make unit`) leaves out the tests that read the executed book
+        if "executed_notebooks" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.book)

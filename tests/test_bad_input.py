@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from lowrank.book import cli, notebooks, runs, sweeps
+from lowrank.book import cli, notebooks, rules, runs, sweeps
 
 
 @pytest.fixture(autouse=True)
@@ -162,7 +162,7 @@ def test_run_refuses_missing_or_folder_parameter_files(sandbox, capsys):
 def test_run_refuses_a_runs_folder_that_is_a_file(sandbox, monkeypatch):
     blocker = sandbox / "runs"
     blocker.write_text("not a folder")
-    params = runs.resolve_parameters(NB)
+    params = rules.resolve_parameters(NB)
     with pytest.raises(runs.RunFolderError, match="exists and is not a folder"):
         runs.run(NB, params)
     assert blocker.read_text() == "not a folder"
@@ -218,6 +218,7 @@ def test_sweep_refuses_a_spec_that_is_not_utf8(sandbox, capsys):
     refused(["sweep", spec, "--output", sandbox / "out"], "is not UTF-8 text", capsys, sandbox, keep=[spec])
 
 
+@pytest.mark.slow
 def test_sweep_refuses_an_unreachable_ray_address_within_bounded_tries(sandbox, capsys):
     import socket
 
@@ -324,6 +325,7 @@ def test_public_functions_refuse_bad_input(sandbox, i):
     assert written(sandbox) == []
 
 
+@pytest.mark.slow
 def test_collect_refuses_a_changed_run_folder(sandbox, capsys):
     spec = spec_file(sandbox, FUNCTION)
     out = sandbox / "out"
@@ -343,7 +345,7 @@ def test_check_seed_refuses_what_the_parameter_rule_refuses(sandbox, seed):
 
     with pytest.raises(ValueError, match="seed must be an integer in 0..4294967295"):
         validation.check_seed(seed)
-    assert runs.SEED_MAX == validation.SEED_MAX
+    assert rules.SEED_MAX == validation.SEED_MAX
     assert written(sandbox) == []
 
 
@@ -404,7 +406,9 @@ def test_a_checkpoint_refuses_another_model_data_split_settings_or_code(sandbox,
         with pytest.raises(ValueError, match=f"checkpoint {ckpt} belongs to other {what}"):
             fit(ckpt, epochs=2, **kwargs)
         assert ckpt.read_bytes() == saved
-    monkeypatch.setattr(train, "_code_digest", lambda: "edited")
+    from lowrank.core import checkpoint
+
+    monkeypatch.setattr(checkpoint, "_code_digest", lambda: "edited")
     with pytest.raises(ValueError, match="belongs to other code"):
         fit(ckpt, epochs=2)
     monkeypatch.undo()

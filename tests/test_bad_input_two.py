@@ -18,7 +18,7 @@ import pytest
 import torch
 import yaml
 
-from lowrank.book import cli, goldens, notebooks, runs, sweeps
+from lowrank.book import cli, goldens, notebooks, rules, runs, sweeps
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NB, TEXTY = "fixture/tiny", "fixture/texty"
@@ -30,7 +30,7 @@ def sandbox(tmp_path, monkeypatch):
     kernel start fails the test."""
     monkeypatch.setattr(notebooks, "NOTEBOOK_ROOT", FIXTURES / "notebooks")
     monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
-    monkeypatch.setattr(runs, "RULES_FILE", FIXTURES / "rules.yaml")
+    monkeypatch.setattr(rules, "RULES_FILE", FIXTURES / "rules.yaml")
     monkeypatch.setenv("LOWRANK_MEMORY_LIMIT", "1G")
     monkeypatch.delenv("LOWRANK_SWEEP_MODULES", raising=False)
 
@@ -88,16 +88,16 @@ def test_the_checkpoint_identity_covers_every_configuration_field():
     import dataclasses
     import functools
 
-    from lowrank.core import datasets, train
+    from lowrank.core import checkpoint, datasets, train
     from lowrank.core.nets import mlp
 
     data, model = datasets.digits(), mlp.mlp("MLP", 2, 8, 64, 10)
     cfg = train.TrainConfig(batch_size=8, epochs=1)
-    identity = train._identity([{"lr": 0.1}], cfg, model, data)
+    identity = checkpoint.identity([{"lr": 0.1}], cfg, model, data)
     marked = {f.name for f in dataclasses.fields(cfg) if not f.metadata.get("identity", True)}
     assert {f.name for f in dataclasses.fields(cfg)} - marked <= set(identity)
     assert marked == {"epochs", "eval_batch", "checkpoint", "checkpoint_every", "device", "progress", "desc"}
-    rotated = [train._identity([{"lr": 0.1}], dataclasses.replace(cfg, augment=functools.partial(
+    rotated = [checkpoint.identity([{"lr": 0.1}], dataclasses.replace(cfg, augment=functools.partial(
         train.augment_images, rotation=r)), model, data)["augment"] for r in ("uniform", "none")]
     assert rotated[0] != rotated[1]
 
@@ -108,7 +108,7 @@ def test_the_run_key_covers_the_contents_of_a_file_parameter(sandbox):
     """After the CSV behind `sweep_table` was edited, the same `lowrank run` reused the old folder."""
     table = sandbox / "cwd" / "table.csv"
     table.write_text("a,b\n1,2\n")
-    params = runs.resolve_parameters(TEXTY, overrides={"sweep_table": "table.csv"})
+    params = rules.resolve_parameters(TEXTY, overrides={"sweep_table": "table.csv"})
     assert params["sweep_table"] == str(table)  # relative to the caller's folder, made absolute
     before = runs.run_hash(TEXTY, params)
     table.write_text("a,b\n1,-1\n")
@@ -118,12 +118,13 @@ def test_the_run_key_covers_the_contents_of_a_file_parameter(sandbox):
 def test_the_book_declares_its_file_parameters():
     """rank_vs_batch_size's `sweep_table` had no path rule: relative paths reached the kernel, which
     runs in the notebook's folder, and its contents were not in the key."""
-    assert runs.parameter_specs("sgd/rank_vs_batch_size")["sweep_table"].path == "file"
+    assert rules.parameter_specs("sgd/rank_vs_batch_size")["sweep_table"].path == "file"
     assert "sweep_table" in runs.path_parameters("sgd/rank_vs_batch_size")
 
 
 # ---- 3. divergence travels through sweeps, results.csv and collect -------------------------------
 
+@pytest.mark.slow
 def test_divergence_reaches_results_collect_and_the_summary(sandbox, capsys):
     from lowrank.core import train
     from lowrank.sgd import ranks
@@ -276,10 +277,10 @@ def test_an_alias_bomb_is_refused_quickly_in_one_short_line(sandbox, capsys):
 
 
 def test_numbers_are_read_as_papermill_reads_them(sandbox):
-    assert runs.parse_value("1e-3") == 0.001 and runs.parse_value("1E5") == 1e5 and runs.parse_value("relu") == "relu"
+    assert rules.parse_value("1e-3") == 0.001 and rules.parse_value("1E5") == 1e5 and rules.parse_value("relu") == "relu"
     params = sandbox / "p.yaml"
     params.write_text("lr: 1e-1\nlrs: [1e-2, 1e-1, 1e0]\nbatch_sizes: [4, 1e1]\n")
-    got = runs.resolve_parameters(NB, params_file=params)
+    got = rules.resolve_parameters(NB, params_file=params)
     assert (got["lr"], got["lrs"], got["batch_sizes"]) == (0.1, [0.01, 0.1, 1.0], [4, 10])
     spec = sandbox / "spec.yaml"
     spec.write_text(f"notebook: {NB}\ngrid:\n  lr: [1e-1, 3e-1]\n")
@@ -291,7 +292,7 @@ def test_a_merge_key_is_yaml(sandbox):
     spec = sandbox / "spec.yaml"
     spec.write_text(f"notebook: {NB}\nbase: &base {{lr: 0.2, n: 12}}\npoints:\n  - {{<<: *base, seed: 3}}\n")
     assert sweeps.load_spec(spec, output=sandbox / "out").points[0] == {
-        **runs.resolve_parameters(NB), "lr": 0.2, "n": 12, "seed": 3}
+        **rules.resolve_parameters(NB), "lr": 0.2, "n": 12, "seed": 3}
 
 
 # ---- 8. seed ranges bounded before expansion ------------------------------------------------------
@@ -366,26 +367,27 @@ def test_a_stored_paper_result_is_not_stale_because_this_machine_is_small(monkey
     from lowrank.book import paper_results
 
     monkeypatch.setenv("LOWRANK_MEMORY_LIMIT", "1M")
-    with pytest.raises(runs.ParameterError, match="need about"):
-        runs.resolve_parameters("sgd/rank_vs_batch_size", scale="paper")
+    with pytest.raises(rules.ParameterError, match="need about"):
+        rules.resolve_parameters("sgd/rank_vs_batch_size", scale="paper")
     assert paper_results.paper_parameters("sgd/rank_vs_batch_size")["scale"] == "paper"
 
 
 def test_dict_parameters_keep_the_keys_left_out(sandbox):
-    got = runs.resolve_parameters(TEXTY, overrides={"eps_by_name": {"b": np.float64(0.5)}, "ds": [np.int64(3)]})
+    got = rules.resolve_parameters(TEXTY, overrides={"eps_by_name": {"b": np.float64(0.5)}, "ds": [np.int64(3)]})
     assert got["eps_by_name"] == {"a": 0.1, "b": 0.5} and got["ds"] == [3] and type(got["ds"][0]) is int
 
 
+@pytest.mark.slow
 def test_every_notebook_of_the_book_states_a_memory_estimate_that_refuses_absurd_sizes(monkeypatch):
     monkeypatch.setenv("LOWRANK_MEMORY_LIMIT", "64G")
     for name in notebooks.list_notebooks():
-        expr = runs.memory_estimate(name)
+        expr = rules.memory_estimate(name)
         assert expr, f"{name} states no memory estimate"
-        runs.check_memory(name, runs.resolve_parameters(name))  # the ci defaults fit in 64 GiB
-    with pytest.raises(runs.ParameterError, match="need about"):
-        runs.resolve_parameters("gradients/relu", overrides={"ds": [1000000]})
-    with pytest.raises(runs.ParameterError, match="is not a network"):
-        runs.resolve_parameters("sgd/rank_vs_batch_size", overrides={"model": "MLP-BN-4-64x"})
+        rules.check_memory(name, rules.resolve_parameters(name))  # the ci defaults fit in 64 GiB
+    with pytest.raises(rules.ParameterError, match="need about"):
+        rules.resolve_parameters("gradients/relu", overrides={"ds": [1000000]})
+    with pytest.raises(rules.ParameterError, match="is not a network"):
+        rules.resolve_parameters("sgd/rank_vs_batch_size", overrides={"model": "MLP-BN-4-64x"})
 
 
 @pytest.mark.parametrize("limit", ["abc", "-1", "0", "nan", "inf", "1e400", "8Q"])
@@ -398,7 +400,7 @@ def test_the_memory_limit_is_validated(sandbox, capsys, monkeypatch, limit):
 def test_memory_limits_as_people_write_them(monkeypatch):
     for limit, value in [("8G", 8 * 2**30), ("512MiB", 512 * 2**20), ("1e9", 10**9), ("2048", 2048)]:
         monkeypatch.setenv("LOWRANK_MEMORY_LIMIT", limit)
-        assert runs.memory_limit() == value
+        assert rules.memory_limit() == value
 
 
 # ---- 11. the environment -----------------------------------------------------------------------------

@@ -5,9 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_gpu_script_smoke(tmp_path):
     out = tmp_path / "gpu.md"
     subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--smoke", "--out", str(out)], check=True,
@@ -18,6 +21,7 @@ def test_gpu_script_smoke(tmp_path):
     assert "throughput ratio" in text and "via the CPU" in text and "gradients/decomposition" in text
 
 
+@pytest.mark.slow
 def test_gpu_script_refuses_to_time_a_cpu_as_a_gpu():
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py")], capture_output=True, text=True,
                           env={"LOWRANK_DEVICE": "cpu", "PATH": "/usr/bin:/bin"})
@@ -31,6 +35,7 @@ def _bench():
     return bench
 
 
+@pytest.mark.slow
 def test_kernel_timer_counts_the_training_steps_only():
     """The ensemble ceiling's kernel timer counts the operations of the training steps (forward,
     backward, update) and none of evaluation or rank tracking: every epoch adds the same count
@@ -54,3 +59,23 @@ def test_kernel_timer_counts_the_training_steps_only():
     with bench._KernelTimer() as timer, torch.no_grad():
         net(data.x_train[:64])
     assert timer.calls == 0 and timer.skipped > 0
+
+
+def test_ci_table_comes_from_one_ci_run(tmp_path):
+    """README's ci table is written from one `.ci/run`'s stage times and its build's page times."""
+    import json
+
+    bench = _bench()
+    build_dir = tmp_path / "_build"
+    (build_dir / "executed" / "p").mkdir(parents=True)
+    (build_dir / "ci-times.txt").write_text("install 120\nbook 300\nmake-test 600\n")
+    for name, wall in (("a", 30.0), ("b", 50.0), ("c", 20.0)):
+        (build_dir / "executed" / "p" / f"{name}.ipynb").write_text(json.dumps({"metadata": {"lowrank": {"wall_s": wall}}}))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"before\n{bench.CI_TABLE_START}\nold\n<!-- end -->\nafter\n")
+    bench.bench_ci(build_dir, readme)
+    text = readme.read_text()
+    assert text.startswith("before\n") and text.endswith("<!-- end -->\nafter\n") and "old" not in text
+    assert "| `.ci/run` stage: book | 300 | | 29% |" in text and "| `.ci/run` in all | 1020 | <= 1200 | |" in text
+    assert "| floor of the ci book's execution on 2 workers (max of sum / 2, slowest page) | 50 |" in text
+    assert text.index("page p/b") < text.index("page p/a") < text.index("page p/c")  # slowest first

@@ -146,4 +146,7 @@ def test_per_init_regression_against_numpy():
     p = 2 * stats.t.sf(abs(slope / se), df=2)
     assert out["points"] == 4 and out["slope"] == pytest.approx(slope) and out["r2"] == pytest.approx(r2)
     assert out["p"] == pytest.approx(p)
+    assert out["p_negative"] == pytest.approx(stats.t.cdf(slope / se, df=2))  # one-sided, H1: slope < 0
+    sd = math.sqrt(np.mean([np.var(v, ddof=1) for _, v in runs.groupby("rho_init").inv_rho]))  # 3 runs per group
+    assert out["x_resolution"] == pytest.approx((xm.max() - xm.min()) / (sd / math.sqrt(3)))
     assert math.isnan(bounds.per_init_regression(runs[runs.rho_init < 1.1])["p"])

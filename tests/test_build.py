@@ -2,14 +2,16 @@
 
 import shutil
 
-from lowrank.book import build
+import pytest
+
+from lowrank.book import build, keys, pages
 from probe_book import probe_notebook
 
 NB = "gradients/decomposition"
 
 
 def test_sources_follow_imports_transitively():
-    used = {p.relative_to(build.PACKAGE).as_posix() for p in build.lowrank_sources(
+    used = {p.relative_to(keys.PACKAGE).as_posix() for p in keys.lowrank_sources(
         "from lowrank.gradients import decomposition\nfrom lowrank.book import plotting")}
     assert {"gradients/decomposition.py", "core/data.py", "core/spectral.py", "core/nets/two_layer.py",
             "core/validation.py", "book/plotting.py", "__init__.py", "core/__init__.py", "core/nets/__init__.py",
@@ -17,17 +19,19 @@ def test_sources_follow_imports_transitively():
     assert not used & {"book/ledger.py", "book/runs.py", "book/cli.py", "book/build.py", "book/verdicts.py"}
 
 
+@pytest.mark.slow
 def test_key_changes_with_used_code_only(tmp_path, monkeypatch):
     pkg = tmp_path / "lowrank"
-    shutil.copytree(build.PACKAGE, pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(build, "PACKAGE", pkg)
-    before = build.execution_key(NB)
+    shutil.copytree(keys.PACKAGE, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(keys, "PACKAGE", pkg)
+    before = keys.execution_key(NB)
     (pkg / "book" / "ledger.py").write_text((pkg / "book" / "ledger.py").read_text() + "\n# unrelated change\n")
-    assert build.execution_key(NB) == before
+    assert keys.execution_key(NB) == before
     (pkg / "core" / "spectral.py").write_text((pkg / "core" / "spectral.py").read_text() + "\n# used change\n")
-    assert build.execution_key(NB) != before
+    assert keys.execution_key(NB) != before
 
 
+@pytest.mark.slow
 def test_changed_function_shows_up_in_rebuilt_book(tmp_path):
     """Build a two-page book on a copy of the package, change a function one page uses, rebuild:
     that page shows the new value, the other page is not executed again."""
@@ -37,7 +41,7 @@ def test_changed_function_shows_up_in_rebuilt_book(tmp_path):
     import sys
 
     root = tmp_path / "book"
-    shutil.copytree(build.PACKAGE, root / "lowrank", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(keys.PACKAGE, root / "lowrank", ignore=shutil.ignore_patterns("__pycache__"))
     (root / "book").mkdir()
     shutil.copytree(build.REPO_ROOT / "book" / "_ext", root / "book" / "_ext")
     for rel in ("_config.yml", "book/references.bib", "book/claims.yaml"):
@@ -79,22 +83,26 @@ def test_a_figure_the_notebook_no_longer_draws_does_not_linger(tmp_path, monkeyp
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text("{}")
 
-    monkeypatch.setattr(build, "FIGURES", tmp_path / "figures")
-    monkeypatch.setattr(build, "EXECUTED", tmp_path / "executed")
+    monkeypatch.setattr(pages, "FIGURES", tmp_path / "figures")
+    monkeypatch.setattr(pages, "EXECUTED", tmp_path / "executed")
     monkeypatch.setattr(build, "execute", fake_execute)
     for _ in range(2):
         build._execute_one(NB, "key", 1)
     assert sorted(p.name for p in (tmp_path / "figures" / NB).iterdir()) == ["new_name.svg"]
 
 
-def test_key_follows_the_recorded_outcomes_of_its_verdicts(monkeypatch):
-    """An entry re-measured as unstable changes what the ci page shows, so it re-executes the page."""
+def test_key_follows_the_golden_record_of_its_verdicts(monkeypatch):
+    """An entry re-measured as unstable, or with another tolerance, changes what the ci page shows (its
+    outcome, its nbval summary), so it re-executes the page."""
     from lowrank.book import goldens
 
     golden = goldens.load()
-    before = build.execution_key(NB)
+    before = keys.execution_key(NB)
     block = {k: dict(e) for k, e in golden[NB].items()}
     first = next(iter(block))
     block[first]["outcomes"] = {"agrees": 3, "disagrees": 3}
     monkeypatch.setattr(goldens, "load", lambda path=goldens.GOLDEN: {**golden, NB: block})
-    assert build.execution_key(NB) != before
+    unstable = keys.execution_key(NB)
+    assert unstable != before
+    block[first] = {**block[first], "abs": 2 * block[first].get("abs", 1.0) + 1}
+    assert keys.execution_key(NB) != unstable

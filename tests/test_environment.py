@@ -1,26 +1,90 @@
-"""environment.yml lists exactly the pins of pyproject.toml; importing the package is cheap."""
+"""pyproject.toml holds ranges, requirements/lock.txt the exact versions inside them; environment.yml,
+binder/ and the Makefile install with the lock; importing the package is cheap."""
 
 
+import re
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
+LOCK = ROOT / "requirements" / "lock.txt"
 
 
-def test_environment_yml_matches_pyproject():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+def _project() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _requirements() -> list[Requirement]:
+    project = _project()
     listed = project["dependencies"] + [d for extra in project["optional-dependencies"].values() for d in extra]
-    pins = {d.split("#")[0].strip() for d in listed}
+    return [Requirement(d.split("#")[0].strip()) for d in listed]
+
+
+def _lock() -> dict:
+    pins = {}
+    for line in LOCK.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            assert version, f"lock line {line!r} is not NAME==VERSION"
+            pins[canonicalize_name(name)] = Version(version)
+    return pins
+
+
+def test_pyproject_has_ranges_and_the_lock_pins_each_within_its_range():
+    pins = _lock()
+    for req in _requirements():
+        if canonicalize_name(req.name) == "lowrank":  # an extra naming another extra
+            continue
+        assert not any(s.operator in ("==", "===") for s in req.specifier), f"{req}: a range, not a pin"
+        assert req.specifier, f"{req}: give a lower bound"
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req.name} is not in requirements/lock.txt"
+        assert req.specifier.contains(pins[name], prereleases=True), f"lock {req.name}=={pins[name]} is outside {req}"
+
+
+def test_the_lock_pins_torch_by_its_public_version():
+    """`torch==X` with no local label: the local `+cpu` wheel or PyTorch's CPU index (book.yml,
+    binder/, environment.yml) resolve it to the CPU build, PyTorch's CUDA index to a CUDA build."""
+    torch = _lock()["torch"]
+    assert torch.local is None and torch.release >= (2, 2)
+    assert re.search(r"^torch==\d+\.\d+\.\d+$", LOCK.read_text(), re.M)
+
+
+def test_the_lock_matches_the_environment_it_was_frozen_from():
+    """Every package of this venv that the lock names has the locked version (the lock was frozen
+    from `make env`'s venv; a drift means the lock or the venv is stale)."""
+    from importlib.metadata import distributions
+
+    pins = _lock()
+    installed = {canonicalize_name(d.metadata["Name"]): Version(d.version) for d in distributions()}
+    drift = {n: (str(v), str(installed[n])) for n, v in pins.items()
+             if n in installed and installed[n].public != v.public}
+    assert not drift, f"locked vs installed: {drift} (refresh the lock or run `make env`)"
+
+
+def test_environment_yml_and_binder_install_with_the_lock_and_the_cpu_index():
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
-    assert set(pip) - {"-e .[book,sweep,test]"} == pins
-    assert all("==" in p for p in pins), "every dependency is pinned"
+    assert "-c requirements/lock.txt" in pip and "-e .[book,sweep,test]" in pip
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in pip
+    binder = (ROOT / "binder" / "requirements.txt").read_text().splitlines()
+    assert "-c ../requirements/lock.txt" in binder and "--extra-index-url https://download.pytorch.org/whl/cpu" in binder
+    assert (ROOT / "binder" / "requirements.txt").parent.joinpath("../requirements/lock.txt").resolve() == LOCK
+    stamp_rule = re.search(r"^\$\(STAMP\):.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M)
+    assert "requirements/lock.txt" in stamp_rule.group(0).splitlines()[0]
+    assert "-c requirements/lock.txt" in stamp_rule.group(1)
 
 
+@pytest.mark.slow
 def test_import_changes_no_global_state_and_reproducible_skips_the_compiler():
     """`import lowrank...` leaves torch's flags alone; `device.reproducible()` turns on deterministic
     kernels without importing torch._inductor (0.9 s of every kernel's start) and without

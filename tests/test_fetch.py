@@ -46,14 +46,20 @@ def _cifar_archive() -> bytes:
 
 class _Server:
     """Serves `files` on 127.0.0.1 with Range support; `cut[name] = n` sends only n bytes of the body
-    once (with the full Content-Length), as a dropped connection does. Records every Range header."""
+    once (with the full Content-Length), as a dropped connection does; `refuse = code` answers every
+    request with that HTTP error (a moved S3 bucket's 403, a 404, a 5xx). Records every Range header."""
 
-    def __init__(self, files: dict):
-        self.files, self.cut, self.ranges, self.honour_range = dict(files), {}, [], True
+    def __init__(self, files: dict, refuse: int | None = None):
+        self.files, self.cut, self.ranges, self.honour_range, self.refuse = dict(files), {}, [], True, refuse
+        self.requests = 0
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 (http.server's name)
+                server.requests += 1
+                if server.refuse is not None:
+                    self.send_error(server.refuse)
+                    return
                 name = self.path.rsplit("/", 1)[-1]
                 if name not in server.files:
                     self.send_error(404)
@@ -183,7 +189,72 @@ def test_a_wrong_file_already_in_place_is_not_overwritten(tmp_path):
     assert target.read_bytes() == b"not it"
 
 
+@pytest.mark.parametrize("status", [403, 404, 500, 503])
+def test_an_http_error_falls_back_to_the_next_mirror(tmp_path, status):
+    mnist, cifar = _mnist_files(), _cifar_archive()
+    with _Server({}, refuse=status) as bad, _Server(mnist) as good:
+        source = _sources(good.base, mnist, cifar)["mnist"]._replace(mirrors=(bad.base, good.base))
+        assert datasets.fetch("mnist", tmp_path, sources={"mnist": source}, progress=False) == tmp_path
+        assert bad.requests == 4 and len(good.ranges) == 4  # each file: refused by the first, served by the second
+    assert datasets.load("mnist", root=tmp_path).y_test.tolist() == [0, 1, 2, 3]
+
+
+def test_every_mirror_refusing_names_each_http_error_and_leaves_nothing(tmp_path):
+    mnist, cifar = _mnist_files(), _cifar_archive()
+    with _Server({}, refuse=403) as first, _Server({}, refuse=404) as second:
+        source = _sources(first.base, mnist, cifar)["mnist"]._replace(mirrors=(first.base, second.base))
+        with pytest.raises(datasets.FetchError) as err:
+            datasets.fetch("mnist", tmp_path / "d", sources={"mnist": source}, progress=False)
+    message = str(err.value)
+    assert "\n" not in message and not message.startswith("offline?")
+    assert f"{first.base} (HTTP 403" in message and f"{second.base} (HTTP 404" in message
+    assert "train-images-idx3-ubyte.gz" in message and str(tmp_path / "d" / "MNIST" / "raw") in message
+    assert not (tmp_path / "d").exists()
+
+
+def test_default_data_folder_of_a_checkout_an_installed_copy_and_lowrank_data(tmp_path, monkeypatch):
+    monkeypatch.delenv(datasets.DATA_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert datasets.default_data_root() == datasets._REPO_ROOT / "data"  # this checkout
+    # an installed copy: the package's parents[2] is site-packages, which holds no pyproject.toml
+    monkeypatch.setattr(datasets, "_REPO_ROOT", tmp_path / "site-packages")
+    monkeypatch.setattr(datasets.sys, "platform", "linux")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert datasets.default_data_root() == tmp_path / "xdg" / "lowrank"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert datasets.default_data_root() == tmp_path / "home" / ".local" / "share" / "lowrank"
+    # the paper files' `data_root: data` and None mean the same folder; LOWRANK_DATA overrides both
+    assert datasets.resolve_root("data") == datasets.resolve_root(None) == datasets.default_data_root()
+    monkeypatch.setenv(datasets.DATA_ENV, str(tmp_path / "mine"))
+    (tmp_path / "data").mkdir()  # a folder `data` where the command runs: LOWRANK_DATA still wins
+    assert datasets.resolve_root("data") == datasets.resolve_root(None) == tmp_path / "mine"
+    assert datasets.resolve_root("other") == datasets.Path("other")  # relative to the working folder
+
+
+def test_cli_fetch_without_root_writes_to_lowrank_data(tmp_path, monkeypatch, capsys):
+    mnist, cifar = _mnist_files(), _cifar_archive()
+    monkeypatch.setenv(datasets.DATA_ENV, str(tmp_path / "env-data"))
+    with _Server(mnist) as srv:
+        monkeypatch.setitem(datasets.SOURCES, "mnist", _sources(srv.base, mnist, cifar)["mnist"])
+        assert cli.main(["data", "fetch", "mnist"]) == 0
+    out = capsys.readouterr().out
+    assert f"mnist is in {tmp_path / 'env-data'}" in out and "data_root: data" in out
+    assert datasets.present("mnist", "data") and datasets.mnist("data").x_train.shape == (6, 1, 28, 28)
+
+
+def test_lowrank_data_mirrors_replaces_the_mirrors(tmp_path, monkeypatch):
+    mnist, cifar = _mnist_files(), _cifar_archive()
+    with _Server(mnist) as srv:
+        monkeypatch.setitem(datasets.SOURCES, "mnist", _sources("http://127.0.0.1:9/nowhere/", mnist, cifar)["mnist"])
+        monkeypatch.setenv(datasets.MIRRORS_ENV, srv.base.rstrip("/"))
+        datasets.fetch("mnist", tmp_path, progress=False)
+        assert len(srv.ranges) == 4
+    assert datasets.present("mnist", tmp_path)
+
+
 def test_relative_data_root_is_found_below_the_repository_root(tmp_path, monkeypatch):
+    monkeypatch.delenv(datasets.DATA_ENV, raising=False)
     monkeypatch.chdir(tmp_path)  # as a notebook runs in its own folder
     assert datasets.resolve_root("data") == datasets._REPO_ROOT / "data"
     assert datasets.resolve_root(None) == datasets._REPO_ROOT / datasets.DEFAULT_DATA_ROOT

@@ -9,7 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from lowrank.book import build, plotting  # noqa: E402
+from lowrank.book import build, pages, plotting  # noqa: E402
 
 NAMES = build.book_notebooks()
 
@@ -17,7 +17,7 @@ NAMES = build.book_notebooks()
 @pytest.mark.parametrize("name", NAMES)
 def test_figures_fit_the_page_column(name, executed_notebooks):
     executed_notebooks[name]  # executes it when stale, which writes its figures
-    svgs = sorted((build.FIGURES / name).glob("*.svg"))
+    svgs = sorted((pages.FIGURES / name).glob("*.svg"))
     assert svgs, f"{name}: no figure"
     bad = {p.name: plotting.legibility(p)["problems"] for p in svgs}
     bad = {k: v for k, v in bad.items() if v}

@@ -9,7 +9,7 @@ import scipy.linalg
 import torch
 
 from lowrank.gradients import dynamics as gd
-from lowrank.gradients import decomposition
+from lowrank.gradients import decomposition, rule_of_thumb
 from lowrank.core.data import spiked_gaussian
 from lowrank.core.nets import gamma_m, normalize_rows, sphere_rows, two_layer_forward
 
@@ -57,23 +57,23 @@ def test_residue_alignment_and_its_beta_closed_form():
     z = torch.randn(100, generator=g, dtype=torch.float64)
     r = torch.randn(100, generator=g, dtype=torch.float64)
     c = abs(float(z @ r)) / (10 * float(r.norm()))
-    assert decomposition.residue_alignment(z, r) == pytest.approx(c)
-    assert decomposition.residue_alignment_beta(z, r, 400) == pytest.approx(-2 * math.log(c) / math.log(400))
+    assert rule_of_thumb.residue_alignment(z, r) == pytest.approx(c)
+    assert rule_of_thumb.residue_alignment_beta(z, r, 400) == pytest.approx(-2 * math.log(c) / math.log(400))
     # r = z: the alignment is ||z|| / sqrt(n), close to 1
-    assert decomposition.residue_alignment(z, z) == pytest.approx(float(z.norm()) / 10)
-    assert gd.residue_alignment is decomposition.residue_alignment  # one implementation
+    assert rule_of_thumb.residue_alignment(z, z) == pytest.approx(float(z.norm()) / 10)
+    assert gd.residue_alignment is rule_of_thumb.residue_alignment  # one implementation
     assert not hasattr(gd, "beta_hat")
 
 
 def test_residue_alignment_bad_inputs():
     with pytest.raises(ValueError, match="one length"):
-        decomposition.residue_alignment(torch.ones(3), torch.ones(4))
+        rule_of_thumb.residue_alignment(torch.ones(3), torch.ones(4))
     with pytest.raises(ValueError, match="zero vector"):
-        decomposition.residue_alignment(torch.ones(3), torch.zeros(3))
+        rule_of_thumb.residue_alignment(torch.ones(3), torch.zeros(3))
     with pytest.raises(ValueError, match="d must be"):
-        decomposition.residue_alignment_beta(torch.ones(3), torch.ones(3), 1)
+        rule_of_thumb.residue_alignment_beta(torch.ones(3), torch.ones(3), 1)
     # z^T r = 0: smaller than any power of d, beta = inf (documented)
-    assert decomposition.residue_alignment_beta(torch.tensor([1.0, -1.0]), torch.tensor([1.0, 1.0]), 10) == math.inf
+    assert rule_of_thumb.residue_alignment_beta(torch.tensor([1.0, -1.0]), torch.tensor([1.0, 1.0]), 10) == math.inf
 
 
 # --------------------------------------------------------------------------- norms
@@ -87,7 +87,7 @@ def test_term_norms_match_full_svd():
                    ("norm_G", dec.G)]:
         assert row[key] == pytest.approx(float(torch.linalg.svdvals(M)[0]), rel=1e-10), key
     assert row["r_rms"] == pytest.approx(float(dec.r.norm()) / math.sqrt(len(dec.r)))
-    assert row["residue_alignment"] == pytest.approx(decomposition.residue_alignment(p.data.z, dec.r))
+    assert row["residue_alignment"] == pytest.approx(rule_of_thumb.residue_alignment(p.data.z, dec.r))
     with pytest.raises(TypeError, match="Decomposition"):
         gd.term_norms((1, 2))
 

@@ -9,7 +9,7 @@ import scipy.integrate
 import torch
 
 from lowrank.core import data, nets, spectral
-from lowrank.gradients import decomposition
+from lowrank.gradients import decomposition, regularization, rule_of_thumb
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +153,7 @@ def test_spike_norms_closed_form_against_svd():
         assert norms[f"norm_{k}"] == pytest.approx(float(torch.linalg.svdvals(getattr(dec, k))[0]), rel=1e-12)
         u, v = dec.factors[k]
         torch.testing.assert_close(torch.outer(u, v), getattr(dec, k))
-    jp = decomposition.jacobian_penalty_problem(p, 2.0)
+    jp = regularization.jacobian_penalty_problem(p, 2.0)
     assert jp.norm_S3() == pytest.approx(float(torch.linalg.svdvals(jp.S3)[0]), rel=1e-12)
 
 
@@ -226,6 +226,6 @@ def test_product_form_without_dense_matrices_matches_the_full_svd(loss):
         np.testing.assert_allclose(np.abs(np.sum(top.U.numpy() * U[:, :3], axis=0)), 1.0, atol=1e-7)
     assert lazy.spike_norms() == pytest.approx(dense.spike_norms(), rel=1e-12)
     x = p.data.X_B.T @ dense.r
-    call, ref = decomposition.dominant_spike(lazy, x, p.data.q), decomposition.dominant_spike(dense.G, x, p.data.q)
+    call, ref = rule_of_thumb.dominant_spike(lazy, x, p.data.q), rule_of_thumb.dominant_spike(dense.G, x, p.data.q)
     assert call.label == ref.label and call.outliers == ref.outliers
     assert call[2:] == pytest.approx(ref[2:], rel=1e-8)

@@ -1,5 +1,5 @@
 """Remark 1 (a 1-D convolution as a weight-tied two-layer network), the spike classifier and the
-rule of thumb of lowrank.gradients.decomposition, against autograd of the conv net and hand-made cases."""
+rule of thumb of lowrank.gradients.convolution and lowrank.gradients.rule_of_thumb, against autograd of the conv net and hand-made cases."""
 
 import math
 
@@ -8,13 +8,13 @@ import torch
 from torch.func import grad
 
 from lowrank.core import data, nets
-from lowrank.gradients import decomposition
+from lowrank.gradients import convolution, decomposition, rule_of_thumb
 
 
 def test_conv_weight_matrix_is_the_convolution():
     g = torch.Generator().manual_seed(0)
     w = torch.randn(5, generator=g, dtype=torch.float64)
-    W = decomposition.conv1d_weight_matrix(w, 12)
+    W = convolution.conv1d_weight_matrix(w, 12)
     assert W.shape == (8, 12)
     X = torch.randn(7, 12, generator=g, dtype=torch.float64)
     conv = torch.nn.functional.conv1d(X[:, None, :], w[None, None, :])[:, 0, :]
@@ -22,7 +22,7 @@ def test_conv_weight_matrix_is_the_convolution():
     torch.testing.assert_close(W.norm(dim=1), torch.full((8,), float(w.norm()), dtype=torch.float64))
     assert int((W != 0).sum()) == 8 * 5
     with pytest.raises(ValueError, match="d must be an integer"):
-        decomposition.conv1d_weight_matrix(w, 4)
+        convolution.conv1d_weight_matrix(w, 4)
 
 
 @pytest.mark.parametrize("activation", ["tanh", "softplus", "relu"])
@@ -35,26 +35,26 @@ def test_filter_gradient_from_untied_matches_conv_autograd(activation):
     w = w / w.norm()
     a = nets.outer_weights(m, seed=4)
     gamma = m**-0.5
-    W = decomposition.conv1d_weight_matrix(w, d)
+    W = convolution.conv1d_weight_matrix(w, d)
     dec = decomposition.decompose(D.X_B, D.z, D.q, D.zeta, W, a, y, activation=activation, gamma=gamma)
-    g_fold = decomposition.conv1d_filter_gradient(dec.G, k)
+    g_fold = convolution.conv1d_filter_gradient(dec.G, k)
     # autograd of the conv net (torch conv1d), never building W
-    g_conv = grad(lambda v: (0.5 * (decomposition.conv1d_forward(D.X, v, a, activation=activation, gamma=gamma)
+    g_conv = grad(lambda v: (0.5 * (convolution.conv1d_forward(D.X, v, a, activation=activation, gamma=gamma)
                                     - y) ** 2).mean())(w)
     torch.testing.assert_close(g_fold, g_conv, rtol=1e-11, atol=1e-14)
-    torch.testing.assert_close(decomposition.conv1d_forward(D.X, w, a, activation=activation, gamma=gamma),
+    torch.testing.assert_close(convolution.conv1d_forward(D.X, w, a, activation=activation, gamma=gamma),
                                nets.two_layer_forward(D.X, W, a, activation=activation, gamma=gamma))
 
 
 def test_filter_gradient_is_the_sum_of_superdiagonals():
     d, k = 9, 3
     G = torch.arange(d * (d - k + 1), dtype=torch.float64).reshape(d, d - k + 1)  # d x m
-    g = decomposition.conv1d_filter_gradient(G, k)
+    g = convolution.conv1d_filter_gradient(G, k)
     Gmd = G.T
     ref = torch.tensor([sum(Gmd[j, j + i] for j in range(d - k + 1)) for i in range(k)], dtype=torch.float64)
     torch.testing.assert_close(g, ref)
     with pytest.raises(ValueError, match="k = d - m \\+ 1"):
-        decomposition.conv1d_filter_gradient(G, 4)
+        convolution.conv1d_filter_gradient(G, 4)
 
 
 def test_filter_low_rank_exact_for_low_rank_G():
@@ -64,21 +64,21 @@ def test_filter_low_rank_exact_for_low_rank_G():
     U = torch.randn(d, 2, generator=g, dtype=torch.float64)
     V = torch.randn(m, 2, generator=g, dtype=torch.float64)
     G = U @ V.T  # exactly rank two
-    res = decomposition.conv1d_filter_low_rank(G, k, rank=2)
+    res = convolution.conv1d_filter_low_rank(G, k, rank=2)
     assert res.error < 1e-12 and res.subspace_error < 1e-12
-    torch.testing.assert_close(res.g, decomposition.conv1d_filter_gradient(G, k))
+    torch.testing.assert_close(res.g, convolution.conv1d_filter_gradient(G, k))
     # the components are correlations of the singular vectors: c[i] = sum_j u[j + i] v[j]
     Us, s, Vh = torch.linalg.svd(G, full_matrices=False)
     c0 = torch.tensor([float(Us[i:i + m, 0] @ Vh[0]) for i in range(k)], dtype=torch.float64)
     torch.testing.assert_close(res.components[:, 0], c0)
     # sum over all singular pairs reconstructs g
-    full = decomposition.conv1d_filter_low_rank(G + 1e-3 * torch.randn(d, m, generator=g, dtype=torch.float64), k,
+    full = convolution.conv1d_filter_low_rank(G + 1e-3 * torch.randn(d, m, generator=g, dtype=torch.float64), k,
                                             rank=min(d, m))
     assert full.error < 1e-12
     # an extra direction equal to g closes the subspace error
     noisy = G + torch.randn(d, m, generator=g, dtype=torch.float64)
-    r2 = decomposition.conv1d_filter_low_rank(noisy, k, rank=2)
-    r2x = decomposition.conv1d_filter_low_rank(noisy, k, rank=2, extra=r2.g)
+    r2 = convolution.conv1d_filter_low_rank(noisy, k, rank=2)
+    r2x = convolution.conv1d_filter_low_rank(noisy, k, rank=2, extra=r2.g)
     assert r2.subspace_error <= r2.error + 1e-12 and r2x.subspace_error < 1e-12
 
 
@@ -95,18 +95,18 @@ def test_dominant_spike_hand_made_cases():
     q = _unit(q - (q @ x) * x)
     v1 = _unit(torch.randn(m, generator=g, dtype=torch.float64))
     v2 = _unit(torch.randn(m, generator=g, dtype=torch.float64))
-    assert decomposition.dominant_spike(bulk, x, q).label == "none"
-    call = decomposition.dominant_spike(bulk + 3 * torch.outer(x, v1), 7 * x, q)
+    assert rule_of_thumb.dominant_spike(bulk, x, q).label == "none"
+    call = rule_of_thumb.dominant_spike(bulk + 3 * torch.outer(x, v1), 7 * x, q)
     assert call.label == "residue" and call.outliers == 1 and call.align_residue > 0.99
-    assert decomposition.dominant_spike(bulk + 3 * torch.outer(q, v1), x, q).label == "data"
-    both = decomposition.dominant_spike(bulk + 3 * torch.outer(x, v1) + 1.5 * torch.outer(q, v2), x, q)
+    assert rule_of_thumb.dominant_spike(bulk + 3 * torch.outer(q, v1), x, q).label == "data"
+    both = rule_of_thumb.dominant_spike(bulk + 3 * torch.outer(x, v1) + 1.5 * torch.outer(q, v2), x, q)
     assert both.label == "both" and both.outliers == 2 and both.q_in_top2 > 0.99
     # two outliers, but the second is neither direction: u1 decides
     other = _unit(torch.randn(d, generator=g, dtype=torch.float64))
-    call = decomposition.dominant_spike(bulk + 3 * torch.outer(q, v1) + 1.5 * torch.outer(other, v2), x, q)
+    call = rule_of_thumb.dominant_spike(bulk + 3 * torch.outer(q, v1) + 1.5 * torch.outer(other, v2), x, q)
     assert call.label == "data" and call.outliers == 2
     with pytest.raises(ValueError, match="G's 60 rows"):
-        decomposition.dominant_spike(bulk, x[:-1], q)
+        rule_of_thumb.dominant_spike(bulk, x[:-1], q)
 
 
 def test_dominant_spike_on_the_papers_regimes():
@@ -114,7 +114,7 @@ def test_dominant_spike_on_the_papers_regimes():
     for nu, expected in ((0.0, "residue"), (0.75, "data")):
         p = decomposition.spiked_problem(150, 200, 250, alpha=0.0, nu=nu, activation="softplus", seed=0)
         dec = decomposition.decompose_problem(p)
-        assert decomposition.call_problem(dec, p.data).label == expected
+        assert rule_of_thumb.call_problem(dec, p.data).label == expected
 
 
 @pytest.mark.parametrize(
@@ -131,32 +131,32 @@ def test_dominant_spike_on_the_papers_regimes():
     ],
 )
 def test_rule_of_thumb(nu, alpha, beta, expected):
-    assert decomposition.rule_of_thumb(nu, alpha, beta) == expected
+    assert rule_of_thumb.rule_of_thumb(nu, alpha, beta) == expected
 
 
 def test_rule_of_thumb_flags_and_boundaries():
-    assert decomposition.rule_of_thumb(0.75, 0.0, 0.0, large_input_noise=True) == "residue"
-    assert decomposition.rule_of_thumb(0.0, 0.0, 1.0, large_jacobian_penalty=True) == "data"
+    assert rule_of_thumb.rule_of_thumb(0.75, 0.0, 0.0, large_input_noise=True) == "residue"
+    assert rule_of_thumb.rule_of_thumb(0.0, 0.0, 1.0, large_jacobian_penalty=True) == "data"
     with pytest.raises(ValueError, match="together"):
-        decomposition.rule_of_thumb(0.1, 0.0, 1.0, large_input_noise=True, large_jacobian_penalty=True)
+        rule_of_thumb.rule_of_thumb(0.1, 0.0, 1.0, large_input_noise=True, large_jacobian_penalty=True)
     with pytest.raises(ValueError, match="beta must be a number"):
-        decomposition.rule_of_thumb(0.1, 0.0, math.nan)
-    lines = decomposition.rule_of_thumb_boundaries(1.0)
+        rule_of_thumb.rule_of_thumb(0.1, 0.0, math.nan)
+    lines = rule_of_thumb.rule_of_thumb_boundaries(1.0)
     assert lines["nu = (1 - alpha)/2"](0.5) == pytest.approx(0.25)
     assert lines["nu = beta/2"](0.3) == pytest.approx(0.5)
     # just below every residue line the rule says residue, just above the lowest it does not
     for al in (0.0, 0.3, 0.6):
         low = min(f(al) for name, f in lines.items() if name in ("nu = 1/4", "nu = (beta - alpha)/2",
                                                                     "nu = (1 - alpha)/2"))
-        assert decomposition.rule_of_thumb(low - 1e-3, al, 1.0) == "residue"
-        assert decomposition.rule_of_thumb(low + 1e-3, al, 1.0) != "residue"
+        assert rule_of_thumb.rule_of_thumb(low - 1e-3, al, 1.0) == "residue"
+        assert rule_of_thumb.rule_of_thumb(low + 1e-3, al, 1.0) != "residue"
 
 
 def test_conv1d_measure_row():
-    row, dec, r2, w = decomposition.conv1d_measure(40, 30, 5, nu=0.75, activation="tanh", scaling="ntk", seed=2)
+    row, dec, r2, w = convolution.conv1d_measure(40, 30, 5, nu=0.75, activation="tanh", scaling="ntk", seed=2)
     assert row["fold_vs_autograd"] < 1e-12  # the fold is the chain rule
     assert row["eps2_subspace"] <= row["eps1"] + 1e-12  # s1 c1 lies in span(c1, c2): the projection is closer
     assert row["eps2_plus_w"] <= row["eps2_subspace"] + 1e-12  # a larger span is closer
     assert 0 <= row["residual_along_w"] <= 1 and 0 <= row["residual_along_random"] <= 1
-    torch.testing.assert_close(r2.g, decomposition.conv1d_filter_gradient(dec.G, 5))
+    torch.testing.assert_close(r2.g, convolution.conv1d_filter_gradient(dec.G, 5))
     assert w.shape == (5,)

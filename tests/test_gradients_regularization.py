@@ -10,7 +10,7 @@ import torch
 from torch.func import grad, jacrev
 
 from lowrank.core import data, nets
-from lowrank.gradients import decomposition
+from lowrank.gradients import decomposition, real_data, regularization, rule_of_thumb
 
 
 @pytest.fixture(scope="module")
@@ -31,18 +31,18 @@ def test_weight_decay_gradient_matches_autograd(small):
     D, y, W, a = small
     lam, gamma = 0.37, 25**-0.5
     dec = decomposition.decompose(D.X_B, D.z, D.q, D.zeta, W, a, y, activation="tanh", gamma=gamma)
-    G_wd = decomposition.weight_decay_gradient(dec.G, W, lam)
+    G_wd = regularization.weight_decay_gradient(dec.G, W, lam)
     g = grad(lambda V: _mse_loss(D.X, V, a, y, "tanh", gamma) + lam / 2 * (V**2).sum())(W)
     torch.testing.assert_close(G_wd, g.T, rtol=1e-12, atol=1e-14)
     with pytest.raises(ValueError, match="d x m"):
-        decomposition.weight_decay_gradient(dec.G.T, W, lam)
+        regularization.weight_decay_gradient(dec.G.T, W, lam)
     with pytest.raises(ValueError, match="lam must be non-negative"):
-        decomposition.weight_decay_gradient(dec.G, W, -1.0)
+        regularization.weight_decay_gradient(dec.G, W, -1.0)
 
 
 def test_weight_decay_scales():
     W = nets.sphere_rows(64, 32, seed=0)
-    s = decomposition.weight_decay_scales(W, gamma=1 / 8, n=100, nu=0.5)
+    s = regularization.weight_decay_scales(W, gamma=1 / 8, n=100, nu=0.5)
     assert s.W_norm == pytest.approx(float(torch.linalg.matrix_norm(W, ord=2)))
     assert s.keeps_spikes_below == pytest.approx(8 * (1 / 8) / s.W_norm)
     assert s.suppresses_spikes_above == pytest.approx(s.keeps_spikes_below * 10.0)
@@ -50,9 +50,9 @@ def test_weight_decay_scales():
 
 def test_input_noise_joins_the_bulk_and_keeps_labels():
     p = decomposition.spiked_problem(40, 30, 35, alpha=0.5, nu=0.125, activation="relu", seed=2)
-    tau2 = decomposition.tau2_from_rho(40, -0.25)
+    tau2 = regularization.tau2_from_rho(40, -0.25)
     assert tau2 == pytest.approx(40**-0.25)
-    noisy = decomposition.noisy_problem(p, tau2, seed=9)
+    noisy = regularization.noisy_problem(p, tau2, seed=9)
     assert torch.equal(noisy.y, p.y) and torch.equal(noisy.W, p.W) and torch.equal(noisy.a, p.a)
     N = noisy.data
     assert torch.equal(N.z, p.data.z) and torch.equal(N.q, p.data.q) and N.zeta == p.data.zeta
@@ -71,10 +71,10 @@ def test_input_noise_joins_the_bulk_and_keeps_labels():
 
 def test_input_noise_variance():
     D = data.spiked_gaussian(4000, 5, alpha=0.0, nu=0.0, seed=0)
-    N = decomposition.add_input_noise(D, 4.0, seed=1)
+    N = regularization.add_input_noise(D, 4.0, seed=1)
     var = (N.X_B - D.X_B).var().item()
     assert var == pytest.approx(4.0, rel=0.03)
-    assert torch.equal(decomposition.add_input_noise(D, 0.0, seed=1).X, D.X)
+    assert torch.equal(regularization.add_input_noise(D, 0.0, seed=1).X, D.X)
 
 
 @pytest.mark.parametrize("activation", ["sigmoid", "tanh", "softplus", "silu"])
@@ -89,13 +89,13 @@ def test_jacobian_penalty_gradient_matches_autograd(small, activation, scale_a):
         J = jacrev(lambda U: nets.two_layer_forward(D.X, U, a, activation=activation, gamma=gamma))(V)
         return lam / (2 * n) * (J**2).sum()
 
-    jp = decomposition.jacobian_penalty_gradient(D.X_B, D.z, D.q, D.zeta, W, a, activation=activation,
+    jp = regularization.jacobian_penalty_gradient(D.X_B, D.z, D.q, D.zeta, W, a, activation=activation,
                                              gamma=gamma, lam=lam)
     g = grad(L_reg)(W)
     torch.testing.assert_close(jp.G_reg, g.T, rtol=1e-11, atol=1e-14)
     # the closed-form penalty value and its autograd gradient agree too
     torch.testing.assert_close(
-        decomposition.jacobian_penalty(D.X, W, a, activation=activation, gamma=gamma, lam=lam), L_reg(W))
+        regularization.jacobian_penalty(D.X, W, a, activation=activation, gamma=gamma, lam=lam), L_reg(W))
     assert jp.identity_residual() < 1e-13
     assert torch.linalg.matrix_rank(jp.S3).item() == 1
     # S3's left singular vector is q
@@ -105,20 +105,20 @@ def test_jacobian_penalty_gradient_matches_autograd(small, activation, scale_a):
 
 def test_jacobian_penalty_vanishes_for_relu_and_lambda_zero(small):
     D, _, W, a = small
-    jp = decomposition.jacobian_penalty_gradient(D.X_B, D.z, D.q, D.zeta, W, a, activation="relu", gamma=0.2, lam=3.0)
+    jp = regularization.jacobian_penalty_gradient(D.X_B, D.z, D.q, D.zeta, W, a, activation="relu", gamma=0.2, lam=3.0)
     assert float(jp.G_reg.abs().max()) == 0.0
-    jp0 = decomposition.jacobian_penalty_gradient(D.X_B, D.z, D.q, D.zeta, W, a, activation="tanh", gamma=0.2, lam=0.0)
+    jp0 = regularization.jacobian_penalty_gradient(D.X_B, D.z, D.q, D.zeta, W, a, activation="tanh", gamma=0.2, lam=0.0)
     assert float(jp0.G_reg.abs().max()) == 0.0
     with pytest.raises(ValueError, match="W must have shape"):
-        decomposition.jacobian_penalty_gradient(D.X_B, D.z, D.q, D.zeta, W[:, :-1], a, activation="tanh",
+        regularization.jacobian_penalty_gradient(D.X_B, D.z, D.q, D.zeta, W[:, :-1], a, activation="tanh",
                                             gamma=0.2, lam=1.0)
 
 
 def test_jacobian_penalty_problem_wrapper():
     p = decomposition.spiked_problem(20, 15, 18, alpha=0.0, nu=0.375, activation="sigmoid", seed=1)
-    jp = decomposition.jacobian_penalty_problem(p, 10.0)
+    jp = regularization.jacobian_penalty_problem(p, 10.0)
     D = p.data
-    ref = decomposition.jacobian_penalty_gradient(D.X_B, D.z, D.q, D.zeta, p.W, p.a, activation="sigmoid",
+    ref = regularization.jacobian_penalty_gradient(D.X_B, D.z, D.q, D.zeta, p.W, p.a, activation="sigmoid",
                                               gamma=p.gamma, lam=10.0)
     torch.testing.assert_close(jp.G_reg, ref.G_reg)
 
@@ -128,13 +128,13 @@ def test_residue_alignment_beta_closed_form():
     z = torch.ones(n, dtype=torch.float64)
     r = torch.zeros(n, dtype=torch.float64)
     r[0] = 2.0  # |z^T r| / (sqrt(n) ||r||) = 1/10 = d^(-beta/2) with d^(beta/2) = 10
-    assert decomposition.residue_alignment_beta(z, r, d) == pytest.approx(2 * math.log(10) / math.log(400))
-    assert decomposition.residue_alignment_beta(z, z, d) == pytest.approx(0.0, abs=1e-12)  # fully aligned
+    assert rule_of_thumb.residue_alignment_beta(z, r, d) == pytest.approx(2 * math.log(10) / math.log(400))
+    assert rule_of_thumb.residue_alignment_beta(z, z, d) == pytest.approx(0.0, abs=1e-12)  # fully aligned
     r2 = torch.zeros(n, dtype=torch.float64)
     r2[0], r2[1] = 1.0, -1.0
-    assert decomposition.residue_alignment_beta(z, r2, d) == math.inf
+    assert rule_of_thumb.residue_alignment_beta(z, r2, d) == math.inf
     with pytest.raises(ValueError, match="zero vector"):
-        decomposition.residue_alignment_beta(z, torch.zeros(n, dtype=torch.float64), d)
+        rule_of_thumb.residue_alignment_beta(z, torch.zeros(n, dtype=torch.float64), d)
 
 
 def test_residue_alignment_beta_for_independent_residue():
@@ -142,7 +142,7 @@ def test_residue_alignment_beta_for_independent_residue():
     # -2 log(0.6745 / sqrt n) / log d (sd of the median over 2000 draws: ~0.006)
     g = torch.Generator().manual_seed(0)
     n, d = 200, 400
-    vals = [decomposition.residue_alignment_beta(torch.randn(n, generator=g, dtype=torch.float64),
+    vals = [rule_of_thumb.residue_alignment_beta(torch.randn(n, generator=g, dtype=torch.float64),
                                              torch.randn(n, generator=g, dtype=torch.float64), d)
             for _ in range(200)]
     median_abs_normal = 0.6745
@@ -153,7 +153,7 @@ def test_residue_alignment_beta_for_independent_residue():
 @pytest.mark.parametrize("nu, alpha", [(0.3, 0.0), (0.4, 0.5), (0.6, 0.8), (0.0, 0.8)])
 def test_estimate_nu_alpha_recovers_synthetic_parameters(nu, alpha):
     D = data.spiked_gaussian(20000, 100, alpha=alpha, nu=nu, seed=5)
-    fit = decomposition.estimate_nu_alpha(D.X)
+    fit = real_data.estimate_nu_alpha(D.X)
     # Marchenko-Pastur spreading biases alpha up by about sqrt(d/n) ~ 0.05 at alpha = 0
     assert fit.alpha == pytest.approx(alpha, abs=0.06)
     # top eigenvalue ~ zeta^2 + q^T Sigma_hat q: nu within ~log(2) / (2 log n) ~ 0.035
@@ -168,7 +168,7 @@ def test_estimate_nu_alpha_recovers_synthetic_parameters(nu, alpha):
 
 def test_estimate_nu_alpha_options_and_errors():
     D = data.spiked_gaussian(3000, 80, alpha=0.0, nu=0.0, seed=1)
-    fit = decomposition.estimate_nu_alpha(D.X, fit_range=(1, 30))
+    fit = real_data.estimate_nu_alpha(D.X, fit_range=(1, 30))
     assert fit.nu == 0.0 and fit.fit_range == (1, 30)
     assert abs(fit.alpha) < 0.15
     # the fit is log ell_{j+1} = log b - alpha log j: check it on the returned eigenvalues
@@ -177,17 +177,17 @@ def test_estimate_nu_alpha_options_and_errors():
     assert fit.alpha == pytest.approx(-slope) and fit.bulk_scale == pytest.approx(np.exp(icpt))
     assert fit.zeta2 == pytest.approx(max(float(fit.eigenvalues[0]) / fit.bulk_scale - 1, 0.0))
     with pytest.raises(ValueError, match="fit_range"):
-        decomposition.estimate_nu_alpha(D.X, fit_range=(2, 3))
+        real_data.estimate_nu_alpha(D.X, fit_range=(2, 3))
     with pytest.raises(ValueError, match="fit_range"):
-        decomposition.estimate_nu_alpha(D.X, fit_range=(1, 80))
-    centred = decomposition.estimate_nu_alpha(D.X + 5.0, center=True)
+        real_data.estimate_nu_alpha(D.X, fit_range=(1, 80))
+    centred = real_data.estimate_nu_alpha(D.X + 5.0, center=True)
     assert centred.nu == pytest.approx(0.0, abs=0.05)
-    assert decomposition.estimate_nu_alpha(D.X + 5.0).nu > 0.3  # the mean is a spike when not centred
+    assert real_data.estimate_nu_alpha(D.X + 5.0).nu > 0.3  # the mean is a spike when not centred
 
 
 def test_spike_split_is_exact():
     D = data.spiked_gaussian(200, 30, alpha=0.3, nu=0.6, seed=2)
-    S = decomposition.spike_split(D.X)
+    S = real_data.spike_split(D.X)
     torch.testing.assert_close(S.X, S.X_B + S.zeta * torch.outer(S.z, S.q))
     assert float(S.z @ S.z) == pytest.approx(200.0)
     assert float((S.X_B @ S.q).abs().max()) < 1e-10
@@ -198,7 +198,7 @@ def test_spike_split_is_exact():
     dec = decomposition.decompose(S.X_B, S.z, S.q, S.zeta, W, a, y, activation="tanh", gamma=0.2)
     assert dec.identity_residual() < 1e-13
     with pytest.raises(ValueError, match="q must have shape"):
-        decomposition.spike_split(D.X, q=torch.ones(3))
+        real_data.spike_split(D.X, q=torch.ones(3))
 
 
 def test_real_problem_on_digits():
@@ -207,32 +207,32 @@ def test_real_problem_on_digits():
     ds = datasets.digits(standardize=False)
     X = ds.x_train[:300].double()
     y = torch.where(ds.y_train[:300] >= 5, 1.0, -1.0).double()
-    p = decomposition.real_problem(X, y, width=80, activation="softplus", seed=2)
+    p = real_data.real_problem(X, y, width=80, activation="softplus", seed=2)
     assert p.W.shape == (80, 64) and p.gamma == pytest.approx(80**-0.5)
     torch.testing.assert_close(p.data.X, X)
     dec = decomposition.decompose_problem(p)
     assert dec.identity_residual() < 1e-13
     with pytest.raises(ValueError, match="y of length n"):
-        decomposition.real_problem(X, y[:-1], width=10, activation="tanh")
+        real_data.real_problem(X, y[:-1], width=10, activation="tanh")
     with pytest.raises(ValueError, match="labels y in"):
-        decomposition.real_problem(X, y * 2, width=10, activation="tanh", loss="logistic")
+        real_data.real_problem(X, y * 2, width=10, activation="tanh", loss="logistic")
 
 
 def test_real_data_matrix_on_digits():
     from lowrank.core import datasets
 
-    X, y = decomposition.real_data_matrix("digits", max_samples=100)
+    X, y = real_data.real_data_matrix("digits", max_samples=100)
     ds = datasets.digits(standardize=False)
     assert X.shape == (100, 64) and X.dtype == torch.float64
     torch.testing.assert_close(X, torch.as_tensor(ds.x_train[:100]).reshape(100, -1).double())
     want = torch.where(torch.as_tensor(ds.y_train[:100]) >= 5, 1.0, -1.0).double()
     torch.testing.assert_close(y, want)
-    Xs, _ = decomposition.real_data_matrix("digits", max_samples=100, standardize=True)
+    Xs, _ = real_data.real_data_matrix("digits", max_samples=100, standardize=True)
     assert float(Xs.mean(0).abs().max()) < 1e-12
     with pytest.raises(ValueError, match="dataset"):
-        decomposition.real_data_matrix("cifar10")
+        real_data.real_data_matrix("cifar10")
     with pytest.raises(FileNotFoundError):
-        decomposition.real_data_matrix("mnist", data_root="/nonexistent/folder")
+        real_data.real_data_matrix("mnist", data_root="/nonexistent/folder")
 
 
 def test_spike_shares_on_hand_counted_configurations():
@@ -242,45 +242,45 @@ def test_spike_shares_on_hand_counted_configurations():
         "residue_0": [0.9, 0.9, 0.2, 0.9], "q_0": [0.8, 0.1, 0.1, 0.9],
         "residue_in_top2": [0.7, 0.3, 0.1, 0.6], "q_in_top2": [0.6, 0.9, 0.2, 0.4]})
     # kept: row 0 (both stay), row 2 (neither was present); lost: row 1 (residue), row 3 (q)
-    assert decomposition.spikes_kept_share(rows, threshold=0.5) == 0.5
+    assert regularization.spikes_kept_share(rows, threshold=0.5) == 0.5
     # gone: only row 2 has both below 0.5
-    assert decomposition.spikes_gone_share(rows, threshold=0.5) == 0.25
+    assert regularization.spikes_gone_share(rows, threshold=0.5) == 0.25
     with pytest.raises(ValueError, match="no column"):
-        decomposition.spikes_kept_share(rows.drop(columns="q_0"), threshold=0.5)
+        regularization.spikes_kept_share(rows.drop(columns="q_0"), threshold=0.5)
 
 
 def test_jacobian_balance_lambda_equalises_the_spike_and_the_gradient():
     p = decomposition.spiked_problem(40, 30, 35, alpha=0.0, nu=0.375, activation="sigmoid", seed=4)
     dec = decomposition.decompose_problem(p)
-    lam_x = decomposition.jacobian_balance_lambda(dec.G, decomposition.jacobian_penalty_problem(p, 1.0))
+    lam_x = regularization.jacobian_balance_lambda(dec.G, regularization.jacobian_penalty_problem(p, 1.0))
     # independently: S3 formed at lambda_x by the penalty itself, its norm by a full SVD
-    S3 = decomposition.jacobian_penalty_problem(p, lam_x).S3
+    S3 = regularization.jacobian_penalty_problem(p, lam_x).S3
     assert float(torch.linalg.svdvals(S3)[0]) == pytest.approx(float(torch.linalg.svdvals(dec.G)[0]), rel=1e-10)
     relu = decomposition.spiked_problem(40, 30, 35, alpha=0.0, nu=0.375, activation="relu", seed=4)
     with pytest.raises(ValueError, match="no balance point"):
-        decomposition.jacobian_balance_lambda(dec.G, decomposition.jacobian_penalty_problem(relu, 1.0))
+        regularization.jacobian_balance_lambda(dec.G, regularization.jacobian_penalty_problem(relu, 1.0))
 
 
 def test_misalignment_closed():
-    assert decomposition.misalignment_closed(0.8, 0.9) == pytest.approx(0.5)  # 0.1 of the remaining 0.2
-    assert decomposition.misalignment_closed(0.0, 1.0) == pytest.approx(1.0)
-    assert decomposition.misalignment_closed(0.5, 0.25) == pytest.approx(-0.5)
-    np.testing.assert_allclose(decomposition.misalignment_closed(np.array([0.2, 0.6]), np.array([0.6, 0.6])), [0.5, 0.0])
+    assert regularization.misalignment_closed(0.8, 0.9) == pytest.approx(0.5)  # 0.1 of the remaining 0.2
+    assert regularization.misalignment_closed(0.0, 1.0) == pytest.approx(1.0)
+    assert regularization.misalignment_closed(0.5, 0.25) == pytest.approx(-0.5)
+    np.testing.assert_allclose(regularization.misalignment_closed(np.array([0.2, 0.6]), np.array([0.6, 0.6])), [0.5, 0.0])
     with pytest.raises(ValueError, match="below 1"):
-        decomposition.misalignment_closed(1.0, 1.0)
+        regularization.misalignment_closed(1.0, 1.0)
     with pytest.raises(ValueError, match="before must hold"):
-        decomposition.misalignment_closed(-0.1, 0.5)
+        regularization.misalignment_closed(-0.1, 0.5)
 
 
 def test_jacobian_balance_alignments_by_hand():
     p = decomposition.spiked_problem(40, 30, 35, alpha=0.0, nu=0.375, activation="sigmoid", seed=5)
     dec = decomposition.decompose_problem(p)
-    unit = decomposition.jacobian_penalty_problem(p, 1.0)
+    unit = regularization.jacobian_penalty_problem(p, 1.0)
     x = p.data.X_B.T @ dec.r
-    out = decomposition.jacobian_balance_alignments(dec.G, unit, x, p.data.q)
+    out = regularization.jacobian_balance_alignments(dec.G, unit, x, p.data.q)
     lam_x = out["lam_x"]
     # independently: the penalty recomputed at lambda_x, u1 from a full SVD
-    at = decomposition.jacobian_penalty_problem(p, lam_x)
+    at = regularization.jacobian_penalty_problem(p, lam_x)
 
     def align_q(M):
         u1 = torch.linalg.svd(M, full_matrices=False)[0][:, 0]
@@ -289,3 +289,77 @@ def test_jacobian_balance_alignments_by_hand():
     assert out["align_q_0"] == pytest.approx(align_q(dec.G), abs=1e-9)
     assert out["align_q_with_S3"] == pytest.approx(align_q(dec.G + at.G_reg), abs=1e-9)
     assert out["align_q_without_S3"] == pytest.approx(align_q(dec.G + at.E2), abs=1e-9)
+
+
+# ---- the regularisation page's tables ------------------------------------------------------------
+
+def _crossing_tables():
+    import pandas as pd
+
+    problems = pd.DataFrame([{"nu": 0.0, "seed": 0, "W_norm": 2.0, "norm_S1": 4.0, "norm_S2": 1.0,
+                              "residue_0": 0.9, "q_0": 0.2},      # S1 present, S2 absent at lambda = 0
+                             {"nu": 0.5, "seed": 0, "W_norm": 1.0, "norm_S1": 1.0, "norm_S2": 1.0,
+                              "residue_0": 0.9, "q_0": 0.9}])     # both present; S1 below from the start
+    grid = [0.1, 1.0, 10.0]
+    rows = [{"nu": 0.0, "seed": 0, "lam": lam, "probe": "grid", "residue_in_top2": r, "q_in_top2": 0.1}
+            for lam, r in zip(grid, (0.9, 0.7, 0.3))]
+    rows += [{"nu": 0.0, "seed": 0, "lam": 1e3, "probe": "high", "residue_in_top2": 0.0, "q_in_top2": 0.0}]
+    rows += [{"nu": 0.5, "seed": 0, "lam": lam, "probe": "grid", "residue_in_top2": 0.4, "q_in_top2": q}
+             for lam, q in zip(grid, (0.9, 0.8, 0.7))]            # S2 never drops below one half
+    return pd.DataFrame(rows), problems
+
+
+def test_threshold_crossing_interpolates_in_log_lambda():
+    rows, problems = _crossing_tables()
+    cross = regularization.threshold_crossings(rows, problems, threshold=0.5)
+    # 0.5 lies half way from 0.7 (lambda = 1) to 0.3 (lambda = 10): lambda_c = 10^(1/2)
+    assert cross[["nu", "spike"]].values.tolist() == [[0.0, "S1"]]
+    assert cross["lam_c"].iloc[0] == pytest.approx(math.sqrt(10), rel=1e-12)
+    assert cross["ratio"].iloc[0] == pytest.approx(math.sqrt(10) * 2.0 / 4.0, rel=1e-12)
+    assert regularization.threshold_crossings(rows, problems, threshold=0.95).empty  # nothing present
+    with pytest.raises(ValueError, match="threshold"):
+        regularization.threshold_crossings(rows, problems, threshold=1.5)
+
+
+def test_weight_decay_sweep_rows_are_the_spike_calls_of_g_plus_lambda_w():
+    kw = dict(alpha=0.0, activation="tanh", scaling="ntk")
+    rows, problems = regularization.weight_decay_sweep(40, 30, 35, nus=[0.0, 0.375], seeds=[3], lambdas=[0.0, 1.0],
+                                                       **kw)
+    assert len(rows) == 2 * (2 + 2) and len(problems) == 2
+    p = decomposition.spiked_problem(40, 30, 35, nu=0.375, seed=3, **kw)
+    dec = decomposition.decompose_problem(p)
+    scales = regularization.weight_decay_scales(p.W, gamma=p.gamma, n=40, nu=0.375)
+    mine = rows[(rows.nu == 0.375)].set_index("probe")
+    assert mine.loc["high", "lam"] == pytest.approx(10 * scales.suppresses_spikes_above)
+    assert mine.loc["low", "lam"] == pytest.approx(0.1 * scales.keeps_spikes_below)
+    one = mine[mine.lam == 1.0].iloc[0]
+    call = rule_of_thumb.dominant_spike(dec.G + 1.0 * p.W.T, p.data.X_B.T @ dec.r, p.data.q)
+    assert (one.label, one.residue_in_top2, one.q_in_top2) == (call.label, call.residue_in_top2, call.q_in_top2)
+    at_zero = problems[problems.nu == 0.375].iloc[0]
+    assert at_zero.residue_0 == mine[mine.lam == 0.0].iloc[0].residue_in_top2
+
+
+def test_autograd_errors_are_round_off_for_every_regulariser():
+    table = regularization.autograd_errors(scaling="ntk", activations=("tanh", "relu"))
+    assert table[["regulariser", "activation"]].values.tolist() == [
+        ["weight decay", "tanh"], ["input noise", "tanh"], ["Jacobian penalty", "tanh"],
+        ["weight decay", "relu"], ["input noise", "relu"]]
+    assert table["rel_error"].max() < 1e-10
+    assert table["split_residual"].dropna().max() < 1e-10
+
+
+def test_noise_and_penalty_sweeps_reduce_to_the_plain_gradient_at_zero():
+    kw = dict(alpha=0.5, activation="tanh", scaling="ntk", seeds=[1])
+    noise, spectra = regularization.input_noise_sweep(40, 30, 35, nu=0.25, tau2s=[0.0, 0.3], **kw)
+    p = decomposition.spiked_problem(40, 30, 35, nu=0.25, alpha=0.5, activation="tanh", scaling="ntk", seed=1)
+    dec = decomposition.decompose_problem(p)
+    call = rule_of_thumb.call_problem(dec, p.data)
+    clean = noise[noise.tau2 == 0.0].iloc[0]
+    assert clean.align_u1_residue == pytest.approx(call.align_residue, abs=1e-12)
+    assert set(spectra) == {0.0, 0.3} and len(noise) == 2
+    jac, jac_spectra, balance = regularization.jacobian_penalty_sweep(40, 30, 35, nu=0.25, lambdas=[0.0, 2.0], **kw)
+    at_zero = jac[jac.lam == 0.0].iloc[0]
+    assert at_zero.norm_S3 == 0.0 and at_zero.norm_E2 == 0.0
+    assert at_zero.align_u1_q == pytest.approx(call.align_q, abs=1e-12)
+    assert balance["closed_with_S3"].iloc[0] == pytest.approx(regularization.misalignment_closed(
+        balance["align_q_0"].iloc[0], balance["align_q_with_S3"].iloc[0]))

@@ -7,7 +7,7 @@ import nbformat
 import pytest
 import yaml
 
-from lowrank.book import build, goldens, notebooks
+from lowrank.book import build, goldens, notebooks, pages, rules
 
 GOLDEN = goldens.load()
 NAMES = build.book_notebooks()
@@ -59,7 +59,7 @@ def test_claims_with_passing_controls_are_uninformative(name, executed_notebooks
 def test_figures_written_with_data(name, executed_notebooks):
     source = notebooks.source_path(name).read_text()
     declared = source.count("plotting.save_figure(")
-    folder = build.FIGURES / name
+    folder = pages.FIGURES / name
     stems = {p.stem for p in folder.glob("*.png")}
     assert len(stems) >= max(declared, 1), f"{name}: {len(stems)} figures written, {declared} declared"
     for stem in stems:
@@ -79,16 +79,17 @@ def test_paper_params_are_notebook_parameters(name):
     assert paper.get("scale") == "paper" and defaults.get("scale") == "ci"
     for key, value in paper.items():
         assert type(value) is type(defaults[key]) or (isinstance(value, (int, float)) and isinstance(defaults[key], (int, float))), key
+    rules.resolve_parameters(name, scale="paper", memory=False)  # the paper file obeys the notebook's own rules
 
 
 def test_book_renders_executed_outputs_without_reexecuting():
     """jupyter-cache holds exactly the papermill outputs; Jupyter Book executed nothing itself."""
     from jupyter_cache import get_cache
 
-    cache = get_cache(str(build.CACHE))
+    cache = get_cache(str(pages.CACHE))
     assert len(cache.list_cache_records()) == len(NAMES)
     assert not cache.list_project_records(), "Jupyter Book executed a notebook itself (cache miss)"
-    html = build.BUILD / "html" / "notebooks" / "gradients" / "decomposition.html"
+    html = pages.BUILD / "html" / "notebooks" / "gradients" / "decomposition.html"
     assert html.is_file(), "run `make book` first"
     assert "Verdict" in html.read_text()
 

@@ -7,7 +7,7 @@ import shutil
 import pytest
 import yaml
 
-from lowrank.book import cli, notebooks, paper_results as pr, runs
+from lowrank.book import cli, notebooks, paper_results as pr, rules, runs
 from probe_book import probe_notebook
 
 NAME = "gradients/decomposition"
@@ -61,10 +61,10 @@ def test_a_result_whose_paper_file_changed_is_stale(tmp_path, monkeypatch):
 
 
 def test_only_paper_scale_runs_with_verdicts_are_stored(tmp_path):
-    ci = runs.resolve_parameters(NAME, scale="ci")
-    with pytest.raises(runs.ParameterError, match="not a paper-scale run: parameters .*'n'"):
+    ci = rules.resolve_parameters(NAME, scale="ci")
+    with pytest.raises(rules.ParameterError, match="not a paper-scale run: parameters .*'n'"):
         pr.store_run(_run_folder(tmp_path, ci), root=tmp_path / "results")
-    with pytest.raises(runs.ParameterError, match="no verdicts"):
+    with pytest.raises(rules.ParameterError, match="no verdicts"):
         pr.store_run(_run_folder(tmp_path / "b", pr.paper_parameters(NAME), verdicts={}), root=tmp_path / "results")
     assert not (tmp_path / "results").exists()
 
@@ -106,6 +106,7 @@ def test_notebooks_without_their_data_are_skipped_with_the_fetch_command(tmp_pat
     assert pb.missing_data("sgd/rank_bound", {"dataset": "cifar10", "data_root": str(tmp_path)}) is None
 
 
+@pytest.mark.slow
 def test_paper_build_executes_stores_caches_and_skips(tmp_path, monkeypatch, capsys):
     """The build's bookkeeping with the kernel replaced by a stub (a real paper-scale execution takes
     minutes to hours): one notebook executed and stored, one skipped for its data, then a cache hit."""
@@ -136,13 +137,13 @@ def test_paper_build_executes_stores_caches_and_skips(tmp_path, monkeypatch, cap
     monkeypatch.setattr(pb, "EXECUTED", tmp_path / "executed")
     monkeypatch.setattr(pr, "RESULTS", tmp_path / "results")
     data = tmp_path / "no-data"
-    real = runs.resolve_parameters
+    real = rules.resolve_parameters
 
     def resolve(name, scale="ci", **kw):
         p = real(name, scale=scale, **kw)
         return {**p, "data_root": str(data)} if "data_root" in p else p
 
-    monkeypatch.setattr(runs, "resolve_parameters", resolve)
+    monkeypatch.setattr(rules, "resolve_parameters", resolve)
     ready, skipped = pb.execute_paper([NAME, "sgd/rank_bound"])
     assert ready == [NAME] and list(skipped) == ["sgd/rank_bound"] and "cifar10 is not in" in skipped["sgd/rank_bound"]
     assert len(calls) == 1 and calls[0][1] == pr.paper_parameters(NAME) and calls[0][2] >= 3600
@@ -155,7 +156,7 @@ def test_paper_build_executes_stores_caches_and_skips(tmp_path, monkeypatch, cap
 
 
 def test_paper_toc_keeps_prose_and_the_executed_notebooks_only():
-    from lowrank.book import build, paper_build as pb
+    from lowrank.book import pages, paper_build as pb
 
     toc = pb.paper_toc([NAME])
     files = set()
@@ -172,7 +173,7 @@ def test_paper_toc_keeps_prose_and_the_executed_notebooks_only():
     walk(toc)
     assert f"notebooks/{NAME}" in files and not any(f.startswith("notebooks/") and f != f"notebooks/{NAME}"
                                                     for f in files)
-    assert {f for f in build.toc_files() if not f.startswith("notebooks/")} <= files | {toc["root"]}
+    assert {f for f in pages.toc_files() if not f.startswith("notebooks/")} <= files | {toc["root"]}
 
 
 def test_the_ledger_marks_a_stale_paper_result():
@@ -196,6 +197,7 @@ def _probe(name, dataset):
                           "The value is {glue:text}`n_squared`.")
 
 
+@pytest.mark.slow
 def test_make_paper_on_a_probe_book(tmp_path):
     """`python -m lowrank.book.build --scale paper` end to end on a two-page copy of the book: the page
     with a paper file is executed with it, stored with provenance and rendered in the paper-scale
@@ -205,10 +207,10 @@ def test_make_paper_on_a_probe_book(tmp_path):
     import subprocess
     import sys
 
-    from lowrank.book import build
+    from lowrank.book import build, keys
 
     root = tmp_path / "book"
-    shutil.copytree(build.PACKAGE, root / "lowrank", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(keys.PACKAGE, root / "lowrank", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(build.REPO_ROOT / "book" / "_ext", root / "book" / "_ext")
     for rel in ("_config.yml", "book/references.bib", "book/claims.yaml"):
         shutil.copy(build.REPO_ROOT / rel, root / rel)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from lowrank.book import cli, notebooks, runs
+from lowrank.book import cli, keys, notebooks, rules, runs
 
 NB = "gradients/decomposition"
 # a seconds-long variant of the notebook
@@ -14,7 +14,7 @@ TINY = {"n": 40, "d": 50, "m": 60, "nus": [0.0, 0.375], "activations": ["tanh"],
 
 
 def test_specs_come_from_the_parameter_cell():
-    specs = runs.parameter_specs(NB)
+    specs = rules.parameter_specs(NB)
     assert specs["mu"].choices == ["sample", "quadrature"]
     assert specs["n"].min == 2 and specs["n"].default == 375
     assert "relu" in specs["activations"].items
@@ -22,7 +22,7 @@ def test_specs_come_from_the_parameter_cell():
 
 def test_every_notebook_parameter_cell_is_readable():
     for name in notebooks.list_notebooks():
-        assert runs.parameter_specs(name)["scale"].default == "ci"
+        assert rules.parameter_specs(name)["scale"].default == "ci"
 
 
 @pytest.mark.parametrize(
@@ -45,32 +45,32 @@ def test_every_notebook_parameter_cell_is_readable():
     ],
 )
 def test_bad_parameters_are_rejected_before_running(overrides, message, tmp_path):
-    with pytest.raises(runs.ParameterError, match=message):
-        runs.resolve_parameters(NB, overrides=overrides)
+    with pytest.raises(rules.ParameterError, match=message):
+        rules.resolve_parameters(NB, overrides=overrides)
 
 
 def test_bad_parameter_files(tmp_path):
     missing = tmp_path / "nope.yaml"
-    with pytest.raises(runs.ParameterError, match="does not exist"):
-        runs.resolve_parameters(NB, params_file=missing)
+    with pytest.raises(rules.ParameterError, match="does not exist"):
+        rules.resolve_parameters(NB, params_file=missing)
     broken = tmp_path / "broken.yaml"
     broken.write_text("n: [1, 2\n")
-    with pytest.raises(runs.ParameterError, match="not valid YAML"):
-        runs.resolve_parameters(NB, params_file=broken)
+    with pytest.raises(rules.ParameterError, match="not valid YAML"):
+        rules.resolve_parameters(NB, params_file=broken)
     listy = tmp_path / "list.yaml"
     listy.write_text("- 1\n- 2\n")
-    with pytest.raises(runs.ParameterError, match="must hold a mapping"):
-        runs.resolve_parameters(NB, params_file=listy)
-    with pytest.raises(runs.ParameterError, match="scale must be"):
-        runs.resolve_parameters(NB, scale="huge")
+    with pytest.raises(rules.ParameterError, match="must hold a mapping"):
+        rules.resolve_parameters(NB, params_file=listy)
+    with pytest.raises(rules.ParameterError, match="scale must be"):
+        rules.resolve_parameters(NB, scale="huge")
     with pytest.raises(FileNotFoundError, match="did you mean gradients/decomposition"):
-        runs.resolve_parameters("gradients/decompositon")
+        rules.resolve_parameters("gradients/decompositon")
 
 
 def test_paper_scale_and_overrides_layer():
-    p = runs.resolve_parameters(NB, scale="paper", overrides={"seed": 3})
+    p = rules.resolve_parameters(NB, scale="paper", overrides={"seed": 3})
     assert (p["n"], p["d"], p["m"], p["seed"], p["scale"]) == (750, 1000, 1250, 3, "paper")
-    assert runs.resolve_parameters(NB)["n"] == 375
+    assert rules.resolve_parameters(NB)["n"] == 375
 
 
 def test_cli_error_exit_code_and_message(capsys, tmp_path, monkeypatch):
@@ -86,14 +86,15 @@ def test_failed_run_leaves_no_folder(tmp_path, monkeypatch):
         raise RuntimeError("kernel died")
 
     monkeypatch.setattr(notebooks, "execute", boom)
-    params = runs.resolve_parameters(NB, overrides=TINY)
+    params = rules.resolve_parameters(NB, overrides=TINY)
     with pytest.raises(RuntimeError, match="kernel died"):
         runs.run(NB, params, runs_root=tmp_path)
     assert list((tmp_path / NB).iterdir()) == []
 
 
+@pytest.mark.slow
 def test_run_folder_contents_reuse_and_report(tmp_path):
-    params = runs.resolve_parameters(NB, overrides=TINY)
+    params = rules.resolve_parameters(NB, overrides=TINY)
     folder, reused = runs.run(NB, params, runs_root=tmp_path)
     assert not reused and folder.name == runs.run_hash(NB, params)
     prov = json.loads((folder / "provenance.json").read_text())
@@ -113,9 +114,10 @@ def test_run_folder_contents_reuse_and_report(tmp_path):
     assert "identity_residual" in text and "data:image/png;base64" in text
 
 
+@pytest.mark.slow
 def test_same_parameters_give_identical_verdicts(tmp_path):
     """Determinism on the CPU: two executions, bit-identical verdicts (not just rounded)."""
-    params = runs.resolve_parameters(NB, overrides={**TINY, "seed": 7})
+    params = rules.resolve_parameters(NB, overrides={**TINY, "seed": 7})
     first, _ = runs.run(NB, params, runs_root=tmp_path / "a")
     second, _ = runs.run(NB, params, runs_root=tmp_path / "b")
     assert (first / "verdicts.json").read_text() == (second / "verdicts.json").read_text()
@@ -144,10 +146,11 @@ def _fake_execute(calls):
     (lambda f: (f / "notebook.ipynb").write_text(""), "notebook.ipynb changed"),
     (lambda f: (f / "manifest.json").unlink(), "no readable manifest.json"),
 ])
+@pytest.mark.slow
 def test_a_changed_run_folder_is_run_again_and_said(tmp_path, monkeypatch, capsys, tamper, why):
     calls = []
     monkeypatch.setattr(notebooks, "execute", _fake_execute(calls))
-    params = runs.resolve_parameters(NB, overrides=TINY)
+    params = rules.resolve_parameters(NB, overrides=TINY)
     folder, reused = runs.run(NB, params, runs_root=tmp_path)
     assert not reused and runs.manifest_problems(folder) == []
     assert runs.run(NB, params, runs_root=tmp_path) == (folder, True) and len(calls) == 1
@@ -160,16 +163,15 @@ def test_a_changed_run_folder_is_run_again_and_said(tmp_path, monkeypatch, capsy
 def test_the_run_key_covers_the_code(tmp_path, monkeypatch):
     """The folder name changes with the hash of the code (the build's execution key), not only with
     the notebook and parameters; the key is the build's own."""
-    from lowrank.book import build
-
-    params = runs.resolve_parameters(NB, overrides=TINY)
-    assert runs.code_key(NB) == build.execution_key(NB)
+    params = rules.resolve_parameters(NB, overrides=TINY)
+    assert keys.code_key(NB) == keys.execution_key(NB)
     before = runs.run_hash(NB, params)
-    monkeypatch.setattr(build, "execution_key", lambda name: "edited lowrank/")
+    monkeypatch.setattr(keys, "execution_key", lambda name: "edited lowrank/")
     assert runs.run_hash(NB, params) != before
     assert runs.run_hash(NB, params) == runs.run_hash(NB, params, code="edited lowrank/")
 
 
+@pytest.mark.slow
 def test_stale_partial_folders_of_dead_processes_are_cleaned(tmp_path, monkeypatch):
     import os
     import socket
@@ -180,7 +182,7 @@ def test_stale_partial_folders_of_dead_processes_are_cleaned(tmp_path, monkeypat
     monkeypatch.setattr(notebooks, "execute", _fake_execute(calls))
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
-    params = runs.resolve_parameters(NB, overrides=TINY)
+    params = rules.resolve_parameters(NB, overrides=TINY)
     parent = tmp_path / NB
     parent.mkdir(parents=True)
     stale = [parent / f".abc.partial-{dead}", parent / f".abc.partial-{socket.gethostname()}-{dead}"]
@@ -201,7 +203,7 @@ def test_files_are_readable_by_all(tmp_path, monkeypatch):
     import pandas as pd
 
     from lowrank.book import plotting
-    from lowrank.book.report import write_atomically
+    from lowrank.core.io import write_atomically
 
     monkeypatch.setenv("LOWRANK_FIGURE_DIR", str(tmp_path / "figs"))
     fig, ax = plt.subplots()
@@ -214,17 +216,18 @@ def test_files_are_readable_by_all(tmp_path, monkeypatch):
 
 
 def test_report_temporary_file_is_removed_on_error(tmp_path, monkeypatch):
-    from lowrank.book import report
+    from lowrank.core import io
 
     def boom(*args):
         raise OSError("disk full")
 
-    monkeypatch.setattr(report.os, "replace", boom)
+    monkeypatch.setattr(io.os, "replace", boom)
     with pytest.raises(OSError, match="disk full"):
-        report.write_atomically(tmp_path / "r.html", "x")
+        io.write_atomically(tmp_path / "r.html", "x")
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_kernels_start_without_the_tcp_warning(tmp_path, monkeypatch, capfd):
     """The kernel's sockets are local IPC, so it no longer prints "Kernel is running over TCP
     without encryption"; with jupyter_client's default (TCP) manager the same run prints it."""
@@ -240,6 +243,7 @@ def test_kernels_start_without_the_tcp_warning(tmp_path, monkeypatch, capfd):
     assert "without encryption" in capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_kernels_started_at_once_in_one_folder_get_sockets_of_their_own(tmp_path, monkeypatch):
     """Two executions of the same notebook at once (the goldens' seeds, the build's two jobs) each
     get their own IPC sockets, none of them in the notebook's folder (jupyter_client's default puts
@@ -265,8 +269,8 @@ def test_path_parameters_are_made_absolute(tmp_path, monkeypatch):
     monkeypatch.setattr(notebooks, "NOTEBOOK_ROOT", Path(__file__).parent / "fixtures" / "notebooks")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "t.csv").write_text("x\n1\n")
-    assert runs.resolve_parameters("fixture/tiny", overrides={"table": "t.csv"})["table"] == str(tmp_path / "t.csv")
-    assert runs.resolve_parameters("fixture/tiny")["table"] == ""
+    assert rules.resolve_parameters("fixture/tiny", overrides={"table": "t.csv"})["table"] == str(tmp_path / "t.csv")
+    assert rules.resolve_parameters("fixture/tiny")["table"] == ""
 
 
 def test_execute_leaves_no_work_folder_and_cleans_dead_ones(tmp_path, monkeypatch):
@@ -292,6 +296,7 @@ def test_execute_leaves_no_work_folder_and_cleans_dead_ones(tmp_path, monkeypatc
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_lowrank_run_shows_progress_per_cell(tmp_path, monkeypatch, capsys):
     """`lowrank run` is not silent while it works: papermill's bar counts the executed cells."""
     monkeypatch.setattr(runs, "RUNS", tmp_path)

@@ -9,6 +9,8 @@ import yaml
 
 from lowrank.book import cli, sweeps
 
+pytestmark = pytest.mark.slow  # every sweep test starts kernels or Ray workers
+
 
 @pytest.fixture(autouse=True)
 def allow_the_sweep_fixture_module(monkeypatch):
@@ -145,9 +147,9 @@ def test_part_two_ci_sweep_under_both_executors_feeds_the_notebook(tmp_path, ci_
     pd.testing.assert_frame_equal(local.drop(columns="run"), _collected(spec).drop(columns="run"))
     assert local["run"].nunique() == 4 and {"rank", "rank_frobenius", "dist"} <= set(local.columns)
 
-    from lowrank.book import runs
+    from lowrank.book import rules, runs
 
-    params = runs.resolve_parameters("sgd/rank_vs_batch_size",
+    params = rules.resolve_parameters("sgd/rank_vs_batch_size",
                                      overrides={"sweep_table": str(local_out / "collected.csv")})
     folder, _ = runs.run("sgd/rank_vs_batch_size", params, runs_root=tmp_path / "runs")
     nb = (folder / "notebook.ipynb").read_text()
@@ -233,7 +235,7 @@ def test_a_restarted_sweep_cleans_dead_partials_and_checks_manifests(tmp_path, c
     import subprocess
     import sys
 
-    from lowrank.book import runs
+    from lowrank.book import rules, runs
 
     spec = sweeps.load_spec(fixture_spec(tmp_path), output=tmp_path / "out")
     assert len(sweeps.run_sweep(spec, "local", jobs=1, progress=False)["done"]) == 4

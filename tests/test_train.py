@@ -269,6 +269,7 @@ def test_augment_images():
         train.augment_images(x[0], g)
 
 
+@pytest.mark.slow
 def test_checkpoint_resume_matches_an_uninterrupted_run(tmp_path):
     """A run stopped after epoch 2 and resumed from its checkpoint ends exactly as one that never
     stopped: weights, BatchNorm buffers, momentum, batch order and monitors all carry over."""

@@ -98,6 +98,19 @@ def test_a_verdict_recorded_with_one_outcome_keeps_its_own(tmp_path, monkeypatch
     assert _claim(0.1, 0.1).outcome == "disagrees"  # the record never decides a stable outcome
 
 
+def test_the_nbval_summary_compares_with_the_golden_record_where_one_is_named(tmp_path, monkeypatch):
+    path = tmp_path / "golden.yaml"
+    path.write_text("page:\n  c: {value: 0.8, abs: 0.05, outcome: agrees, outcomes: {agrees: 7},"
+                    " control: {value: 0.1, abs: 0.02}}\n")
+    assert V.summary([_claim(0.81, 0.1)]) == "I-1 claim c: 0.81; control constant predictor: 0.1 (agrees)"
+    monkeypatch.setenv(V.STABILITY_ENV, str(path))
+    # two runs on different CPU paths print the same line when both meet the record
+    line = "I-1 claim c: agrees, within its golden tolerance"
+    assert V.summary([_claim(0.81, 0.1)]) == V.summary([_claim(0.79, 0.11)]) == line
+    assert V.summary([_claim(0.9, 0.1)]) == "I-1 claim c: differs from its golden entry: value 0.9 outside 0.8 +- 0.05"
+    assert "outcome disagrees, golden agrees" in V.summary([_claim(0.5, 0.1)])
+
+
 def test_between_thresholds_and_nan():
     band = V.Threshold("between", (0.4, 0.6), "Prop. 4.1 exponent 1/2 +- 0.1 fixed in advance")
     assert band.met(0.5) and not band.met(0.7) and not band.met(math.nan)

@@ -124,6 +124,15 @@ def _table(header: list[str], rows: list[list], classes: list[str]) -> nodes.tab
     return table
 
 
+def _prose(text: str, classes: list[str] | None = None) -> nodes.paragraph:
+    """A paragraph from plain text in which `code` (a YAML comment, a parameter's comment) is code."""
+    p = nodes.paragraph(classes=classes or [])
+    for i, piece in enumerate(re.split(r"`([^`]+)`", text)):
+        if piece:
+            p += nodes.literal(text=piece) if i % 2 else nodes.Text(piece)
+    return p
+
+
 def _literal_cell(text: str) -> nodes.paragraph:
     p = nodes.paragraph()
     p += nodes.literal(text=text)
@@ -191,15 +200,14 @@ def rerun_section(name: str, docname: str = "", reproduce_page: str | None = Non
     section += nodes.literal_block(code, code, language="bash", classes=["rerun-commands"])
     if paper_path.is_file():
         note = _paper_note(paper_path)
-        p = nodes.paragraph(text="Paper scale: " + (note or "the paper's sizes.") +
-                            " Each run writes its executed notebook, figures with their data and verdicts to "
-                            "runs/<part>/<name>/<hash>/.")
-        section += p
+        section += _prose("Paper scale: " + (note or "the paper's sizes.") +
+                          " Each run writes its executed notebook, figures with their data and verdicts to "
+                          "`runs/<part>/<name>/<hash>/`.")
     else:
         section += nodes.paragraph(text="This page has no paper-scale parameter file.")
     rows = [[_literal_cell(s.name), _literal_cell(_short(s.default)),
              _literal_cell(_short(paper[s.name])) if s.name in paper else nodes.paragraph(text="(as ci)"),
-             nodes.paragraph(text=s.describe()), nodes.paragraph(text=s.comment)] for s in specs.values()]
+             _prose(s.describe()), _prose(s.comment)] for s in specs.values()]
     box = nodes.admonition(classes=["dropdown", "rerun-parameters"])
     box += nodes.title(text=f"The {len(specs)} parameters of this page (-p NAME VALUE)")
     box += _table(["parameter", "ci (this page)", "paper", "allowed", "meaning"], rows, ["rerun-parameter-table"])
@@ -292,6 +300,33 @@ class FoldLongCode(SphinxPostTransform):
                 cell["prompt_hide"] = "Hide code"
 
 
+# --- numbers: no negative zero ------------------------------------------------------------------
+
+_NEGATIVE_ZERO = re.compile(r"(?<![\w.\-−])[-−](0(?:\.0+)?)(?!\w|\.\d)")
+
+
+def without_negative_zero(text: str) -> str:
+    """"-0", "-0.00" (a value rounded to zero, glued or printed) -> "0", "0.00": a zero has no sign."""
+    return _NEGATIVE_ZERO.sub(r"\1", text)
+
+
+class NoNegativeZero(SphinxPostTransform):
+    """Rounded zeros in prose and tables lose their sign ("at least -0.00" reads "at least 0.00");
+    code, outputs printed as text and math are left as they are."""
+
+    default_priority = 700
+    formats = ("html",)
+
+    def run(self, **kwargs):
+        for text in list(self.document.findall(nodes.Text)):
+            parent = text.parent
+            if parent is None or isinstance(parent, (nodes.FixedTextElement, nodes.literal, nodes.math, nodes.raw)):
+                continue
+            fixed = without_negative_zero(str(text))
+            if fixed != str(text):
+                parent.replace(text, nodes.Text(fixed))
+
+
 # --- verdict rows --------------------------------------------------------------------------------
 
 
@@ -357,6 +392,37 @@ def _figure_alt(doctree, page_title: str) -> None:
         img["alt"] = f"Figure: {section}" + (f" ({page_title})" if page_title and page_title != section else "")
 
 
+def latex_paragraph(text: str) -> nodes.paragraph | None:
+    """A verdict's `latex` description as a paragraph of text and math nodes (rendered by MathJax as
+    the prose's `$...$` is), None when it is empty or does not parse (the plain description stays)."""
+    from lowrank.book.ledger import math_segments
+
+    pieces = math_segments(text) if text else None
+    if not pieces:
+        return None
+    para = nodes.paragraph(classes=["verdict-latex"])
+    for is_math, piece in pieces:
+        para += nodes.math(piece, piece) if is_math else nodes.Text(piece)
+    return para
+
+
+VERDICT_COLUMN_NAMES = {"": "claim"}
+MEASURED_DIGITS = 4  # as lowrank.book.verdicts.show prints them  # show() leaves the claim id's header empty
+
+
+def _label_columns(table, cols: list[str]) -> list[str]:
+    """Name each column of a verdict table (an empty header reads "claim") and mark the table, so that
+    on a phone its rows read as cards (static/reader.css labels each cell by its column)."""
+    labels = [VERDICT_COLUMN_NAMES.get(c, c) for c in cols]
+    head = next(iter(table.findall(nodes.thead)), None)
+    for entry, label, col in zip(head.findall(nodes.entry), labels, cols):
+        entry["classes"].append(f"vcol-{_key(label) or 'x'}")
+        if not col:
+            entry.children = [nodes.paragraph(text=label)]
+    table["classes"].append("verdict-table")
+    return [_key(label) or "x" for label in labels]
+
+
 def _key(text: str) -> str:
     """Letters and digits only: a description as glued and as rendered from Markdown (smart quotes,
     escaped pipes, emphasis) compare equal."""
@@ -365,6 +431,7 @@ def _key(text: str) -> str:
 
 def _mark_verdicts(app, doctree, docname):
     from lowrank.book.ledger import OUTCOME_STYLE
+    from lowrank.book.tables import significant
 
     name = _notebook_name(docname)
     if name is None:
@@ -377,14 +444,25 @@ def _mark_verdicts(app, doctree, docname):
         by_label.setdefault(_key(v.get("description") or v["name"]), []).append(v)
     for table, cols in verdict_tables(doctree):
         i_verdict, i_outcome = cols.index("verdict"), cols.index("outcome")
+        labels = _label_columns(table, cols)
         tbody = next(iter(table.findall(nodes.tbody)), None)
         for row in tbody.children if tbody is not None else []:
             entries = [c for c in row.children if isinstance(c, nodes.entry)]
             if len(entries) <= max(i_verdict, i_outcome):
                 continue
+            for entry, label in zip(entries, labels):
+                entry["classes"].append(f"vcol-{label}")
             candidates = by_label.get(_key(entries[i_verdict].astext()), [])
             if candidates:
-                row["ids"].append(f"verdict-{candidates.pop(0)['name']}")
+                record = candidates.pop(0)
+                row["ids"].append(f"verdict-{record['name']}")
+                shown = latex_paragraph(record.get("latex") or "")
+                if shown is not None:
+                    entries[i_verdict].children = [shown]
+                if "measured" in cols and isinstance(record.get("measured"), (int, float)):
+                    # one format down the column: 4 significant digits with their trailing zeros, no "-0"
+                    entries[cols.index("measured")].children = [
+                        nodes.paragraph(text=significant(record["measured"], MEASURED_DIGITS))]
             outcome, _, rest = entries[i_outcome].astext().strip().partition(" (")  # "unstable (agrees in 2 of 6)"
             if outcome in OUTCOME_STYLE:
                 badge = nodes.inline(text=outcome, classes=["outcome-badge", f"outcome-{OUTCOME_STYLE[outcome]}"])
@@ -402,10 +480,12 @@ def _mark_verdicts(app, doctree, docname):
 # --- page context: launch links, theorem numbers -------------------------------------------------
 
 def _colab_url(app, pagename: str) -> str:
-    """Colab opens the executed notebook published with the HTML (`_sources/<page>.ipynb` on gh-pages)."""
+    """Colab opens the executed notebook that book.yml publishes on the `notebooks` branch
+    (`lowrank.book.pages.colab_url`)."""
+    from lowrank.book.pages import colab_url
+
     url, _ = repository(app)
-    owner_repo = url.split("github.com/", 1)[-1]
-    return f"https://colab.research.google.com/github/{owner_repo}/blob/gh-pages/_sources/{pagename}.ipynb"
+    return colab_url(url, _notebook_name(pagename))
 
 
 def _walk_buttons(buttons):
@@ -424,6 +504,8 @@ def _page_context(app, pagename, templatename, context, doctree):
 
 
 def setup(app):
+    # MathJax on every page: the sidebar lists page titles with math, and the ledger's raw HTML has formulas
+    app.set_html_assets_policy("always")
     app.connect("config-inited", _config_inited)
     app.add_css_file("reader.css")
     app.add_js_file("reader.js", defer="defer")
@@ -432,6 +514,7 @@ def setup(app):
     app.connect("env-purge-doc", _purge)
     app.connect("env-merge-info", _merge)
     app.add_post_transform(FoldLongCode)
+    app.add_post_transform(NoNegativeZero)
     app.connect("doctree-resolved", _mark_verdicts)
     app.connect("html-page-context", _page_context, priority=600)  # after the theme's launch buttons
     return {"parallel_read_safe": True, "parallel_write_safe": True, "env_version": 1}

@@ -21,22 +21,32 @@ import argparse
 import sys
 from pathlib import Path
 
-from lowrank.book import notebooks, runs
+from lowrank.book import notebooks, rules, runs
 
 __all__ = ["main"]
 
 
 def _parse_value(text: str):
-    """`-p` values are YAML scalars or flow lists: 0.3, 1e-3, relu, [tanh, elu], true (`runs.parse_value`)."""
-    return runs.parse_value(text)
+    """A `-p NAME VALUE` value, typed as papermill's own `-p` types it (`papermill.cli._resolve_type`:
+    True/False/None, an int, a float such as 1e-3 or nan, else text); what papermill leaves as text is
+    read as a YAML scalar or flow collection ([tanh, elu], {a: 1}, true, .inf: `rules.parse_value`)."""
+    try:
+        from papermill.cli import _resolve_type
+    except ImportError:  # papermill comes with the book extra, which `lowrank run` needs anyway
+        _resolve_type = str
+    value = _resolve_type(text)
+    return rules.parse_value(text) if isinstance(value, str) else value
 
 
 def cmd_list(args) -> int:
     names = [args.name] if args.name else notebooks.list_notebooks()
+    if not names:
+        raise FileNotFoundError(f"no notebooks in {notebooks.NOTEBOOK_ROOT}: the notebooks come with a clone of the "
+                                f"book's repository (an installed copy holds only the package)")
     for name in names:
-        specs = runs.parameter_specs(name)
+        specs = rules.parameter_specs(name)
         paper_path = notebooks.paper_params_path(name)
-        paper = runs.load_yaml_mapping(paper_path) if paper_path.is_file() else {}
+        paper = rules.load_yaml_mapping(paper_path) if paper_path.is_file() else {}
         print(f"{name}")
         for spec in specs.values():
             p = f"  paper: {paper[spec.name]!r}" if spec.name in paper else ""
@@ -52,14 +62,14 @@ def _overrides(pairs) -> dict:
     out = {}
     for k, v in pairs or []:
         if k in out:
-            raise runs.ParameterError(f"-p {k} is given twice ({out[k]!r} and {_parse_value(v)!r}); give it once")
+            raise rules.ParameterError(f"-p {k} is given twice ({out[k]!r} and {_parse_value(v)!r}); give it once")
         out[k] = _parse_value(v)
     return out
 
 
 def cmd_run(args) -> int:
     overrides = _overrides(args.p)
-    params = runs.resolve_parameters(args.name, scale=args.scale, params_file=args.params, overrides=overrides)
+    params = rules.resolve_parameters(args.name, scale=args.scale, params_file=args.params, overrides=overrides)
     folder, reused = runs.run(args.name, params, force=args.force, progress=True)
     print(f"{'reused' if reused else 'wrote'} {folder}")
     for v in runs.load_run(folder)["verdicts"].values():
@@ -179,7 +189,8 @@ def cmd_data(args) -> int:
     except datasets.FetchError as err:
         print(f"lowrank: error: {err}", file=sys.stderr)
         return 2
-    print(f"{args.dataset} is in {root.resolve()} (data_root: {args.root or datasets.DEFAULT_DATA_ROOT})")
+    default = "" if args.root else f"; the default data folder, `data_root: {datasets.DEFAULT_DATA_ROOT}` in the paper files"
+    print(f"{args.dataset} is in {root.resolve()}{default}")
     return 0
 
 
@@ -212,24 +223,28 @@ def _version() -> str:
         return "lowrank (not installed: run from a source checkout)"
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The `lowrank` command's arguments: every command and argument with its help text."""
     ap = argparse.ArgumentParser(prog="lowrank", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=_version())
     sub = ap.add_subparsers(dest="command", required=True)
     p_list = sub.add_parser("list", help="notebooks with their parameters, defaults and paper values")
-    p_list.add_argument("name", nargs="?")
+    p_list.add_argument("name", nargs="?", metavar="PART/NAME", help="one notebook: also what each parameter allows")
     p_run = sub.add_parser("run", help="execute a notebook with new parameters into a run folder")
     p_run.add_argument("name", help="PART/NAME, e.g. gradients/decomposition")
-    p_run.add_argument("-p", nargs=2, action="append", metavar=("NAME", "VALUE"), help="set a parameter")
+    p_run.add_argument("-p", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                       help="set a parameter (repeatable); VALUE typed as papermill types it (1e-3 is 0.001, "
+                            "True, None), else YAML ([0.1, 0.2], true, .inf)")
     p_run.add_argument("--params", metavar="FILE", help="YAML file of parameters")
     p_run.add_argument("--scale", choices=["ci", "paper"], default="ci", help="start from ci defaults or paper YAML")
     p_run.add_argument("--force", action="store_true", help="rerun even if a run folder with this hash exists")
     p_rep = sub.add_parser("report", help="render run folders as one standalone HTML page")
-    p_rep.add_argument("folders", nargs="+")
-    p_rep.add_argument("-o", "--output", default="report.html")
+    p_rep.add_argument("folders", nargs="+", metavar="RUN_FOLDER", help="run folders written by `lowrank run`")
+    p_rep.add_argument("-o", "--output", default="report.html", help="the HTML file to write (default report.html)")
     p_sw = sub.add_parser("sweep", help="run (or --collect) a sweep spec on a local pool or Ray")
-    p_sw.add_argument("spec")
-    p_sw.add_argument("--executor", choices=["local", "ray"], default="local")
+    p_sw.add_argument("spec", metavar="SPEC.yaml", help="the sweep spec (examples in sweeps/)")
+    p_sw.add_argument("--executor", choices=["local", "ray"], default="local",
+                      help="local: a process pool on this machine (default); ray: a Ray cluster (the sweep extra)")
     p_sw.add_argument("--address", help="Ray cluster address (default: a local Ray instance)")
     p_sw.add_argument("--jobs", type=int, help="local executor: runs at once, a positive number (default: CPU count "
                       "divided by the spec's num_cpus)")
@@ -239,7 +254,7 @@ def main(argv=None) -> int:
     p_gold = sub.add_parser("goldens", help="measure golden verdicts over seeds (tests/golden_verdicts.yaml)")
     gold_sub = p_gold.add_subparsers(dest="action", required=True)
     p_meas = gold_sub.add_parser("measure", help="execute over seed offsets and write (or --check) the golden entries")
-    p_meas.add_argument("names", nargs="+", metavar="PART/NAME")
+    p_meas.add_argument("names", nargs="+", metavar="PART/NAME", help="the notebooks to measure")
     p_meas.add_argument("--seeds", default="0-4", help="seed offsets, 0 first (default 0-4)")
     p_meas.add_argument("--jobs", type=int, default=2, choices=range(1, 65), metavar="N", help="executions at once")
     p_meas.add_argument("--check", action="store_true", help="compare with the recorded entries, write nothing")
@@ -249,19 +264,26 @@ def main(argv=None) -> int:
                        help="ATEN_CPU_CAPABILITY for the kernels (default: torch's portable path)")
     p_chk.add_argument("--jobs", type=int, default=2, choices=range(1, 65), metavar="N", help="executions at once")
     p_diff = sub.add_parser("diff", help="verdicts of the built notebooks that differ from their golden entries")
-    p_diff.add_argument("-o", "--output", default="_build/verdict-diff.md")
+    p_diff.add_argument("-o", "--output", default="_build/verdict-diff.md", help="the Markdown file to write "
+                        "(default _build/verdict-diff.md)")
     p_diff.add_argument("--strict", action="store_true", help="exit 1 when a verdict is outside its tolerance")
     p_data = sub.add_parser("data", help="real data sets: fetch MNIST / CIFAR-10 into the data root")
     p_data_sub = p_data.add_subparsers(dest="action", required=True)
     p_fetch = p_data_sub.add_parser("fetch", help="download from the canonical address, check md5, resume")
-    p_fetch.add_argument("dataset", choices=["mnist", "cifar10"])
-    p_fetch.add_argument("--root", help="data folder (default: DEFAULT_DATA_ROOT below the repository root)")
+    p_fetch.add_argument("dataset", choices=["mnist", "cifar10"], help="the data set to download")
+    p_fetch.add_argument("--root", metavar="DIR", help="data folder (default: $LOWRANK_DATA, else data/ of the source "
+                         "checkout, else the user data folder such as ~/.local/share/lowrank; the paper files' "
+                         "`data_root: data` means the same folder)")
     p_res = sub.add_parser("results", help="paper-scale results kept in results/paper/ with their provenance")
     p_res_sub = p_res.add_subparsers(dest="action", required=True)
     p_store = p_res_sub.add_parser("store", help="store finished `lowrank run NAME --scale paper` folders")
-    p_store.add_argument("folders", nargs="+")
+    p_store.add_argument("folders", nargs="+", metavar="RUN_FOLDER", help="run folders of `lowrank run NAME --scale paper`")
     p_res_sub.add_parser("list", help="every stored result: current, or stale when its parameters changed")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
 
     def say(err) -> None:
         from lowrank.core.validation import cut
@@ -274,6 +296,15 @@ def main(argv=None) -> int:
                     "goldens": cmd_goldens, "diff": cmd_diff,
                     "data": cmd_data, "results": cmd_results}
         return commands[args.command](args)
+    except notebooks.NotebookFailed as err:  # a few lines: the cell, its error, the partial notebook
+        print(f"lowrank: error: {err}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as err:  # a command of an extra the install lacks
+        if (err.name or "lowrank").split(".")[0] == "lowrank":
+            raise  # the package's own module: a bug, not a missing extra
+        extra = "data" if err.name == "mnist1d" else "book"
+        say(f"{err}: this command needs `pip install 'lowrank[{extra}]'` (the science install lacks {err.name})")
+        return 1
     except KeyboardInterrupt:
         print("lowrank: interrupted (partial results and kernel files removed)", file=sys.stderr)
         return 130

@@ -32,10 +32,10 @@ from pathlib import Path
 import yaml
 
 from lowrank.book import notebooks
-from lowrank.book.verdicts import STABILITY_ENV, UNSTABLE
+from lowrank.book.verdicts import STABILITY_ENV, UNSTABLE, entry_mismatch, within
 
 __all__ = ["GOLDEN", "TOLERANCE_RULE", "CPU_PATH_ENV", "load", "seed_overrides", "parse_seeds", "measure",
-           "entries_from_runs", "write_block", "within", "entry_mismatch", "block_mismatches", "recorded_outcomes",
+           "entries_from_runs", "write_block", "within", "entry_mismatch", "block_mismatches", "recorded_block",
            "check_cpu_path", "compare_spread", "verdict_diff", "diff_markdown"]
 
 GOLDEN = notebooks.REPO_ROOT / "tests" / "golden_verdicts.yaml"
@@ -179,11 +179,12 @@ def entries_from_runs(runs: dict[str, dict], commit: str) -> dict:
     return out
 
 
-def recorded_outcomes(name: str, golden: dict | None = None) -> dict:
-    """`{verdict: outcomes}` of notebook `name`'s block: what the ci build's verdicts depend on."""
+def recorded_block(name: str, golden: dict | None = None) -> dict:
+    """Notebook `name`'s golden block: what the ci build's verdicts (recorded outcomes) and its nbval
+    summary (within the recorded tolerance or not) depend on."""
     if golden is None:
         golden = load() if GOLDEN.is_file() else {}  # a book without goldens (a probe book) records none
-    return {k: e.get("outcomes") for k, e in sorted((golden.get(name) or {}).items()) if isinstance(e, dict)}
+    return {k: e for k, e in sorted((golden.get(name) or {}).items()) if isinstance(e, dict)}
 
 
 def _commit() -> str:
@@ -219,38 +220,6 @@ def _write_block(name: str, entries: dict, path: Path, order: list[str] | None) 
     tmp = Path(path).with_suffix(".tmp")
     tmp.write_text("\n".join(lines) + "\n")
     tmp.replace(path)
-
-
-def within(value: float, want: dict) -> bool:
-    """`value` meets a golden entry: `value` with `abs` and/or `rel` tolerance, and/or `max` / `min`."""
-    if not math.isfinite(value):
-        return False
-    ok = True
-    if "max" in want:
-        ok &= value <= want["max"]
-    if "min" in want:
-        ok &= value >= want["min"]
-    if "value" in want:
-        ok &= abs(value - want["value"]) <= want.get("abs", 0.0) + want.get("rel", 0.0) * abs(want["value"])
-    return bool(ok)
-
-
-def entry_mismatch(got: dict, want: dict) -> str:
-    """Why verdict record `got` does not meet golden entry `want` ("" when it does): the outcome must be
-    the recorded one (a stable outcome exactly; an unstable entry's verdict reads "unstable" in the ci
-    book), the value within its tolerance unless that tolerance covers the statistic's whole range, and
-    the first control within its own."""
-    why = []
-    if got["outcome"] != want.get("outcome"):
-        why.append(f"outcome {got['outcome']}, golden {want.get('outcome')}")
-    if not want.get("tolerance_covers_range") and not within(got["measured"], want):
-        why.append(f"value {got['measured']:.6g} outside {want.get('value')} +- {want.get('abs', 0)}")
-    if got.get("controls"):
-        if "control" not in want:
-            why.append("the golden entry does not record the first control")
-        elif not within(got["controls"][0]["value"], want["control"]):
-            why.append(f"control {got['controls'][0]['value']:.6g} outside {want['control']}")
-    return "; ".join(why)
 
 
 def block_mismatches(found: dict, block: dict) -> list[str]:

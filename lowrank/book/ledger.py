@@ -5,28 +5,34 @@ notebooks and, where they exist, the stored paper-scale results under `results/p
 notebooks glued. Claims and checks are counted apart: the headline counts claims only, and a claim
 whose negative control also meets its threshold is "uninformative", never agreement.
 
-The page opens with the summary (claims by outcome, checks, unconverted verdicts; by part and by
-scale) and the list of claims that disagree, then one table per part. Each verdict links to its
-row on its page (anchor `verdict-<name>`, set by book/_ext/reader.py). The same summary is written
-for the landing page (`summary_html`, included by book/intro.md).
+The page opens with the summary, which is also the landing page's answer (`summary_html`, included by
+book/intro.md): what each outcome word means, the counts at each scale, and for each paper generated
+sentences (which pages agree at the largest scale measured, what has not run at paper scale and why)
+with its pages by scale as badges. Then one table per part, one row per claim (its description with
+the verdict's `latex` rendered, the outcome at ci and at paper scale; threshold and controls folded),
+the part's checks folded below. Each verdict links to its row on its page (anchor `verdict-<name>`,
+set by book/_ext/reader.py). No number in these sentences is typed: all are counted from the verdicts.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
 import nbformat
 import yaml
 
+from lowrank.book import paper_results as _paper_results_module
 from lowrank.book.paper_results import paper_results
 from lowrank.book.notebooks import REPO_ROOT, list_notebooks, verdicts
 from lowrank.book.verdicts import CHECK_OUTCOMES, CLAIM_OUTCOMES, LARGER_SCALE, UNSTABLE, stability_text
 
-__all__ = ["CLAIMS", "PARTS", "OUTCOME_STYLE", "ledger_rows", "ledger_counts", "counts_by_part", "ledger_markdown",
-           "summary_html", "write_ledger"]
+__all__ = ["CLAIMS", "PARTS", "OUTCOME_STYLE", "MEANING", "ledger_rows", "ledger_counts", "counts_by_part",
+           "ledger_markdown", "summary_html", "paper_summary_html", "matrix_html", "math_segments", "math_html",
+           "description_html", "write_ledger"]
 
 CLAIMS = REPO_ROOT / "book" / "claims.yaml"
 PARTS = {"I": "Part I: rank-two gradients", "II": "Part II: SGD and weight decay", "III": "Part III: square loss"}
@@ -116,6 +122,50 @@ def _e(text) -> str:
     return html.escape(str(text), quote=True)
 
 
+def math_segments(text: str) -> list[tuple[bool, str]] | None:
+    """`text` with inline LaTeX (`$...$`, `\\$` a literal dollar) as `[(is_math, piece), ...]`;
+    None when a dollar is left unmatched or a formula is empty (the caller falls back to the plain
+    description rather than show broken TeX)."""
+    pieces: list[tuple[bool, str]] = []
+    buf, in_math, i = [], False, 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\" and i + 1 < len(text) and text[i + 1] == "$":
+            buf.append("\\$" if in_math else "$")
+            i += 2
+            continue
+        if ch == "$":
+            if in_math and not "".join(buf).strip():
+                return None
+            if buf:
+                pieces.append((in_math, "".join(buf)))
+            buf, in_math = [], not in_math
+        else:
+            buf.append(ch)
+        i += 1
+    if in_math:
+        return None
+    if buf:
+        pieces.append((False, "".join(buf)))
+    return pieces
+
+
+def math_html(text: str) -> str | None:
+    """Inline LaTeX as HTML for MathJax (the markup Sphinx writes for `$...$` in prose), None when
+    `text` does not parse (`math_segments`)."""
+    pieces = math_segments(text)
+    if pieces is None:
+        return None
+    return "".join(f'<span class="math notranslate nohighlight">\\({_e(p)}\\)</span>' if m else _e(p)
+                   for m, p in pieces)
+
+
+def description_html(v: dict) -> str:
+    """A verdict's description: its `latex` rendered when present and well formed, else the plain text."""
+    shown = math_html(v["latex"]) if v.get("latex") else None
+    return shown if shown is not None else _e(v.get("description") or v["name"])
+
+
 def badge(outcome: str | None, text: str | None = None) -> str:
     style = OUTCOME_STYLE.get(outcome or "", "none")
     return f'<span class="outcome-badge outcome-{style}">{_e(text if text is not None else outcome or "—")}</span>'
@@ -128,6 +178,29 @@ def verdict_url(row: dict, base: str) -> str:
     return f"{base}notebooks/{row['notebook']}.html#{frag}"
 
 
+# what each outcome word means, shown where the word first appears (landing page, ledger)
+MEANING = {
+    "agrees": "the claim meets its threshold and none of its negative controls does",
+    "disagrees": "the claim misses its threshold",
+    "uninformative": "the claim meets its threshold, but so does a negative control that removes the paper's "
+                     "mechanism: not evidence either way",
+    LARGER_SCALE: "the run cannot reach the regime the mechanism needs (computed from the parameters before "
+                  "training), whatever it measured",
+    UNSTABLE: "the outcome differs over seed offsets 0–4 or between two CPU code paths (rounding), so no single "
+              "run decides it",
+    "holds": "a check (an identity, a closed form, a theorem's inequality) is met, as it must be whatever the data",
+    "fails": "a check is not met: a bug, or a statement that is false at these sizes",
+    "loose": "a check holds, but so does a deliberately wrong version of it: at these sizes it catches only gross errors",
+}
+
+
+def legend_html() -> str:
+    """Every outcome word with its badge and its meaning."""
+    items = "".join(f"<dt>{badge(o)}</dt><dd>{_e(MEANING[o])}.</dd>" for o in CLAIM_OUTCOMES + CHECK_OUTCOMES[:3])
+    return (f'<dl class="outcome-legend"><dt class="legend-head">claims</dt><dd class="legend-head">'
+            f"empirical statements of a paper, each judged beside a negative control</dd>{items}</dl>")
+
+
 def _cards(counts: dict[str, Counter], scale: str) -> str:
     claims, checks = counts["claim"], counts["check"]
     cards = [(o, claims[o], f"claims {LABEL[o]}", "claim") for o in CLAIM_OUTCOMES]
@@ -135,65 +208,184 @@ def _cards(counts: dict[str, Counter], scale: str) -> str:
     out = [f'<div class="ledger-cards" data-scale="{scale}">']
     for outcome, n, label, kind in cards:
         style = OUTCOME_STYLE[outcome] if n else "none"
-        out.append(f'<div class="ledger-card outcome-{style}"><span class="count" data-kind="{kind}" '
-                   f'data-outcome="{_e(outcome)}" data-scale="{scale}">{n}</span><span class="label">{_e(label)}</span></div>')
+        out.append(f'<div class="ledger-card outcome-{style}" title="{_e(MEANING[outcome])}"><span class="count" '
+                   f'data-kind="{kind}" data-outcome="{_e(outcome)}" data-scale="{scale}">{n}</span>'
+                   f'<span class="label">{_e(label)}</span></div>')
     out.append("</div>")
     return "".join(out)
 
 
-def _by_part(rows: list[dict]) -> str:
-    """Claims and checks per part and per scale: one line of badges each (zeros left out)."""
-    items = []
-    for scale in ("ci", "paper"):
-        per = counts_by_part(rows, scale)
-        for part, title in PARTS.items():
-            c = per[part]
-            if scale == "paper" and not any(sum(c[k].values()) for k in c):
-                continue
-            items.append(f'<li><strong>{_e(title)}</strong>, {scale} scale: {_count_badges(c) or "nothing measured"}</li>')
-    out = f'<ul class="ledger-by-part">{"".join(items)}</ul>'
-    if not any(sum(c.values()) for c in ledger_counts(rows, "paper").values()):
-        out += ('<p class="ledger-note">No stored paper-scale result yet (<code>make paper</code>, or '
-                "<code>lowrank results store RUN_FOLDER</code> after <code>lowrank run NAME --scale paper</code>; "
-                "the next build lists its verdicts here).</p>")
-    return out
+# --- pages: short names, what did not run at paper scale and why -----------------------------------
+
+def page_title(name: str) -> str:
+    """The notebook's title without its trailing citation and subtitle: "A large spike makes the gradient rank one"."""
+    from lowrank.book.notebooks import source_path
+
+    try:
+        source = source_path(name).read_text()
+    except (FileNotFoundError, ValueError):  # a claims.yaml row whose notebook is not written yet
+        return name
+    for line in source.splitlines():
+        if line.startswith("# "):
+            title = line[2:].strip()
+            title = re.sub(r"\s*\((?:[^()]|\([^()]*\))*\)\s*$", "", title) or title
+            return title.split(": ")[0] if ": " in title else title
+    return name
 
 
-def _disagreements(rows: list[dict], base: str) -> str:
-    """Claims that disagree and checks that fail."""
-    def item(r):
-        v = r["verdict"]
-        return (f'<li>{badge(v["outcome"])} <a href="{_e(verdict_url(r, base))}">{_e(r["claim"])} · '
-                f'{_e(v.get("description") or v["name"])}</a></li>')
-
-    bad = [item(r) for r in rows if r["verdict"] and r["verdict"]["outcome"] in ("disagrees", "fails")]
-    return (f'<ul class="ledger-disagreements">{"".join(bad)}</ul>' if bad
-            else "<p>No claim disagrees and no check fails at ci scale.</p>")
+def _title_html(name: str) -> str:
+    title = page_title(name)
+    return math_html(title) or _e(title)
 
 
-def _what_it_means(c: dict[str, Counter]) -> str:
-    """One sentence on what a part's ci-scale claims say about its paper."""
-    claims = c["claim"]
+DATA_NAME = {"mnist": "MNIST", "cifar10": "CIFAR-10"}
+
+
+def not_run_reason(name: str, short: bool = False) -> str:
+    """Why `name` has no stored paper-scale result, in words ("no CIFAR-10 where this book was built
+    (...), and the paper's sizes take hours of a GPU"; `short`: "no CIFAR-10"): the real data its paper
+    file reads when they are not where the book was built, a paper file the page's parameter checks
+    reject, or simply that nobody has run it."""
+    from lowrank.core import datasets
+
+    try:
+        params = _paper_results_module.paper_parameters(name)
+    except Exception:  # noqa: BLE001 (a paper file that no longer parses or validates: say so, build on)
+        return "paper file rejected" if short else \
+            "paper file rejected by the page's parameter checks (`lowrank run PART/NAME --scale paper` says why)"
+    data = _paper_results_module.required_data(params)
+    root = datasets.resolve_root(params.get("data_root") or None)
+    absent = [d for d in data if not datasets.present(d, root)]
+    names = " or ".join(DATA_NAME.get(d, d) for d in absent)
+    if absent and short:
+        return f"no {names}"
+    if absent:
+        fetch = " ".join(f"`lowrank data fetch {d}`" for d in absent)
+        return f"no {names} where this book was built ({fetch}), and the paper's sizes take hours of a GPU"
+    return "" if short else "not run yet"
+
+
+def _page_claims(rows: list[dict], name: str, scale: str) -> list[dict]:
+    key = "verdict" if scale == "ci" else "paper"
+    return [r[key] for r in rows if r["notebook"] == name and r.get(key) and r[key]["kind"] == "claim"
+            and not beyond_paper(r)]
+
+
+PAGE_GROUPS = {  # how a page's claims came out at one scale, in the order the sentences list them
+    "all": "every claim agrees on",
+    "most": "most claims agree on",
+    "few": "at most half agree on",
+    "none": "none agrees on",
+}
+
+
+def _page_group(claims: list[dict]) -> str | None:
+    """"all" (every claim agrees), "most" (more than half agree), "few" (some agree), "none"."""
+    outcomes = [v["outcome"] for v in claims]
+    if not outcomes:
+        return None
+    agree = outcomes.count("agrees")
+    return "all" if agree == len(outcomes) else "most" if 2 * agree > len(outcomes) else "few" if agree else "none"
+
+
+def _page_links(names: list[str], base: str, claims: dict | None = None) -> str:
+    def one(n):
+        link = f'<a href="{_e(base)}notebooks/{_e(n)}.html">{_title_html(n)}</a>'
+        if claims is None:
+            return link
+        k = sum(v["outcome"] == "agrees" for v in claims[n])
+        return f"{link} ({k} of {len(claims[n])} agree{'s' if len(claims[n]) == 1 and k else ''})"
+    return ", ".join(one(n) for n in names)
+
+
+_VERBS = {"agrees": ("agrees", "agree"), "disagrees": ("disagrees", "disagree"),
+          "uninformative": ("is uninformative", "are uninformative"),
+          LARGER_SCALE: ("needs a larger scale", "need a larger scale"), UNSTABLE: ("is unstable", "are unstable")}
+
+
+def _claim_words(claims: Counter) -> str:
+    """"14 of 30 claims agree, 9 disagree and 7 need a larger scale", each outcome word as its badge."""
     n = sum(claims.values())
-    if not n:
-        return "no claim measured yet."
-    decided = claims["agrees"] + claims["disagrees"]
-    words = [f"{claims[o]} {LABEL[o] if claims[o] != 1 else o}" for o in CLAIM_OUTCOMES if claims[o]]
-    text = f"of {n} claims, {', '.join(words)}. "
-    if decided == 0:
-        return text + "No claim is decided at ci scale: read this part as a method, and its verdicts at paper scale."
-    text += f"{decided} of {n} {'is' if decided == 1 else 'are'} decided at ci scale"
-    undecided = [f"{claims[o]} {one if claims[o] == 1 else many}" for o, one, many in (
-        (LARGER_SCALE, "cannot reach its mechanism's regime here", "cannot reach their mechanism's regime here"),
-        (UNSTABLE, "turns on the seed or the CPU's rounding", "turn on the seed or the CPU's rounding"),
-        ("uninformative", "is matched by its negative control", "are matched by their negative control")) if claims[o]]
-    return text + (f"; {'; '.join(undecided)}." if undecided else ".")
+    words = [[str(claims[o]), badge(o, _VERBS[o][claims[o] != 1])] for o in CLAIM_OUTCOMES if claims[o]]
+    if not words:
+        return "no claim measured"
+    words[0][0] += f" of {n} claim{'s' if n != 1 else ''}"
+    words = [" ".join(w) for w in words]
+    return ", ".join(words[:-1]) + (" and " if len(words) > 1 else "") + words[-1]
 
 
-def _part_sentences(rows: list[dict]) -> str:
-    per = counts_by_part(rows, "ci")
-    items = "".join(f"<li><strong>{_e(title)}</strong>: {_e(_what_it_means(per[part]))}</li>" for part, title in PARTS.items())
-    return f'<ul class="ledger-meaning">{items}</ul>'
+def paper_summary_html(rows: list[dict], part: str, base: str) -> str:
+    """Generated sentences on a part: its claims' outcomes at each scale, which pages agree at the
+    largest scale measured, and what has not run at paper scale and why."""
+    part_rows = [r for r in rows if _part(r) == part and not beyond_paper(r)]
+    pages = list(dict.fromkeys(r["notebook"] for r in part_rows if r.get("verdict")))
+    ran = [n for n in pages if any(r["notebook"] == n and r.get("paper") for r in part_rows)]
+    sentences = []
+    for scale, names in (("paper", ran), ("ci", pages)):
+        counts = ledger_counts(part_rows, scale)["claim"]
+        if not sum(counts.values()):
+            continue
+        where = f"At paper scale ({len(ran)} of {len(pages)} pages run)" if scale == "paper" else "At ci scale"
+        text = f"{where}, {_claim_words(counts)}"
+        if scale == "paper" or not ran:  # the pages by outcome, at the largest scale measured
+            claims = {n: _page_claims(part_rows, n, scale) for n in names}
+            groups = {g: [n for n in names if _page_group(claims[n]) == g] for g in PAGE_GROUPS}
+            said = [f"{PAGE_GROUPS[g]} {_page_links(ns, base, claims)}" for g, ns in groups.items() if ns]
+            text += ": " + "; ".join(said) if said else ""
+        sentences.append(text + ".")
+    if not ran and sum(ledger_counts(part_rows, "ci")["claim"].values()):
+        sentences.append("No paper-scale result exists yet, so these outcomes say how the claims fare at small "
+                         "sizes, not whether the paper's figures reproduce.")
+    missing = [n for n in pages if n not in ran]
+    if missing:
+        reasons: dict[str, list[str]] = {}
+        for n in missing:
+            reasons.setdefault(not_run_reason(n), []).append(n)
+        lead = "Nothing has run at paper scale" if not ran else "Not run at paper scale"
+        said = [f"{_page_links(ns, base)}: {_code(_e(why))}" if len(ns) == 1 else
+                f"{len(ns)} pages: {_code(_e(why))}" for why, ns in reasons.items()]
+        sentences.append(f"{lead} ({'; '.join(said)}).")
+    return f'<p class="paper-summary" data-part="{part}">' + " ".join(sentences) + "</p>"
+
+
+def _code(text: str) -> str:
+    """`x` in an escaped sentence as <code>x</code>."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
+
+
+def _count_cell(v_list: list[dict]) -> str:
+    """Claims' outcomes of one page at one scale as badges (checks as one muted line)."""
+    claims = Counter(v["outcome"] for v in v_list if v["kind"] == "claim")
+    checks = Counter(v["outcome"] for v in v_list if v["kind"] == "check")
+    out = " ".join(badge(o, f"{claims[o]} {o if claims[o] == 1 else LABEL[o]}") for o in CLAIM_OUTCOMES if claims[o])
+    if checks:
+        out += ('<br><small class="check-line">checks: ' +
+                ", ".join(f"{checks[o]} {o if checks[o] == 1 else LABEL[o]}" for o in CHECK_OUTCOMES if checks[o])
+                + "</small>")
+    return out or "—"
+
+
+def matrix_html(rows: list[dict], part: str, base: str) -> str:
+    """A part's pages by scale: the outcomes of each page's verdicts as badges, a link to each page."""
+    part_rows = [r for r in rows if _part(r) == part and not beyond_paper(r)]
+    body = []
+    for name in dict.fromkeys(r["notebook"] for r in part_rows):
+        mine = [r for r in part_rows if r["notebook"] == name]
+        ci = [r["verdict"] for r in mine if r.get("verdict")]
+        paper = [r["paper"] for r in mine if r.get("paper")]
+        if not ci:
+            continue
+        stale = any(r.get("paper_stale") for r in mine)
+        paper_cell = (_count_cell(paper) + (' <span class="outcome-badge outcome-none" title="the paper file changed '
+                                            'since this run">stale</span>' if stale else "")) if paper else \
+            (f'<span class="outcome-badge outcome-none" title="{_e(not_run_reason(name))}">not run</span> '
+             f'<small>{_e(not_run_reason(name, short=True))}</small>')
+        body.append(f'<tr><td data-label="page"><small class="claim-id">{_e(mine[0]["claim"])}</small> '
+                    f'<a href="{_e(base)}notebooks/{_e(name)}.html">{_title_html(name)}</a></td>'
+                    f'<td data-label="ci scale">{_count_cell(ci)}</td><td data-label="paper scale">{paper_cell}</td></tr>')
+    return ('<table class="ledger-matrix rows"><colgroup><col class="c-page"><col class="c-ci"><col class="c-paper">'
+            '</colgroup><thead><tr><th>page</th><th>ci scale</th><th>paper scale</th></tr></thead><tbody>'
+            + "".join(body) + "</tbody></table>")
 
 
 def _range_note(golden: dict | None) -> str:
@@ -208,30 +400,40 @@ def _range_note(golden: dict | None) -> str:
             f"their statistic, so the regression tests compare only their outcome: {_e(', '.join(wide))}.</p>")
 
 
+PAPERS = {"I": "Sonthalia, Murray and Montúfar (2025): the gradient is rank one or rank two",
+          "II": "Galanti, Siegel, Gupte and Poggio: SGD and weight decay minimise rank",
+          "III": "Xu, Rangamani, Liao, Galanti and Poggio (2023): square-loss dynamics"}
+
+
 def summary_html(rows: list[dict], base: str, golden: dict | None = None) -> str:
-    """The headline at ci scale (claims, checks, unconverted) and the disagreements, linked from `base`."""
+    """The landing page's answer: what each outcome word means, the counts at each scale, and for each
+    paper one or two generated sentences and its pages by scale, linked from `base`."""
     counts = ledger_counts(rows, "ci")
+    paper = ledger_counts(rows, "paper")
     n_claims = sum(counts["claim"].values())
     n_beyond = sum(beyond_paper(r) for r in rows)
-    return ("".join([
-        f'<p class="ledger-group-title">At ci scale: {n_claims} claims, {sum(counts["check"].values())} checks'
-        + (f" (and {n_beyond} verdict(s) on the book's own hypotheses, listed apart)" if n_beyond else "") + "</p>",
-        _cards(counts, "ci"),
-        '<p class="ledger-group-title">What it means for each paper, at ci scale</p>',
-        _part_sentences(rows),
-        '<p class="ledger-note"><em>unstable</em>: the outcome differs over seed offsets 0–4 or between two CPU code '
-        "paths (rounding), so no single run decides it; <em>needs a larger scale</em>: the run cannot reach the regime "
-        "the mechanism needs, computed before training.</p>",
-        _range_note(golden),
-        '<p class="ledger-group-title">Claims that disagree and checks that fail</p>',
-        _disagreements(rows, base)]))
+    out = [legend_html(),
+           f'<p class="ledger-group-title">At ci scale: {n_claims} claims, {sum(counts["check"].values())} checks'
+           + (f" (and {n_beyond} verdict(s) on the book's own hypotheses, listed apart)" if n_beyond else "") + "</p>",
+           _cards(counts, "ci")]
+    if sum(paper["claim"].values()) + sum(paper["check"].values()):
+        parts = [p for p in PARTS if sum(counts_by_part(rows, "paper")[p]["claim"].values())]
+        out += [f'<p class="ledger-group-title">At paper scale (Part {", ".join(parts)} only): '
+                f'{sum(paper["claim"].values())} claims, {sum(paper["check"].values())} checks</p>', _cards(paper, "paper")]
+    for part in PARTS:
+        out += [f'<section class="paper-block" data-part="{part}"><p class="paper-title"><strong>Part {part}</strong> · '
+                f"{_e(PAPERS[part])}</p>", paper_summary_html(rows, part, base),
+                f"<details class=\"paper-matrix\" open><summary>Its pages by scale</summary>{matrix_html(rows, part, base)}"
+                "</details></section>"]
+    out.append(_range_note(golden))
+    return "".join(out)
 
 
 def _control_text(v: dict) -> str:
     parts = []
     for c in v.get("controls") or []:
         cls = ' class="control-pass" title="this control meets the threshold too"' if c.get("passes") else ""
-        parts.append(f"<span{cls}>{_e(c['name'])}: {c['value']:.3g}</span>")
+        parts.append(f"<span{cls}>{_e(c['name'])}: {fmt(c['value'])}</span>")
     return "<br>".join(parts) or "—"
 
 
@@ -241,49 +443,77 @@ def _threshold_text(v: dict) -> str:
     if op is None:
         rule = ""
     elif op == "between":
-        rule = f"in [{value[0]:.4g}, {value[1]:.4g}] "
+        rule = f"in [{fmt(value[0])}, {fmt(value[1])}] "
     else:
-        rule = f"{op} {value:.4g} "
-    return f"{_e(v['expected'])}<br><small>{_e(rule)}({_e(thr.get('origin', ''))})</small>"
+        rule = f"{op} {fmt(value)} "
+    return f"{_e(v['expected'])} <small>({_e(rule)}; {_e(thr.get('origin', ''))})</small>"
+
+
+def fmt(x, digits: int = 3) -> str:
+    """A number to `digits` significant digits, without a negative zero ("-0" reads as a sign)."""
+    from lowrank.book.tables import significant
+
+    return significant(x, digits)
+
+
+def _outcome_html(v: dict | None, date: str | None = None, stale: bool = False) -> str:
+    if v is None:
+        return '<span class="outcome-badge outcome-none">not run</span>'
+    stab = (v.get("details") or {}).get("stability")
+    when = f' title="measured {_e(date)}"' if date else ""
+    out = f'{badge(v["outcome"])} <span class="measured"{when}>{fmt(v["measured"])}</span>'
+    if v["outcome"] == UNSTABLE and stab:
+        out += f'<br><small>{_e(stability_text(stab["outcomes"]))}</small>'
+    if stale:
+        out += ' <span class="outcome-badge outcome-none" title="the paper file changed since this run">stale</span>'
+    return out
 
 
 def _row_html(r: dict, toc_files: set[str]) -> str:
+    """One verdict: its description (math rendered) linking to its row on its page, the outcome at each
+    scale; the threshold, its origin, the controls and the note folded in a details element."""
     v, nb = r["verdict"], r["notebook"]
     in_book = f"notebooks/{nb}" in toc_files
     if v is None:
         status = "notebook not in the book yet" if r["exists"] else "not written yet"
         claim = (f'<a href="../notebooks/{_e(nb)}.html">{_e(r["claim"])}</a>' if in_book else _e(r["claim"]))
-        return (f'<tr class="missing"><td data-label="verdict" colspan="5">{claim}: <em>{status}</em> '
+        return (f'<tr class="missing"><td data-label="verdict" colspan="3">{claim}: <em>{status}</em> '
                 f"(<code>{_e(nb)}</code>)</td></tr>")
-    name = _e(v.get("description") or v["name"])
+    name = description_html(v)
     link = f'<a href="{_e(verdict_url(r, "../"))}">{name}</a>' if in_book else name
-    kind = v["kind"]
-    stab = (v.get("details") or {}).get("stability")
-    ci = (f'{v["measured"]:.3g} ({badge(v["outcome"])}'
-          + (f'<br><small>{_e(stability_text(stab["outcomes"]))}</small>' if v["outcome"] == UNSTABLE and stab else "") + ")")
-    pv = r.get("paper")
-    stale = (' <span class="outcome-badge outcome-none" title="the paper file changed since this run">stale</span>'
-             if r.get("paper_stale") else "")
-    paper = (f'{pv["measured"]:.3g} ({badge(pv["outcome"])}) <small>{_e(r["paper_date"])}'
-             f"</small>{stale}" if pv else '<span class="outcome-badge outcome-none">not run</span>')
+    more = [f"<p><strong>Expects</strong> {_threshold_text(v)}</p>"]
+    if v.get("controls"):
+        more.append(f"<p><strong>Negative control{'s' if len(v['controls']) > 1 else ''}</strong>: {_control_text(v)}</p>")
+    if v.get("note"):
+        more.append(f"<p>{_e(v['note'])}</p>")
     return (f'<tr class="kind-{_e(v["kind"])}" data-outcome="{_e(v["outcome"])}">'
-            f'<td data-label="verdict"><small class="claim-id">{_e(r["claim"])} · {_e(kind)}</small><br>{link}</td>'
-            f'<td data-label="control">{_control_text(v)}</td>'
-            f'<td data-label="expects">{_threshold_text(v)}</td>'
-            f'<td data-label="ci scale" class="outcome-cell">{ci}</td>'
-            f'<td data-label="paper scale" class="outcome-cell">{paper}</td></tr>')
+            f'<td data-label="{_e(v["kind"])}">{link}<details class="ledger-more"><summary>threshold, control</summary>'
+            f'{"".join(more)}</details></td>'
+            f'<td data-label="ci scale" class="outcome-cell">{_outcome_html(v)}</td>'
+            f'<td data-label="paper scale" class="outcome-cell">'
+            f'{_outcome_html(r.get("paper"), r.get("paper_date"), bool(r.get("paper_stale")))}</td></tr>')
+
+
+def _page_row(r: dict, toc_files: set[str]) -> str:
+    """The row that opens a page's verdicts: its claim id and title, linked."""
+    nb = r["notebook"]
+    title = (f'<a href="../notebooks/{_e(nb)}.html">{_title_html(nb)}</a>' if f"notebooks/{nb}" in toc_files
+             else f"<code>{_e(nb)}</code>")
+    return f'<tr class="page-row"><th colspan="3" scope="rowgroup"><span class="claim-id">{_e(r["claim"])}</span> {title}</th></tr>'
 
 
 def _part_table(rows: list[dict], toc_files: set[str]) -> str:
-    """Claims first, then checks, in claims.yaml order within each."""
-    order = {"claim": 0, "check": 1}
-    rows = sorted(rows, key=lambda r: order.get((r["verdict"] or {}).get("kind"), 3))
-    head = ["verdict (links to its row)", "negative control", "expects (origin of the threshold)", "ci scale",
-            "paper scale"]
+    """Rows in claims.yaml order, each page's under a row naming the page."""
+    head = ["verdict (links to its row on its page)", "ci scale", "paper scale"]
+    body, page = [], None
+    for r in rows:
+        if r["notebook"] != page and r["verdict"] is not None:
+            body.append(_page_row(r, toc_files))
+        page = r["notebook"]
+        body.append(_row_html(r, toc_files))
     return ('<div class="ledger-wrap"><table class="ledger-table rows"><colgroup><col class="c-verdict">'
-            '<col class="c-control"><col class="c-expects"><col class="c-ci"><col class="c-paper"></colgroup><thead><tr>' +
-            "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>" +
-            "".join(_row_html(r, toc_files) for r in rows) + "</tbody></table></div>")
+            '<col class="c-ci"><col class="c-paper"></colgroup><thead><tr>' +
+            "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>" + "".join(body) + "</tbody></table></div>")
 
 
 def _raw(text: str) -> list[str]:
@@ -292,17 +522,12 @@ def _raw(text: str) -> list[str]:
 
 def ledger_markdown(rows: list[dict], toc_files: set[str]) -> str:
     lines = ["(claims-ledger)=", "# Claims ledger", "",
-             "Every claim of the book, the verdict its notebook measured, the negative control measured beside it,",
-             "and the outcome. A *claim* is an empirical statement of a paper; it agrees only when it meets its",
-             "threshold and no control does (otherwise it is *uninformative*). A *check* must hold whatever the",
-             "data; a failing check is a bug. Generated by the book build from the glued verdicts of the executed",
-             "notebooks (ci scale) and the stored paper-scale results (`make paper`, `lowrank results store`) when present.",
-             "", "## Summary", ""]
+             "Every verdict of the book, at each scale: one row per claim, then each part's checks (folded).",
+             "A row's outcome links to the verdict's row on its page; its threshold, the origin of that threshold",
+             "and its negative controls are folded under the description. Generated by the book build from the",
+             "glued verdicts of the executed notebooks (ci scale) and the stored paper-scale results",
+             "(`make paper`, `lowrank results store`) when present.", "", "## Summary", ""]
     lines += _raw(summary_html(rows, "../"))
-    paper = ledger_counts(rows, "paper")
-    if any(sum(c.values()) for c in paper.values()):
-        lines += ["", "At paper scale:", ""] + _raw(_cards(paper, "paper"))
-    lines += ["", "### By part and scale", ""] + _raw(_by_part(rows))
     beyond = [r for r in rows if beyond_paper(r)]
     if beyond:
         lines += ["", "## Beyond the papers", "",
@@ -310,10 +535,15 @@ def ledger_markdown(rows: list[dict], toc_files: set[str]) -> str:
         lines += _raw(_part_table(beyond, toc_files))
     for part, title in PARTS.items():
         part_rows = [r for r in rows if _part(r) == part and not beyond_paper(r)]
-        pages = dict.fromkeys((r["claim"], r["notebook"]) for r in part_rows if f"notebooks/{r['notebook']}" in toc_files)
-        lines += ["", f"## {title}", "",
-                  "Pages: " + " · ".join(f"[{c}](../notebooks/{nb}.md)" for c, nb in pages), ""]
-        lines += _raw(_part_table(part_rows, toc_files))
+        claims = [r for r in part_rows if (r["verdict"] or {}).get("kind") != "check"]
+        checks = [r for r in part_rows if (r["verdict"] or {}).get("kind") == "check"]
+        lines += ["", f"## {title}", ""]
+        lines += _raw(_part_table(claims, toc_files))
+        if checks:
+            tally = Counter(r["verdict"]["outcome"] for r in checks)
+            said = ", ".join(f"{k} {o if k == 1 else LABEL[o]}" for o, k in tally.items())
+            lines += [""] + _raw(f'<details class="ledger-checks"><summary>The {len(checks)} checks of {_e(title)}: '
+                                 f"{_e(said)}</summary>{_part_table(checks, toc_files)}</details>")
     return "\n".join(lines) + "\n"
 
 
@@ -326,24 +556,9 @@ def _write_if_changed(path: Path, text: str) -> None:
         path.write_text(text)
 
 
-def _count(n: int, noun: str, outcome: str) -> str:
-    """"1 claim agrees", "3 claims agree"."""
-    return f"{n} {noun} {outcome}" if n == 1 else f"{n} {noun}s {LABEL[outcome]}"
-
-
-def _count_badges(c: dict) -> str:
-    """A badge per outcome present in `c` (`ledger_counts`' claims, then checks), as HTML."""
-    badges = [badge(o, _count(c["claim"][o], "claim", o)) for o in CLAIM_OUTCOMES if c["claim"][o]]
-    badges += [badge(o, _count(c["check"][o], "check", o)) for o in CHECK_OUTCOMES if c["check"][o]]
-    return " ".join(badges)
-
-
 def part_summary_html(rows: list[dict], part: str, base: str) -> str:
-    """One part's verdicts at ci scale (badges) and its disagreements, linked from `base`."""
-    part_rows = [r for r in rows if _part(r) == part]
-    badges = _count_badges(ledger_counts(part_rows, "ci"))
-    return (f'<p class="ledger-part-summary">At ci scale: {badges or "nothing measured yet"}</p>'
-            + _disagreements(part_rows, base))
+    """One part's generated sentences and its pages by scale, linked from `base` (the part's overview)."""
+    return paper_summary_html(rows, part, base) + matrix_html(rows, part, base)
 
 
 def write_ledger(out: Path, executed: dict[str, Path], toc_files: set[str],

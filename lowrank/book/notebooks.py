@@ -21,6 +21,8 @@ __all__ = [
     "NOTEBOOK_ROOT",
     "list_notebooks",
     "InputError",
+    "NotebookFailed",
+    "FAILED_ROOT",
     "check_name",
     "source_path",
     "paper_params_path",
@@ -34,6 +36,8 @@ __all__ = [
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_ROOT = REPO_ROOT / "notebooks"
+# the partial notebook of a failed execution (its outputs up to the failing cell): <part>/<name>.ipynb
+FAILED_ROOT = REPO_ROOT / "_build" / "failed"
 
 
 def list_notebooks() -> list[str]:
@@ -44,6 +48,23 @@ def list_notebooks() -> list[str]:
 class InputError(ValueError):
     """An input refused before any work starts (a name, a parameter, a path, a spec); its message
     is one line saying what is wrong and what is allowed."""
+
+
+class NotebookFailed(RuntimeError):
+    """A cell raised while a notebook executed. The message is a few lines: the notebook, the failing
+    cell (its number and first lines), the error, and the partial notebook kept in FAILED_ROOT."""
+
+
+def failure_message(name: str, err, partial: Path) -> str:
+    """A few lines from papermill's PapermillExecutionError (cell_index, source, ename, evalue)."""
+    lines = [ln for ln in str(getattr(err, "source", "") or "").splitlines() if ln.strip()]
+    shown = "\n".join(f"    | {ln[:100]}" for ln in lines[:3]) + ("\n    | ..." if len(lines) > 3 else "")
+    count = getattr(err, "exec_count", None)
+    evalue = " ".join(str(getattr(err, "evalue", "")).split())
+    return (f"{name} failed in code cell {getattr(err, 'cell_index', '?')}"
+            f"{f' (execution count {count})' if count is not None else ''}:\n{shown}\n"
+            f"  {getattr(err, 'ename', type(err).__name__)}: {evalue[:500]}\n"
+            f"  partial notebook (outputs up to the failure): {partial}")
 
 
 # a notebook name is `part/name`: two plain path components, so that it can never reach a file
@@ -80,10 +101,55 @@ def paper_params_path(name: str) -> Path:
 
 
 def read_notebook(name: str):
-    """The notebook as an nbformat object, converted from MyST markdown by jupytext."""
-    import jupytext
-
+    """The notebook as an nbformat object, converted from MyST markdown by jupytext; without jupytext
+    (the science install, `pip install lowrank`) its code cells only, read by `myst_code_cells`:
+    enough for the parameter cell that `lowrank list` shows."""
+    try:
+        import jupytext
+    except ModuleNotFoundError:
+        return myst_code_cells(source_path(name).read_text(encoding="utf-8"))
     return jupytext.read(source_path(name))
+
+
+class _Cell(dict):
+    """A code cell as nbformat has it (`cell.cell_type`, `cell.metadata`, `cell.source`)."""
+
+    __getattr__ = dict.__getitem__
+
+
+class _Notebook:
+    def __init__(self, cells):
+        self.cells = cells
+
+
+# a MyST code cell: ```{code-cell} LANG ... ``` with its options as `:key: value` lines or a YAML block
+_CODE_CELL = re.compile(r"^(?P<fence>`{3,}|~{3,})\{code-cell\}[^\n]*\n(?P<body>.*?)^(?P=fence)[ \t]*$", re.M | re.S)
+
+
+def myst_code_cells(text: str) -> _Notebook:
+    """The code cells of a MyST notebook's text, each with its metadata and source, as jupytext reads
+    them up to trailing blank lines (tests/test_install.py checks every notebook of the book against
+    jupytext)."""
+    import yaml  # cell options are tags and flags: plain YAML (papermill's number reading is for parameters)
+
+    cells = []
+    for m in _CODE_CELL.finditer(text):
+        lines = m.group("body").split("\n")[:-1]
+        meta = {}
+        if lines and lines[0].strip() == "---":
+            end = lines.index("---", 1)
+            meta = yaml.safe_load("\n".join(lines[1:end])) or {}
+            lines = lines[end + 1:]
+        else:
+            while lines and re.match(r":[A-Za-z_-]+:", lines[0]):
+                key, _, value = lines.pop(0)[1:].partition(":")
+                meta[key] = yaml.safe_load(value.strip()) if value.strip() else None
+        if meta and lines and not lines[0].strip():
+            lines.pop(0)  # the blank line that ends the options
+        while lines and not lines[-1].strip():
+            lines.pop()  # blank lines before the closing fence are not part of the cell
+        cells.append(_Cell(cell_type="code", metadata=meta, source="\n".join(lines)))
+    return _Notebook(cells)
 
 
 def parameter_defaults(nb) -> dict:
@@ -283,7 +349,8 @@ def execute(name: str, output: Path, parameters: dict | None = None, figure_dir:
     The kernel runs in the notebook's folder; figures go to `figure_dir` (LOWRANK_FIGURE_DIR) and
     their download links point at `figure_url` (LOWRANK_FIGURE_URL). `progress` shows papermill's
     bar on stderr (cells done, elapsed, estimated time left). Returns the glued values.
-    On failure nothing is left at `output`.
+    On failure nothing is left at `output`; a cell that raises gives NotebookFailed, and the partial
+    notebook (outputs up to the failing cell, the traceback) is kept as FAILED_ROOT/<name>.ipynb.
     """
     import logging
 
@@ -321,6 +388,12 @@ def execute(name: str, output: Path, parameters: dict | None = None, figure_dir:
                 kernel_name="python3", progress_bar=progress, execution_timeout=timeout,
                 kernel_manager_class=_kernel_manager_class(prefix),
             )
+        except papermill.PapermillExecutionError as err:
+            kept = FAILED_ROOT / f"{name}.ipynb"
+            if partial.is_file():
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(partial, kept)
+            raise NotebookFailed(failure_message(name, err, kept if kept.is_file() else "none written")) from None
         except KeyboardInterrupt:
             _kill_kernels(_MANAGERS.get(str(prefix), []))
             raise

@@ -10,7 +10,6 @@ from `_build/paper/executed/` alone, with its own jupyter-cache, configuration a
 
 from __future__ import annotations
 
-import datetime as dt
 import shutil
 import signal
 import sys
@@ -20,34 +19,22 @@ from pathlib import Path
 
 import yaml
 
-from lowrank.book import build, notebooks, paper_results, runs
+from lowrank.book import notebooks, pages, paper_results, rules, runs
+from lowrank.book.keys import execution_key
+from lowrank.book.paper_results import REAL_DATA, required_data  # noqa: F401 (re-exported)
 
 __all__ = ["PAPER", "required_data", "missing_data", "execute_paper", "paper_toc", "main"]
 
-PAPER = build.BUILD / "paper"
+PAPER = pages.BUILD / "paper"
 EXECUTED = PAPER / "executed"
 FIGURES = PAPER / "figures"
 CACHE = PAPER / ".jupyter_cache"
-REAL_DATA = ("mnist", "cifar10")
 PAPER_CELL_TIMEOUT = 48 * 3600  # seconds per cell: a paper-scale training cell may run for hours
 HEARTBEAT_S = 60.0  # how often a running notebook reports its elapsed time and cell
 
 
 def executed_path(name: str) -> Path:
     return EXECUTED / f"{name}.ipynb"
-
-
-def required_data(params: dict) -> list[str]:
-    """The real data sets (`mnist`, `cifar10`) a parameter set reads: the values of `dataset` and of
-    any list parameter whose name starts with `dataset` (e.g. `datasets_used`)."""
-    found = []
-    for key, value in params.items():
-        if not key.startswith("dataset"):
-            continue
-        for v in value if isinstance(value, list) else [value]:
-            if v in REAL_DATA and v not in found:
-                found.append(v)
-    return found
 
 
 def missing_data(name: str, params: dict) -> str | None:
@@ -58,12 +45,13 @@ def missing_data(name: str, params: dict) -> str | None:
         root = datasets.resolve_root(params.get("data_root") or None)
         if not datasets.present(ds, root):
             return (f"{ds} is not in {root} (data_root: {params.get('data_root')!r}): run "
-                    f"`lowrank data fetch {ds}` (into {datasets.DEFAULT_DATA_ROOT}/, the default root) and set data_root to that folder")
+                    f"`lowrank data fetch {ds} --root {root}`, or fetch into the default data folder "
+                    f"({datasets.default_data_root()}, `data_root: {datasets.DEFAULT_DATA_ROOT}`; $LOWRANK_DATA moves it)")
     return None
 
 
 def _key(name: str, params: dict) -> str:
-    return build.execution_key(name) + runs.run_hash(name, params)
+    return execution_key(name) + runs.run_hash(name, params)
 
 
 def _progress(name: str) -> str:
@@ -88,33 +76,23 @@ def _heartbeat(name: str, t0: float, stop: threading.Event) -> None:
 
 
 def _execute_one(name: str, params: dict) -> float:
-    """Execute `name` at paper scale, store its result; return the wall time in seconds."""
-    from lowrank.core.device import describe_device
-
+    """Execute `name` at paper scale (`lowrank.book.runs.execute`, the run folders' own execution),
+    store its result; return the wall time in seconds."""
     key_path = EXECUTED / f"{name}.key"
     key_path.unlink(missing_ok=True)
     for leftover in executed_path(name).parent.glob(f".{executed_path(name).stem}.*"):  # a killed earlier run's
         shutil.rmtree(leftover, ignore_errors=True)
-    started, load = dt.datetime.now(dt.timezone.utc), runs.machine_load()
     t0 = time.time()
     stop = threading.Event()
     threading.Thread(target=_heartbeat, args=(name, t0, stop), daemon=True).start()
     try:
-        values = notebooks.execute(name, executed_path(name), parameters=params, figure_dir=FIGURES / name,
-                                   figure_url=f"../../figures/{name}", timeout=PAPER_CELL_TIMEOUT)
+        found, provenance = runs.execute(name, params, executed_path(name), FIGURES / name,
+                                         figure_url=f"../../figures/{name}", timeout=PAPER_CELL_TIMEOUT)
     finally:
         stop.set()
-    wall = round(time.time() - t0, 2)
-    from lowrank.book.verdicts import GLUE_PREFIX
-
-    found = {k[len(GLUE_PREFIX):]: v for k, v in values.items() if k.startswith(GLUE_PREFIX)}
-    provenance = {"code": runs.code_key(name), "git": runs._git_state(), "versions": runs._versions(),
-                  "device": describe_device(), "load_at_start": load, "load_at_end": runs.machine_load(), "start": started.isoformat(timespec="seconds"),
-                  "end": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "wall_s": wall,
-                  "run_folder": None}
-    paper_results.store(name, params, found, provenance)
+    paper_results.store(name, params, found, {**provenance, "run_folder": None})
     key_path.write_text(_key(name, params))
-    return wall
+    return provenance["wall_s"]
 
 
 def execute_paper(names, force: bool = False) -> tuple[list[str], dict[str, str]]:
@@ -130,8 +108,8 @@ def execute_paper(names, force: bool = False) -> tuple[list[str], dict[str, str]
     for i, name in enumerate(names, 1):
         tag = f"  [{i}/{len(names)}] {name}"
         try:
-            params = runs.resolve_parameters(name, scale="paper")
-        except runs.ParameterError as err:
+            params = rules.resolve_parameters(name, scale="paper")
+        except rules.ParameterError as err:
             skipped[name] = str(err)
             print(f"{tag}: skipped: {err}", flush=True)
             continue
@@ -196,16 +174,16 @@ def render(executed: list[str]) -> Path:
     PAPER.mkdir(parents=True, exist_ok=True)
     (PAPER / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     (PAPER / "_toc.yml").write_text(yaml.safe_dump(toc, sort_keys=False))
-    build.fill_jupyter_cache(executed, cache_dir=CACHE, executed_at=executed_path)
+    pages.fill_jupyter_cache(executed, cache_dir=CACHE, executed_at=executed_path)
     ledger = notebooks.REPO_ROOT / "book" / "ledger.md"
     before = ledger.read_text() if ledger.is_file() else None
     try:  # the ledger page as the ci build writes it, linking only the pages this book has
         from lowrank.book.ledger import write_ledger
 
-        toc_files = build.toc_files() - {f"notebooks/{n}" for n in build.book_notebooks() if n not in executed}
-        write_ledger(ledger, {n: build.executed_path(n) for n in build.book_notebooks()}, toc_files)
+        toc_files = pages.toc_files() - {f"notebooks/{n}" for n in pages.book_notebooks() if n not in executed}
+        write_ledger(ledger, {n: pages.executed_path(n) for n in pages.book_notebooks()}, toc_files)
         # not strict: prose pages link to notebooks a skipped data set left out of this book
-        return build.build_html(True, output=PAPER, strict=False, figures=FIGURES,
+        return pages.build_html(True, output=PAPER, strict=False, figures=FIGURES,
                                 extra=("--config", str(PAPER / "_config.yml"), "--toc", str(PAPER / "_toc.yml")))
     finally:
         if before is not None:
@@ -215,7 +193,7 @@ def render(executed: list[str]) -> Path:
 def main(only=None, *, force: bool = False, html: bool = True) -> None:
     # `timeout`, a cancelled CI job: unwind (temporary files removed, kernel shut down) instead of dying
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    names = list(only) if only else build.book_notebooks()
+    names = list(only) if only else pages.book_notebooks()
     for name in names:
         notebooks.source_path(name)  # a clear error for a wrong name
     start = time.time()
@@ -223,7 +201,7 @@ def main(only=None, *, force: bool = False, html: bool = True) -> None:
     if skipped:
         print(f"{len(skipped)} notebook(s) skipped at paper scale: {', '.join(sorted(skipped))}")
     if html and ready:
-        index = render([n for n in build.book_notebooks() if n in ready])
+        index = render([n for n in pages.book_notebooks() if n in ready])
         print(f"\nThe paper-scale book is at {index} ({len(ready)} notebooks; {time.time() - start:.0f} s)")
     elif html:
         print("no notebook executed at paper scale: no paper-scale book rendered")

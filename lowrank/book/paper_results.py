@@ -3,7 +3,7 @@
 A paper-scale run's verdicts and provenance are stored as two small JSON files in
 `results/paper/<part>/<name>/` (`verdicts.json`, `provenance.json`): the git commit and dirty flag,
 the package versions, the device, the wall time in seconds, the full parameter set and its hash
-(`parameter_hash`), and the code key of the run (`lowrank.book.runs.code_key`, for reference). The ledger's paper column reads them with `paper_results(name)`.
+(`parameter_hash`), and the code key of the run (`lowrank.book.keys.code_key`, for reference). The ledger's paper column reads them with `paper_results(name)`.
 
 A stored result is *stale* when the parameters a paper-scale run of the notebook would use today
 (its parameter cell's defaults overlaid by `params/paper/<part>/<name>.yaml`) no longer hash to the
@@ -22,7 +22,8 @@ import os
 import shutil
 from pathlib import Path
 
-from lowrank.book import notebooks, runs
+from lowrank.book import notebooks, rules, runs
+from lowrank.core.io import digest, replace_folder
 
 __all__ = ["RESULTS", "result_dir", "paper_parameters", "parameter_hash", "store", "store_run", "paper_results", "stored_names",
            "cost_line", "write_cost_line", "timing_table"]
@@ -30,22 +31,35 @@ __all__ = ["RESULTS", "result_dir", "paper_parameters", "parameter_hash", "store
 RESULTS = notebooks.REPO_ROOT / "results" / "paper"
 
 
+REAL_DATA = ("mnist", "cifar10")
+
+
+def required_data(params: dict) -> list[str]:
+    """The real data sets (`mnist`, `cifar10`) a parameter set reads: the values of `dataset` and of
+    any list parameter whose name starts with `dataset` (e.g. `datasets_used`)."""
+    found = []
+    for key, value in params.items():
+        if not key.startswith("dataset"):
+            continue
+        for v in value if isinstance(value, list) else [value]:
+            if v in REAL_DATA and v not in found:
+                found.append(v)
+    return found
+
+
 def result_dir(name: str, root: Path | None = None) -> Path:
     return (RESULTS if root is None else Path(root)) / name
 
 
 def parameter_hash(name: str, params: dict) -> str:
-    """SHA-256 (first 16 hex digits) of the notebook's name and its full parameter set."""
-    import hashlib
-
-    text = json.dumps({"notebook": name, "parameters": params}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """`lowrank.core.io.digest` of the notebook's name and its full parameter set."""
+    return digest(json.dumps({"notebook": name, "parameters": params}, sort_keys=True))
 
 
 def paper_parameters(name: str) -> dict:
     """The full parameter set of a paper-scale run of `name` as of now (raises ParameterError); not
     checked against this machine's memory: a stored result is current or stale whatever runs here."""
-    return runs.resolve_parameters(name, scale="paper", memory=False)
+    return rules.resolve_parameters(name, scale="paper", memory=False)
 
 
 def store(name: str, params: dict, verdicts: dict, provenance: dict, root: Path | None = None) -> Path:
@@ -62,10 +76,10 @@ def store(name: str, params: dict, verdicts: dict, provenance: dict, root: Path 
     expected = paper_parameters(name)
     if params != expected:
         diff = sorted(k for k in set(params) | set(expected) if params.get(k) != expected.get(k))
-        raise runs.ParameterError(f"{name}: not a paper-scale run: parameters {diff} differ from "
+        raise rules.ParameterError(f"{name}: not a paper-scale run: parameters {diff} differ from "
                                   f"{notebooks.paper_params_path(name)} and the notebook's defaults")
     if not verdicts:
-        raise runs.ParameterError(f"{name}: the run glued no verdicts; nothing to store")
+        raise rules.ParameterError(f"{name}: the run glued no verdicts; nothing to store")
     record = {**provenance, "notebook": name, "parameters": params, "parameter_hash": parameter_hash(name, params),
               "stored": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     final = result_dir(name, root)
@@ -75,12 +89,7 @@ def store(name: str, params: dict, verdicts: dict, provenance: dict, root: Path 
     tmp.mkdir()
     (tmp / "verdicts.json").write_text(json.dumps(verdicts, indent=2, sort_keys=True) + "\n")
     (tmp / "provenance.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    old = final.parent / f".{final.name}.old-{os.getpid()}"
-    if final.exists():
-        os.rename(final, old)
-    os.rename(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
-    return final
+    return replace_folder(tmp, final)
 
 
 def store_run(folder, root: Path | None = None) -> Path:
@@ -104,7 +113,7 @@ def paper_results(name: str, root: Path | None = None) -> dict | None:
     verdicts = json.loads((folder / "verdicts.json").read_text())
     try:
         now = paper_parameters(name)
-    except (runs.ParameterError, FileNotFoundError, ValueError) as err:
+    except (rules.ParameterError, FileNotFoundError, ValueError) as err:
         return {"verdicts": verdicts, "provenance": prov, "stale": True, "stale_reason": str(err)}
     stored = prov.get("parameters", {})
     changed = sorted(k for k in set(now) | set(stored) if now.get(k) != stored.get(k))

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
+
+from lowrank.core.io import write_atomically
 
 __all__ = ["use_style", "figure_dir", "save_figure", "PALETTE", "MAX_WIDTH", "MIN_FONT", "panel_grid",
            "legend_below", "count_colours", "legibility", "describe_network", "describe_task", "dataset_label"]
@@ -42,21 +43,6 @@ def figure_dir() -> Path:
     return Path(os.environ.get("LOWRANK_FIGURE_DIR", "figures"))
 
 
-def _atomic_write(path: Path, write, mode: int = 0o644):
-    """`write(tmp)` to a temporary file next to `path`, then rename it over `path`. The file gets
-    `mode` (mkstemp makes it 0600, which a web server running as another user cannot serve)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def save_figure(fig, stem: str, data) -> dict:
     """Write `stem`.png, .svg and the figure's data as `stem`.csv (a pandas DataFrame), atomically.
 
@@ -67,9 +53,9 @@ def save_figure(fig, stem: str, data) -> dict:
         raise ValueError(f"figure {stem!r}: data must be a non-empty DataFrame")
     out = figure_dir()
     paths = {ext: out / f"{stem}.{ext}" for ext in ("png", "svg", "csv")}
-    _atomic_write(paths["csv"], lambda p: data.to_csv(p, index=False))
+    write_atomically(paths["csv"], save=lambda p: data.to_csv(p, index=False))
     for ext in ("png", "svg"):
-        _atomic_write(paths[ext], lambda p, ext=ext: fig.savefig(p, format=ext, bbox_inches="tight"))
+        write_atomically(paths[ext], save=lambda p, ext=ext: fig.savefig(p, format=ext, bbox_inches="tight"))
     _show_download_links(stem)
     return paths
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import base64
 import html
 import os
-import tempfile
 from pathlib import Path
+
+from lowrank.core.io import write_atomically
 
 __all__ = ["render"]
 
@@ -44,28 +45,6 @@ def check_output(out) -> Path:
     check_output_folder(out.parent, "report output's folder")
     if not os.access(out.parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
         raise InputError(f"report output {out} cannot be written")
-    return out
-
-
-def write_atomically(out: Path, text: str, mode: int = 0o644) -> Path:
-    """Write `text` to `out` through a temporary file next to it (same folder, so the rename is
-    atomic), readable by all (`mode`); the temporary file is removed on every error."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    except OSError as err:  # said of `out`: the temporary file's name means nothing to the reader
-        raise OSError(err.errno, f"cannot write {out} ({err.strerror or err})") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, out)
-    except OSError as err:
-        Path(tmp).unlink(missing_ok=True)
-        raise OSError(err.errno, f"cannot write {out} ({err.strerror or err})") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return out
 
 

@@ -37,8 +37,6 @@ and the sweep's summary counts and names it.
 
 from __future__ import annotations
 
-import datetime as dt
-import hashlib
 import importlib
 import inspect
 import itertools
@@ -51,7 +49,9 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lowrank.book import notebooks, runs
+from lowrank.book import notebooks, rules, runs
+from lowrank.book.keys import code_key
+from lowrank.core import io
 
 __all__ = ["SweepSpec", "SweepError", "load_spec", "run_sweep", "collect", "EXECUTORS", "ENSEMBLE_FUNCTIONS"]
 
@@ -75,7 +75,7 @@ class SweepSpec:
     resources: dict = field(default_factory=dict)
     output: Path | None = None
     ensemble: bool = False
-    code: str = ""  # runs.code_key(target) when the spec was read
+    code: str = ""  # code_key(target) when the spec was read
     paths: set = field(default_factory=set)  # runs.path_parameters(target): inputs whose contents key a run
 
     @property
@@ -115,7 +115,7 @@ def _load_function(ref: str, check: bool = True):
 def load_spec(path, output: Path | None = None) -> SweepSpec:
     """Read and validate a sweep spec; every point's parameters are checked here."""
     path = Path(path)
-    raw = runs.load_yaml_mapping(path, "sweep spec", SweepError)
+    raw = rules.load_yaml_mapping(path, "sweep spec", SweepError)
     if not raw:
         raise SweepError(f"sweep spec {path} is empty")
     unknown = set(raw) - {"notebook", "function", "scale", "base", "grid", "points", "resources", "ensemble"}
@@ -139,7 +139,7 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
         base_path = path.parent / base
         if not base_path.is_file():
             base_path = notebooks.REPO_ROOT / base
-        base = runs.load_yaml_mapping(base_path, f"sweep spec {path}: base file", SweepError)
+        base = rules.load_yaml_mapping(base_path, f"sweep spec {path}: base file", SweepError)
     if not isinstance(base, dict):
         raise SweepError(f"sweep spec {path}: 'base' must be a mapping or a YAML file name")
     if "function" in raw and "scale" in raw:
@@ -153,7 +153,7 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
         name = raw["notebook"]
         try:
             notebooks.source_path(name)  # PART/NAME under notebooks/ only: never a file elsewhere
-            resolved = [runs.resolve_parameters(name, scale=scale, overrides={**base, **p}) for p in points]
+            resolved = [rules.resolve_parameters(name, scale=scale, overrides={**base, **p}) for p in points]
         except (notebooks.InputError, FileNotFoundError) as err:
             raise SweepError(f"sweep spec {path}: {err}") from err
         spec = SweepSpec(path, name, None, scale, resolved, resources)
@@ -174,7 +174,7 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
                 raise SweepError(f"sweep spec {path}: {raw['function']} needs {missing[0]!r} (no default)")
             try:
                 full = {k: (specs[k].check(v) if k in specs and not is_checkpoint(k) else v) for k, v in full.items()}
-            except runs.ParameterError as err:
+            except rules.ParameterError as err:
                 raise SweepError(f"sweep spec {path}: {err}") from None
             resolved.append(full)
         spec = SweepSpec(path, None, raw["function"], scale, resolved, resources)
@@ -185,7 +185,7 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
         raise SweepError(f"sweep spec {path}: ensemble: true works with function {sorted(ENSEMBLE_FUNCTIONS)}, "
                          f"not {spec.target!r}")
     spec.points = _own_checkpoints(spec)
-    spec.code = runs.code_key(spec.target)
+    spec.code = code_key(spec.target)
     spec.paths = runs.path_parameters(spec.target)
     hashes = [runs.run_hash(spec.target, p, code=spec.code, paths=spec.paths) for p in spec.points]
     if len(set(hashes)) != len(hashes):
@@ -198,8 +198,8 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
     return spec
 
 
-def function_specs(fn) -> dict[str, runs.ParameterSpec]:
-    """`lowrank.book.runs.ParameterSpec` of each argument of a sweep function: the type from its
+def function_specs(fn) -> dict[str, rules.ParameterSpec]:
+    """`lowrank.book.rules.ParameterSpec` of each argument of a sweep function: the type from its
     plain annotation (int, float, str, bool) or its default, the rules from its module's
     `PARAMETER_RULES[function name]` (the vocabulary of a notebook's parameter cell)."""
     import typing
@@ -208,7 +208,7 @@ def function_specs(fn) -> dict[str, runs.ParameterSpec]:
         hints = typing.get_type_hints(fn)
     except Exception:  # unresolvable annotations: the defaults and rules alone
         hints = {}
-    rules = (getattr(importlib.import_module(fn.__module__), "PARAMETER_RULES", {}) or {}).get(fn.__name__, {})
+    stated = (getattr(importlib.import_module(fn.__module__), "PARAMETER_RULES", {}) or {}).get(fn.__name__, {})
     specs = {}
     for name, param in inspect.signature(fn).parameters.items():
         kind = hints.get(name)
@@ -221,10 +221,10 @@ def function_specs(fn) -> dict[str, runs.ParameterSpec]:
             continue  # nothing known of its type: the function's own business
         else:
             given = {}
-        r = {**given, **rules.get(name, {})}
+        r = {**given, **stated.get(name, {})}
         if "path" in r and not isinstance(default, str):
             r.pop("path")
-        specs[name] = runs.ParameterSpec(name, default, **r)
+        specs[name] = rules.ParameterSpec(name, default, **r)
     return specs
 
 
@@ -279,7 +279,7 @@ def _own_checkpoints(spec: SweepSpec) -> list[dict]:
             if len(owners[str(value)]) > 1:
                 owner = json.dumps({k: v for k, v in p.items() if k not in ensemble_keys and not is_checkpoint(k)},
                                    sort_keys=True)
-                tag = hashlib.sha256(owner.encode()).hexdigest()[:12]
+                tag = io.digest(owner)
                 ckpt = ckpt.with_name(f"{ckpt.stem}.{tag}{ckpt.suffix}")
             p[key] = str(ckpt)
     return points
@@ -296,11 +296,11 @@ def execute_point(target_kind: str, target: str, params, folder, threads: int = 
 
     reproducible(cpu_threads=threads)
     os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by a notebook's kernel
+    started, load, t0 = io.now(), io.machine_load(), time.time()
     if target_kind == "ensemble":
-        start = time.time()
         results = _load_function(ENSEMBLE_FUNCTIONS[target], check=False)(params)
-        wall = time.time() - start
-        return [_write_result(Path(f), target, p, r, wall) for p, f, r in zip(params, folder, results)]
+        timing = (started, load, time.time() - t0)
+        return [_write_result(Path(f), target, p, r, timing) for p, f, r in zip(params, folder, results)]
     folder = Path(folder)
     if folder.is_dir():
         return str(folder)
@@ -308,13 +308,13 @@ def execute_point(target_kind: str, target: str, params, folder, threads: int = 
         made, _ = runs.run(target, params, runs_root=folder.parent / ".nb")
         os.rename(made, folder)  # same file system: atomic
         return str(folder)
-    start = time.time()
     result = _load_function(target, check=False)(**params)  # checked when the spec was read
-    return _write_result(folder, target, params, result, time.time() - start)
+    return _write_result(folder, target, params, result, (started, load, time.time() - t0))
 
 
-def _write_result(folder: Path, target: str, params: dict, result, wall_s: float) -> str:
-    """A function's result, parameters and provenance into `folder`, atomically."""
+def _write_result(folder: Path, target: str, params: dict, result, timing: tuple) -> str:
+    """A function's result, parameters and provenance (`timing`: start, machine load at start, wall
+    seconds) into `folder`, atomically."""
     tmp = runs.work_name(folder)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -330,11 +330,8 @@ def _write_result(folder: Path, target: str, params: dict, result, wall_s: float
         else:
             (tmp / "results.json").write_text(json.dumps(result, indent=2, sort_keys=True, default=float))
         (tmp / "parameters.json").write_text(json.dumps(params, indent=2, sort_keys=True))
-        (tmp / "provenance.json").write_text(json.dumps({
-            "function": target, "parameters": params, "hash": folder.name, "git": runs._git_state(),
-            "versions": runs._versions(), "wall_s": round(wall_s, 2), "status": status,
-            "end": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        }, indent=2, sort_keys=True))
+        provenance = io.provenance(*timing, function=target, parameters=params, hash=folder.name, status=status)
+        (tmp / "provenance.json").write_text(json.dumps(provenance, indent=2, sort_keys=True))
         runs.write_manifest(tmp)
         os.rename(tmp, folder)
     except BaseException:
@@ -606,9 +603,7 @@ def collect(spec: SweepSpec):
     if not frames:
         raise SweepError(f"no finished runs of {spec.path} under {spec.output}")
     table = pd.concat(frames, ignore_index=True)
-    from lowrank.book.report import write_atomically
-
-    write_atomically(spec.output / "collected.csv", table.to_csv(index=False))  # 0644, no temporary left
+    io.write_atomically(spec.output / "collected.csv", table.to_csv(index=False))  # 0644, no temporary left
     return table
 
 

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 __all__ = ["Threshold", "Control", "Excluded", "Regime", "Verdict", "check", "claim", "trend_claim", "show", "summary",
            "GLUE_PREFIX", "OUTCOMES", "CHECK_OUTCOMES", "CLAIM_OUTCOMES", "UNSTABLE", "LARGER_SCALE", "STABILITY_ENV",
-           "stability_text"]
+           "stability_text", "within", "entry_mismatch"]
 
 GLUE_PREFIX = "verdict."
 UNSTABLE = "unstable"
@@ -148,7 +148,7 @@ class Regime:
         return self.value >= self.needed
 
     def text(self) -> str:
-        state = "reached" if self.reached else "NOT reached: the claim needs a larger scale"
+        state = "reached" if self.reached else "NOT reached: what it decides needs a larger scale"
         return f"{self.quantity} = {self.value:.4g} (needs >= {self.needed:.4g}; {self.origin}): {state}"
 
 
@@ -284,7 +284,14 @@ def trend_claim(name, *, claim, scale, trend, controls, critical: float, values:
 
 def _recorded_outcomes(name: str) -> dict | None:
     """The outcomes `lowrank goldens measure` recorded for verdict `name` ({outcome: runs}), when the ci
-    book is being built (STABILITY_ENV names the golden file); verdict names are unique across notebooks."""
+    book is being built (STABILITY_ENV names the golden file)."""
+    entry = _golden_entry(name)
+    return entry.get("outcomes") if entry else None
+
+
+def _golden_entry(name: str) -> dict | None:
+    """Verdict `name`'s golden entry when STABILITY_ENV names the golden file (verdict names are unique
+    across notebooks)."""
     import os
 
     path = os.environ.get(STABILITY_ENV)
@@ -292,7 +299,7 @@ def _recorded_outcomes(name: str) -> dict | None:
         return None
     for block in _golden_blocks(path).values():
         if isinstance(block, dict) and isinstance(block.get(name), dict):
-            return block[name].get("outcomes")
+            return block[name]
     return None
 
 
@@ -355,8 +362,56 @@ class _JsonText(str):
 
 
 def summary(verdicts, digits: int = 3) -> str:
-    """One rounded line per verdict: stable across runs, so nbval can check it."""
-    return "\n".join(v.rounded(digits) for v in verdicts)
+    """One line per verdict, for nbval to compare between the book's run and a fresh kernel.
+
+    Where the golden record is named (STABILITY_ENV: the ci book, `make reproduce`) and holds the
+    verdict, the line says whether the verdict meets its golden entry (outcome, and value within the
+    tolerance measured over seeds and CPU paths), so a rerun on another CPU path compares equal exactly
+    when it reproduces the record; otherwise the rounded value and outcome (equal on reruns of one path)."""
+    lines = []
+    for v in verdicts:
+        want = _golden_entry(v.name) if v.scale == "ci" else None
+        if want is None:
+            lines.append(v.rounded(digits))
+            continue
+        why = entry_mismatch(v.as_dict(), want)
+        lines.append(f"{v.claim} {v.kind} {v.name}: " + (f"differs from its golden entry: {why}" if why else
+                                                          f"{v.outcome}, within its golden tolerance"))
+    return "\n".join(lines)
+
+
+def within(value: float, want: dict) -> bool:
+    """`value` meets a golden entry: `value` with `abs` and/or `rel` tolerance, and/or `max` / `min`."""
+    if not math.isfinite(value):
+        return False
+    ok = True
+    if "max" in want:
+        ok &= value <= want["max"]
+    if "min" in want:
+        ok &= value >= want["min"]
+    if "value" in want:
+        ok &= abs(value - want["value"]) <= want.get("abs", 0.0) + want.get("rel", 0.0) * abs(want["value"])
+    return bool(ok)
+
+
+def entry_mismatch(got: dict, want: dict) -> str:
+    """Why verdict record `got` does not meet golden entry `want` ("" when it does): the outcome must be
+    the recorded one (a stable outcome exactly; an unstable entry's verdict reads "unstable" in the ci
+    book), the value within its tolerance unless that tolerance covers the statistic's whole range, and
+    the first control within its own."""
+    why = []
+    if got["outcome"] != want.get("outcome"):
+        why.append(f"outcome {got['outcome']}, golden {want.get('outcome')}")
+    if not want.get("tolerance_covers_range") and not within(got["measured"], want):
+        why.append(f"value {got['measured']:.6g} outside {want.get('value')} +- {want.get('abs', 0)}")
+    if got.get("controls"):
+        if "control" not in want:
+            why.append("the golden entry does not record the first control")
+        elif not within(got["controls"][0]["value"], want["control"]):
+            why.append(f"control {got['controls'][0]['value']:.6g} outside {want['control']}")
+    return "; ".join(why)
+
+
 
 
 def _cell(text) -> str:

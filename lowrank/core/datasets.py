@@ -13,6 +13,7 @@ import os
 import pickle
 import shutil
 import socket
+import sys
 import tarfile
 import urllib.error
 import urllib.request
@@ -26,6 +27,10 @@ from lowrank.core.validation import check_choice
 
 __all__ = [
     "DEFAULT_DATA_ROOT",
+    "DATA_ENV",
+    "MIRRORS_ENV",
+    "user_data_dir",
+    "default_data_root",
     "resolve_root",
     "present",
     "FetchError",
@@ -46,18 +51,62 @@ __all__ = [
 ]
 
 
-DEFAULT_DATA_ROOT = "data"  # where MNIST / CIFAR-10 are read from unless a notebook's `data_root` says otherwise
+DEFAULT_DATA_ROOT = "data"  # the name by which the paper files' `data_root` means the default data folder
+DATA_ENV = "LOWRANK_DATA"  # an environment variable naming the data folder; it overrides every default
+MIRRORS_ENV = "LOWRANK_DATA_MIRRORS"  # base URLs (space-separated) tried instead of a source's own mirrors
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+def _checkout_root() -> Path | None:
+    """The source checkout the package runs from (an editable install or a clone), None for an
+    installed copy (whose parents[2] is site-packages)."""
+    if (_REPO_ROOT / "pyproject.toml").is_file() and (_REPO_ROOT / "lowrank" / "core" / "datasets.py").is_file():
+        return _REPO_ROOT
+    return None
+
+
+def user_data_dir() -> Path:
+    """The user's data folder for `lowrank` (as platformdirs places it): `$XDG_DATA_HOME/lowrank`
+    or `~/.local/share/lowrank` on Linux, `~/Library/Application Support/lowrank` on macOS,
+    `%LOCALAPPDATA%\\lowrank` on Windows."""
+    if sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Application Support"
+    else:
+        base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return base / "lowrank"
+
+
+def default_data_root() -> Path:
+    """Where MNIST / CIFAR-10 live unless a `data_root` or `--root` says otherwise: `$LOWRANK_DATA`
+    when set, else `data/` of the source checkout the package runs from, else `user_data_dir()`
+    (an installed copy: never a folder inside site-packages)."""
+    env = os.environ.get(DATA_ENV, "").strip()
+    if env:
+        return Path(env).expanduser()
+    checkout = _checkout_root()
+    return checkout / DEFAULT_DATA_ROOT if checkout is not None else user_data_dir()
+
+
 def resolve_root(root=None) -> Path:
-    """The data folder: `root` (default DEFAULT_DATA_ROOT) with `~` expanded; a relative folder that
-    does not exist below the working directory is taken below the repository root, because notebooks
-    execute in their own folder while `lowrank data fetch` writes below the repository root."""
-    path = Path(DEFAULT_DATA_ROOT if root in (None, "") else root).expanduser()
+    """The data folder `root` names, `~` expanded. None, "" and the paper files' `data` (DEFAULT_DATA_ROOT)
+    mean `default_data_root()` ($LOWRANK_DATA when set), else a folder `data` below the working
+    directory when there is one; another relative folder that does not exist there is taken below the
+    checkout's root (notebooks execute in their own folder while `lowrank data fetch` writes below the
+    repository root)."""
+    if root in (None, ""):
+        return default_data_root()
+    path = Path(root).expanduser()
+    default = path == Path(DEFAULT_DATA_ROOT)
+    if default and os.environ.get(DATA_ENV, "").strip():
+        return default_data_root()
     if path.is_absolute() or path.is_dir():
         return path
-    return _REPO_ROOT / path
+    if default:
+        return default_data_root()
+    checkout = _checkout_root()
+    return checkout / path if checkout is not None else path
 
 
 class Dataset(NamedTuple):
@@ -301,16 +350,20 @@ class _Offline(Exception):
     """No connection to a mirror (name resolution, refused, timed out before any byte)."""
 
 
+class _Refused(Exception):
+    """A mirror answered with an HTTP error (403 of a moved S3 bucket, 404, 5xx): try the next one."""
+
+
 def _open(url: str, offset: int, timeout: float):
     """The response for `url` from byte `offset` on (HTTP Range), None when nothing is left to send;
-    raises _Offline when the server cannot be reached, FetchError on an HTTP error."""
+    raises _Offline when the server cannot be reached, _Refused on an HTTP error."""
     req = urllib.request.Request(url, headers={"Range": f"bytes={offset}-"} if offset else {})
     try:
         return urllib.request.urlopen(req, timeout=timeout)
     except urllib.error.HTTPError as err:
         if err.code == 416 and offset:  # range not satisfiable: the partial file is complete
             return None
-        raise FetchError(f"{url}: HTTP {err.code} {err.reason}") from None
+        raise _Refused(f"HTTP {err.code} {err.reason}") from None
     except (urllib.error.URLError, socket.timeout, ConnectionError) as err:
         raise _Offline(getattr(err, "reason", err)) from None
 
@@ -343,8 +396,8 @@ def download(url: str, target, md5: str, *, progress: bool = True, timeout: floa
     Bytes go to a hidden `.<name>.part` beside the target, continued by an HTTP Range request when a
     previous attempt was cut short; only a file whose md5 equals `md5` is renamed to `target`. A wrong
     checksum removes the partial file. Returns `target`; an existing verified target is kept.
-    Raises FetchError (cut short: the partial file is kept for the next attempt; wrong checksum; HTTP
-    error) or _Offline (no connection).
+    Raises FetchError (cut short: the partial file is kept for the next attempt; wrong checksum),
+    _Refused (an HTTP error) or _Offline (no connection).
     """
     target = Path(target)
     if target.is_file():
@@ -400,34 +453,43 @@ def fetch(name: str, root=None, *, sources: dict | None = None, progress: bool =
     Parameters
     ----------
     name : "mnist" | "cifar10".
-    root : the data folder (default DEFAULT_DATA_ROOT below the repository root, where the notebooks'
-        `data_root` points); MNIST goes to `root/MNIST/raw`, CIFAR-10 to `root/cifar-10-batches-py`
+    root : the data folder (default `default_data_root()`, where the paper files' `data_root: data`
+        points); MNIST goes to `root/MNIST/raw`, CIFAR-10 to `root/cifar-10-batches-py`
         (the layouts `mnist()` and `cifar10()` read).
     sources : the source table (default SOURCES); the tests pass a server on 127.0.0.1.
+        $LOWRANK_DATA_MIRRORS (base URLs separated by spaces: an institute's mirror holding the same
+        file names) replaces every source's mirrors.
 
-    Returns the root. Verified files already present are not downloaded again. Raises FetchError with
-    a one-line message; offline, it names the files, where to get them and the folder to put them in.
+    Returns the root. Verified files already present are not downloaded again. A mirror that cannot be
+    reached or answers with an HTTP error (403, 404, 5xx) is passed over for the next one. Raises
+    FetchError with a one-line message; when no mirror served a file, it names each mirror's failure,
+    the files, where to get them and the folder to put them in.
     """
     table = SOURCES if sources is None else sources
     check_choice(name, "dataset", frozenset(table))
     source = table[name]
+    mirrors = os.environ.get(MIRRORS_ENV, "").split()
+    if mirrors:
+        source = source._replace(mirrors=tuple(m if m.endswith("/") else m + "/" for m in mirrors))
     root = resolve_root(None) if root in (None, "") else Path(root).expanduser()
     folder = root / source.folder
     if source.extract_to and all((root / source.extract_to / n).is_file() for n in source.expect):
         return root
     for fname, md5 in source.files:
-        reasons = []
+        reasons, offline = [], True
         for base in source.mirrors:
             try:
                 download(base + fname, folder / fname, md5, progress=progress, timeout=timeout)
                 break
-            except _Offline as err:
+            except (_Offline, _Refused) as err:
                 reasons.append(f"{base} ({err})")
+                offline = offline and isinstance(err, _Offline)
         else:
             names = ", ".join(f for f, _ in source.files)
-            raise FetchError(f"offline? could not reach {' or '.join(reasons)}: download {names} from "
-                             f"{source.mirrors[0]} yourself (md5 sums in lowrank.core.datasets.SOURCES) "
-                             f"and put them in {folder.resolve()}")
+            why = f"offline? could not reach {' or '.join(reasons)}" if offline else \
+                f"no mirror served {fname}: {'; '.join(reasons)}"
+            raise FetchError(f"{why}: download {names} from {source.mirrors[0]} yourself (md5 sums in "
+                             f"lowrank.core.datasets.SOURCES) and put them in {folder.resolve()}")
         if source.extract_to:
             _extract(folder / fname, root, source)
     return root

@@ -21,7 +21,8 @@ trains each group as one ensemble.
 
 The loop (`train_ensemble`) is a few dozen lines over named pieces: `TrainConfig` (the settings shared
 by the members), `EnsembleState` (everything that evolves; also the checkpoint payload), `_Forward`
-(the members' forward passes), `_sgd_epoch` (one epoch of steps), `_evaluate` and `_monitor`.
+(the members' forward passes), `_sgd_epoch` (one epoch of steps), `_evaluate` and `_monitor`;
+checkpoints (saving, resuming, what a checkpoint belongs to) are `lowrank.core.checkpoint`'s.
 
 Monitors, at epoch 0 (initialisation) and after every epoch, for every weight matrix the model lists
 (`model.weight_matrices()`), by `lowrank.core.spectral.spectrum_stats`: numerical rank under both
@@ -42,10 +43,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import hashlib
 import json
 import math
-import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -58,6 +57,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
+from lowrank.core import checkpoint as checkpointing
+from lowrank.core.io import digest
 from lowrank.core.validation import check_choice, check_seed, is_number
 from lowrank.core.datasets import DEFAULT_DATA_ROOT, Dataset
 from lowrank.core.spectral import monitor_dtype, rank_from_singular_values, singular_values_by_shape, spectrum_stats
@@ -84,8 +85,6 @@ __all__ = [
 
 LOSSES = frozenset({"ce", "mse"})
 RUN_KEYS = ("lr", "weight_decay", "momentum", "seed")
-CHECKPOINT_FORMAT = 5  # 5: identity from every TrainConfig field (`_identity`); 4: identity with model,
-# data split, settings, code; 3: EnsembleState payload, lr_decay; 2: per-member augmentation generators
 
 
 def loss_value(logits: torch.Tensor, y: torch.Tensor, loss: str) -> torch.Tensor:
@@ -238,7 +237,7 @@ class TrainConfig:
     extra : constant columns added to every row (e.g. the model's name).
     """
 
-    # Every field is part of a checkpoint's identity (`_identity`) unless its metadata says
+    # Every field is part of a checkpoint's identity (`lowrank.core.checkpoint.identity`) unless its metadata says
     # `identity: False`: the fields that cannot change the table (where and how often the state is
     # saved, the device, the progress bar, the evaluation's chunk size). `epochs` is checked on its
     # own: a checkpoint may be resumed to train longer, never to return more epochs than asked.
@@ -479,131 +478,6 @@ def _sgd_epoch(ctx: dict, state: EnsembleState, lr: torch.Tensor):
     return finite.cpu().numpy()
 
 
-def _tensor_digest(*tensors) -> str:
-    h = hashlib.sha256()
-    for t in tensors:
-        t = t.detach().cpu().contiguous()
-        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-        h.update(t.numpy().tobytes() if t.dtype != torch.bfloat16 else t.float().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-def _code_digest() -> str:
-    """Hash of the shared layer's source (`lowrank/core/`: this loop, the nets, the data, spectral)."""
-    h = hashlib.sha256()
-    root = Path(__file__).resolve().parent
-    for f in sorted(root.rglob("*.py")):
-        h.update(f.relative_to(root).as_posix().encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()[:16]
-
-
-def _canonical(value):
-    """`value` as plain data that compares equal exactly when the value would act the same: numbers,
-    strings, lists, dicts; a function by its qualified name, its default arguments and the values
-    it closes over (a `lambda x, g: augment_images(x, g, rotation=r)` records `r`); a
-    `functools.partial` by its function and arguments; anything else by its type and repr."""
-    import functools
-
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (np.integer, np.floating, np.bool_)):
-        return value.item()
-    if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, torch.Tensor):
-        return {"tensor": _tensor_digest(value)}
-    if isinstance(value, functools.partial):
-        return {"partial": _canonical(value.func), "args": _canonical(value.args),
-                "keywords": _canonical(dict(value.keywords))}
-    if callable(value) and hasattr(value, "__qualname__"):
-        out = {"function": f"{getattr(value, '__module__', '')}.{value.__qualname__}"}
-        code = getattr(value, "__code__", None)
-        if code is not None:
-            cells = value.__closure__ or ()
-            out["closure"] = {name: _canonical(cell.cell_contents) for name, cell in zip(code.co_freevars, cells)}
-            out["defaults"] = _canonical(list(value.__defaults__ or ()) + sorted((value.__kwdefaults__ or {}).items()))
-        return out
-    return {"type": type(value).__qualname__, "repr": repr(value)}
-
-
-def _identity(runs, cfg: TrainConfig, model: nn.Module, data: Dataset) -> dict:
-    """What a checkpoint belongs to: the runs, every field of the configuration that can change the
-    table (`TrainConfig` fields without `identity: False` metadata, made plain by `_canonical`: a
-    field added to the configuration is part of the identity without a word here), the model
-    (class, parameter and buffer shapes), the data split (hashes of the train and test tensors)
-    and the code (`_code_digest`). Resuming with any of them changed is refused."""
-    shapes = [(k, tuple(v.shape)) for k, v in model.state_dict().items()]
-    settings = {f.name: _canonical(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
-                if f.metadata.get("identity", True)}
-    return {"runs": _canonical(runs), **settings,
-            "model": {"class": type(model).__name__, "shapes": shapes},
-            "data": {"train": _tensor_digest(data.x_train, data.y_train), "test": _tensor_digest(data.x_test, data.y_test)},
-            "code": _code_digest()}
-
-
-def check_checkpoint_path(path) -> None:
-    """Refuse, before any training, a checkpoint path that is a folder or lies in a missing or
-    unwritable folder (training would otherwise fail at the first save, an epoch later)."""
-    if path is None:
-        return
-    p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"checkpoint {p} is a folder; give a file path")
-    if not p.parent.is_dir():
-        raise ValueError(f"checkpoint {p}: folder {p.parent} does not exist")
-    if not os.access(p.parent, os.W_OK | os.X_OK):
-        raise ValueError(f"checkpoint {p}: folder {p.parent} is not writable")
-
-
-def _load_checkpoint(path: Path, dev) -> dict:
-    """The saved payload, or ValueError naming the file when it cannot be read."""
-    try:
-        saved = torch.load(path, map_location=dev, weights_only=False)
-    except Exception as err:  # pickle, zip and EOF errors of a truncated or foreign file
-        raise ValueError(f"checkpoint {path} is unreadable ({type(err).__name__}: "
-                         f"{' '.join(str(err).split())[:200]}); remove it or pass another path") from None
-    if not isinstance(saved, dict):
-        raise ValueError(f"checkpoint {path} does not hold a lowrank.core.train checkpoint; remove it")
-    return saved
-
-
-def _resume(cfg: TrainConfig, identity: dict, state: EnsembleState, dev) -> bool:
-    """Restore `state` from `cfg.checkpoint` if the file exists; whether it did."""
-    if cfg.checkpoint is None or not Path(cfg.checkpoint).is_file():
-        return False
-    saved = _load_checkpoint(Path(cfg.checkpoint), dev)
-    if saved.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"checkpoint {cfg.checkpoint} was written by another version of lowrank.core.train "
-                         f"(format {saved.get('format')}, this one reads {CHECKPOINT_FORMAT}); remove it")
-    before = saved.get("identity") or {}
-    differ = [k for k in identity if before.get(k) != identity[k]]
-    if differ:
-        what = ", ".join("data split" if k == "data" else k.replace("_", " ") for k in differ)
-        raise ValueError(f"checkpoint {cfg.checkpoint} belongs to other {what}; remove it or pass another path")
-    if int(saved.get("epoch", 0)) > cfg.epochs:
-        raise ValueError(f"checkpoint {cfg.checkpoint} holds {saved['epoch']} epochs, more than epochs={cfg.epochs}: "
-                         f"its table would not be the one asked for; remove it, pass another path, or ask for "
-                         f"epochs >= {saved['epoch']}")
-    state.restore(saved, dev)
-    return True
-
-
-def _save(cfg: TrainConfig, identity: dict, state: EnsembleState):
-    path = Path(cfg.checkpoint)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        torch.save({"format": CHECKPOINT_FORMAT, "identity": identity, **state.payload()}, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _build_members(model_fn, runs, dev):
     """The K models (member k built after `torch.manual_seed(seed_k)`), a meta-device copy that
     carries the architecture, and its `weight_specs()`."""
@@ -643,7 +517,7 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, confi
     cfg = dataclasses.replace(config, **options) if config is not None else TrainConfig(**options)
     runs = _normalise_runs(runs)
     _check_data(data, cfg.batch_size)
-    check_checkpoint_path(cfg.checkpoint)
+    checkpointing.check_checkpoint_path(cfg.checkpoint)
     from lowrank.core.device import get_device
 
     dev = torch.device(cfg.device) if cfg.device is not None else get_device()
@@ -661,8 +535,8 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, confi
            "run_cols": [{k: v for k, v in r.items() if k != "lr"} | {"lr0": float(r["lr"])} for r in runs],
            "seconds": {"train": 0.0, "evaluate": 0.0, "track_ranks": 0.0}}
     lr0 = torch.tensor([float(r["lr"]) for r in runs], device=dev)
-    identity = _identity(runs, cfg, base, data) if cfg.checkpoint is not None else None
-    if not _resume(cfg, identity, state, dev):
+    identity = checkpointing.identity(runs, cfg, base, data) if cfg.checkpoint is not None else None
+    if not checkpointing.resume(cfg, identity, state, dev):
         _monitor(ctx, state, 0, lr0.cpu().numpy())
     bar = None
     if cfg.progress:
@@ -681,7 +555,7 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, confi
         _monitor(ctx, state, epoch, lr.cpu().numpy())
         state.epoch = epoch
         if cfg.checkpoint is not None and (epoch % cfg.checkpoint_every == 0 or epoch == cfg.epochs):
-            _save(cfg, identity, state)
+            checkpointing.save(cfg, identity, state)
         if bar is not None:
             bar.update(1)
     if bar is not None:
@@ -793,7 +667,6 @@ def train_points(points: list[dict]) -> list[pd.DataFrame]:
     """Several `train_point` runs that differ only in `ENSEMBLE_KEYS`, trained at once as one ensemble
     (a sweep with `ensemble: true`). Returns one table per point, in order, each as `train_point`
     would return it (`run` 0). A checkpoint file is per ensemble: its name gets the members' hash."""
-    import hashlib
     import inspect
 
     from lowrank.core.datasets import load
@@ -819,7 +692,7 @@ def train_points(points: list[dict]) -> list[pd.DataFrame]:
     members = [{k: p[k] for k in ENSEMBLE_KEYS} for p in full]
     checkpoint = shared["checkpoint"] or None
     if checkpoint and len(full) > 1:
-        tag = hashlib.sha256(json.dumps(members, sort_keys=True).encode()).hexdigest()[:12]
+        tag = digest(json.dumps(members, sort_keys=True))
         checkpoint = str(Path(checkpoint).with_name(f"{Path(checkpoint).stem}.{tag}{Path(checkpoint).suffix}"))
     name = shared["dataset"]
     data = load(name, root=shared["data_root"] or None) if name in ("mnist", "cifar10") else load(name)

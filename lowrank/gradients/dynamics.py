@@ -4,7 +4,7 @@ The helpers of Part I's pages beyond the decomposition itself (`lowrank.gradient
 
 - scaling (Prop. 4.1): `term_norms` (spectral norms of `S1, S12, S2, E, G`) and `loglog_slope`
   (least-squares exponent of a power law); Assumption 6's statistic and its beta live in
-  `lowrank.gradients.decomposition` (`residue_alignment`, `residue_alignment_beta`);
+  `lowrank.gradients.rule_of_thumb` (`residue_alignment`, `residue_alignment_beta`);
 - ReLU (Prop. 3.1): `sigma_perp` and `sigma_perp_norm`, the centred activation derivatives;
 - training (Section 3.4): `gradient_matrix`, `train_weight_normalized` (gradient descent on
   weight-normalised rows with step `1/gamma_m`, recording the gradient's leading left singular
@@ -25,7 +25,8 @@ import torch
 
 from lowrank.core.validation import as_tensor, check_choice, check_positive
 from lowrank.core.data import generator, single_index_target, spiked_gaussian
-from lowrank.gradients.decomposition import Decomposition, decompose_problem, loss_function, residue_alignment
+from lowrank.gradients.decomposition import Decomposition, decompose_problem, loss_function
+from lowrank.gradients.rule_of_thumb import residue_alignment
 from lowrank.core.nets import activation as get_activation
 from lowrank.core.nets import gamma_m, normalize_rows, outer_weights, sphere_rows
 from lowrank.core.spectral import alignment, principal_angles, top_singular, top_singular_of_product, top_singular_value

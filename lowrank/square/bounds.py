@@ -224,15 +224,26 @@ def per_init_regression(runs, x: str = "inv_rho", y: str = "test_accuracy", by: 
     Returns
     -------
     dict: slope (units of y per unit of x), intercept, r2, p (two-sided, the slope's t-test with
-    `points - 2` degrees of freedom), points, and the per-group means `x_means`, `y_means`.
+    `points - 2` degrees of freedom), p_negative (one-sided, for a negative slope: p/2 when the slope is
+    negative, 1 - p/2 otherwise), points, the per-group means `x_means`, `y_means`, and
+    `x_resolution`: the range of the group means of `x` over their standard error (the pooled
+    within-group standard deviation over the square root of the runs per group; NaN with one run per
+    group). Below about 2 the groups do not separate `x`, and the slope divides noise by near-ties.
     """
     from scipy import stats
 
+    groups = runs.groupby(by)[x]
     means = runs.groupby(by)[[x, y]].mean()
+    within = float((groups.var(ddof=1) * (groups.count() - 1)).sum() / max(1, int((groups.count() - 1).sum())))
+    per_group = float(groups.count().mean()) if len(means) else float("nan")
+    spread = float(means[x].max() - means[x].min()) if len(means) else float("nan")
+    resolution = spread / (within**0.5 / per_group**0.5) if within > 0 else float("nan")
+    common = {"points": len(means), "x_means": means[x].tolist(), "y_means": means[y].tolist(),
+              "x_resolution": resolution}
     if len(means) < 3 or means[x].nunique() < 2:
         nan = float("nan")
-        return {"slope": nan, "intercept": nan, "r2": nan, "p": nan, "points": len(means),
-                "x_means": means[x].tolist(), "y_means": means[y].tolist()}
+        return {"slope": nan, "intercept": nan, "r2": nan, "p": nan, "p_negative": nan, **common}
     fit = stats.linregress(means[x], means[y])
-    return {"slope": float(fit.slope), "intercept": float(fit.intercept), "r2": float(fit.rvalue**2),
-            "p": float(fit.pvalue), "points": len(means), "x_means": means[x].tolist(), "y_means": means[y].tolist()}
+    p = float(fit.pvalue)
+    return {"slope": float(fit.slope), "intercept": float(fit.intercept), "r2": float(fit.rvalue**2), "p": p,
+            "p_negative": p / 2 if fit.slope < 0 else 1 - p / 2, **common}

@@ -1,0 +1,96 @@
+"""The keys of executed code: which `lowrank` files a notebook uses, and the hash that names them.
+
+A notebook's execution key (`execution_key`) covers its source, every module of `lowrank/` it
+imports directly or not (`lowrank_sources`, read from the imports alone, nothing is run) and its
+verdicts' recorded outcomes; a change in any of them executes the notebook again. The ci build
+(`lowrank.book.build`), run folders (`lowrank.book.runs`), sweeps and the paper-scale build all key
+their results by it (`code_key` for a notebook or a function `module:callable`).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+from pathlib import Path
+
+from lowrank.book.notebooks import source_path
+from lowrank.core.io import digest
+
+__all__ = ["PACKAGE", "module_file", "imported_modules", "lowrank_sources", "execution_key", "code_key"]
+
+PACKAGE = Path(__file__).resolve().parents[1]  # lowrank/
+
+
+def module_file(module: str) -> Path | None:
+    """`lowrank.a.b` -> its source file (module or package __init__), None if it is not ours."""
+    parts = module.split(".")
+    if parts[0] != "lowrank":
+        return None
+    base = PACKAGE.joinpath(*parts[1:])
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def imported_modules(source: str, module: str, is_package: bool) -> set[str]:
+    """Absolute names of the modules `source` imports (relative imports resolved against `module`)."""
+    found = set()
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                root = ".".join(base + ([node.module] if node.module else []))
+            else:
+                root = node.module or ""
+            found.add(root)
+            found.update(f"{root}.{a.name}" for a in node.names)  # `from lowrank import spectral`
+    return found
+
+
+def lowrank_sources(code: str) -> list[Path]:
+    """The files of `lowrank/` that `code` uses, directly or through other modules (with the
+    `__init__.py` of every package on the way), so a change in any of them changes the key."""
+    todo = [m for m in imported_modules(code, "__main__", False) if module_file(m)]
+    seen: dict[str, Path] = {}
+    while todo:
+        mod = todo.pop()
+        path = module_file(mod)
+        if path is None or mod in seen:
+            continue
+        seen[mod] = path
+        parents = [".".join(mod.split(".")[:i]) for i in range(1, len(mod.split(".")))]
+        todo += parents
+        todo += [m for m in imported_modules(path.read_text(), mod, path.name == "__init__.py") if module_file(m)]
+    return sorted(set(seen.values()))
+
+
+def execution_key(name: str) -> str:
+    """Hash of the notebook's source, of every `lowrank` file it uses, and of its verdicts' recorded
+    outcomes (an unstable one reads "unstable" in the ci book)."""
+    import jupytext
+
+    from lowrank.book import goldens
+
+    src = source_path(name)
+    code = "\n".join(c.source for c in jupytext.read(src).cells if c.cell_type == "code")
+    used = [part for p in lowrank_sources(code) for part in (p.relative_to(PACKAGE).as_posix(), p)]
+    return digest(src, *used, json.dumps(goldens.recorded_block(name), sort_keys=True, default=str))
+
+
+def code_key(target: str) -> str:
+    """Hash of the code that makes a result of `target`: a notebook's source and every `lowrank`
+    file it imports (`execution_key`, the book build's own key), or for a
+    function `module:callable` its module's file and every `lowrank` file that module imports."""
+    if ":" not in target:
+        return execution_key(target)
+    module = target.partition(":")[0]
+    files = lowrank_sources(f"import {module}")
+    spec = importlib.util.find_spec(module)
+    if spec is not None and spec.origin and Path(spec.origin).is_file():
+        files = sorted(set(files) | {Path(spec.origin)})
+    return digest(module, *[part for f in files for part in (f.name, f)])

@@ -1,0 +1,150 @@
+"""The explorers in the built book, in headless Chromium with the network blocked (issue 34).
+
+On each page with an explorer: it draws without JavaScript errors or outside requests; moving a
+slider with the keyboard redraws the plot (its SVG changes) and the numbers shown, and those
+numbers (the table beside the plot and the data the plot draws) equal the figure's CSV as published
+with the book, averaged here with pandas as the static figures average them.
+"""
+
+import json
+
+import pandas as pd
+import pytest
+
+from test_html import HTML, _open, browser, server  # noqa: F401 (fixtures)
+
+import test_explorer
+
+pytestmark = pytest.mark.book  # reads the built HTML book
+
+explorer = test_explorer.explorer
+PAGES = sorted(explorer.EXPLORERS)
+
+
+def _csv(name: str, stem: str) -> pd.DataFrame:
+    return pd.read_csv(HTML / "figures" / name / f"{stem}.csv")
+
+
+def _state(tab) -> dict:
+    return tab.evaluate("() => ({...document.querySelector('.lowrank-explorer').explorer.state})")
+
+
+def _readout(tab) -> dict:
+    cells = tab.evaluate("() => [...document.querySelectorAll('.lowrank-explorer .explorer-readout td')]"
+                         ".map(td => [td.dataset.col, td.dataset.value])")
+    return {col: json.loads(value) for col, value in cells}
+
+
+def _rendered(tab) -> int:
+    return int(tab.evaluate("() => document.querySelector('.lowrank-explorer').dataset.rendered || 0"))
+
+
+def _move(tab, key: str) -> None:
+    """Press the right arrow on the slider of `key`; wait for the redraw."""
+    before = _rendered(tab)
+    slider = tab.locator(f".lowrank-explorer input[type=range][data-key='{key}']")
+    slider.focus()
+    slider.press("ArrowRight")
+    tab.wait_for_function(f"Number(document.querySelector('.lowrank-explorer').dataset.rendered) > {before}",
+                          timeout=15_000)
+
+
+def _svg(tab, chart: int) -> str:
+    return tab.evaluate(f"() => document.querySelector('.lowrank-explorer [data-chart=\"{chart}\"] svg').outerHTML")
+
+
+def _near(a, b) -> bool:
+    return a == pytest.approx(b, rel=1e-9, abs=1e-12)
+
+
+def _open_explorer(browser, server, name):
+    tab, outside, errors = _open(browser, server, f"notebooks/{name}.html")
+    tab.wait_for_function("Number((document.querySelector('.lowrank-explorer') || {dataset: {}}).dataset.rendered) >= 1",
+                          timeout=20_000)
+    return tab, outside, errors
+
+
+def _phase_row(grid, state):
+    row = grid[(grid["nu"] == state["nu"]) & (grid["alpha"] == state["alpha"]) & (grid["seed"] == state["seed"])]
+    assert len(row) == 1, state
+    return row.iloc[0]
+
+
+def _check_phase_readout(shown, row):
+    for col in ("measured", "rule"):
+        assert shown[col] == row[col]
+    for col in ("beta_hat", "norm_S1", "norm_S12", "norm_S2", "second_ratio"):
+        if col in row.index:
+            assert _near(shown[col], row[col]), col
+
+
+def test_phase_explorer_slider_moves_the_cell_and_shows_the_csv(browser, server):
+    name = "gradients/phase_diagram"
+    grid = _csv(name, explorer.EXPLORERS[name]["stems"][0])
+    tab, outside, errors = _open_explorer(browser, server, name)
+    state = _state(tab)
+    assert state["nu"] == sorted(grid["nu"].unique())[0]
+    _check_phase_readout(_readout(tab), _phase_row(grid, state))
+    map_before = _svg(tab, 0)
+    _move(tab, "nu")
+    after = _state(tab)
+    assert after["nu"] == sorted(grid["nu"].unique())[1] and after["alpha"] == state["alpha"]
+    assert _svg(tab, 0) != map_before, "the map did not change when nu moved"
+    row = _phase_row(grid, after)
+    _check_phase_readout(_readout(tab), row)
+    # the plot draws the same cell: the outlined cell and the spike norms' data
+    selected = tab.evaluate("() => document.querySelector('.lowrank-explorer').explorer.views.map.data('selected')")
+    assert [(s["nu"], s["alpha"], s["measured"]) for s in selected] == [(row["nu"], row["alpha"], row["measured"])]
+    norms = tab.evaluate("() => document.querySelector('.lowrank-explorer').explorer.views.spikes.data('spikes')")
+    assert {n["spike"]: n["norm"] for n in norms} == pytest.approx(
+        {k[5:]: row[k] for k in ("norm_S1", "norm_S12", "norm_S2") if row[k] > 0}, rel=1e-9)
+    # a click on a map cell selects it (the sliders follow)
+    nu, alpha = float(grid["nu"].max()), float(grid["alpha"].max())
+    xy = tab.evaluate(f"""() => {{ const v = document.querySelector('.lowrank-explorer').explorer.views.map;
+        const r = v.container().querySelector('svg').getBoundingClientRect(), o = v.origin();
+        const x = v.scale('x'), y = v.scale('y');
+        return [r.left + o[0] + x({alpha}) + x.bandwidth() / 2, r.top + o[1] + y({nu}) + y.bandwidth() / 2]; }}""")
+    tab.mouse.click(*xy)
+    shown = "(col) => Number(document.querySelector(`.explorer-readout td[data-col='${col}']`).dataset.value)"
+    tab.wait_for_function(f"() => {{ const v = {shown}; return v('nu') === {nu} && v('alpha') === {alpha}; }}",
+                          timeout=15_000)  # redrawn: the table shows the clicked cell
+    _check_phase_readout(_readout(tab), _phase_row(grid, _state(tab)))
+    assert not errors and not outside, (errors, outside)
+
+
+@pytest.mark.parametrize("name", [n for n in PAGES if explorer.EXPLORERS[n]["kind"] == "rank"])
+def test_rank_explorer_slider_changes_the_curves_and_shows_the_csv(browser, server, name):
+    spec = explorer.EXPLORERS[name]
+    curves, final = _csv(name, spec["stems"][0]), _csv(name, spec["stems"][1])
+    swept = spec["swept"]
+    tab, outside, errors = _open_explorer(browser, server, name)
+    rank_before = _svg(tab, 0)
+    final_before = _svg(tab, 2)
+    _move(tab, swept)
+    state = _state(tab)
+    assert _svg(tab, 0) != rank_before or _svg(tab, 2) != final_before, f"the plot did not change when {swept} moved"
+
+    def at(frame):
+        mask = pd.Series(True, index=frame.index)
+        for key, value in state.items():
+            if key in frame.columns:
+                mask &= (frame[key] - value).abs() <= 1e-9 * max(1.0, abs(value))
+        return frame[mask]
+
+    # the per-epoch rank the plot draws is the curves CSV's, epoch by epoch
+    drawn = tab.evaluate("() => document.querySelector('.lowrank-explorer').explorer.views.rank.data('curve')")
+    expected = at(curves).sort_values("epoch")
+    assert len(expected), f"{name}: no curve saved for {state}"
+    solid = [d for d in drawn if d["quantity"] == "average rank"]
+    assert [d["epoch"] for d in solid] == expected["epoch"].tolist()
+    assert [d["value"] for d in solid] == pytest.approx(expected["avg_rank"].tolist(), rel=1e-9)
+    # the final numbers: mean over the fitted seeds of the final CSV, and its A
+    runs = at(final)
+    fitted = runs[runs["fitted"].astype(bool)] if "fitted" in runs.columns else runs
+    shown = _readout(tab)
+    assert _near(shown["avg_rank"], fitted["avg_rank"].mean())
+    assert _near(shown["test_acc"], fitted["test_acc"].mean())
+    assert shown["fitted"] == f"{len(fitted)} / {len(runs)}"
+    if "A" in final.columns:
+        assert _near(shown["A"], runs["A"].iloc[0])
+    assert not errors and not outside, (errors, outside)
