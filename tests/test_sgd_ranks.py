@@ -304,18 +304,61 @@ def test_rank_experiment_trains_the_grid_together_and_records_both_thresholds():
 def test_pooled_trend_claim_outcomes_follow_regime_and_controls():
     from lowrank.book import rank_trends, verdicts
 
-    trend = _slices([[1, 2, 3, 4, 5]] * 4).assign(per_step=1e-3)
-    flat = _slices([[5, 5, 5, 5, 5]] * 4).assign(per_step=0.0)
+    trend = _slices([[1, 2, 3, 4, 5]] * 4).assign(per_step=1e-3, full_rank=10.0)
+    flat = _slices([[5, 5, 5, 5, 5]] * 4).assign(per_step=0.0, full_rank=10.0)
     regime = pd.DataFrame({"weight_decay": [0.0, 1e-3], "A": [0.0, 8.0]})
     reached = rank_trends.decay_regime(regime, needed=5.0, origin="test")
     assert reached.value == 8.0 and reached.reached
     short = rank_trends.decay_regime(regime, needed=10.0, origin="test")
-    kw = dict(claim="II-3", scale="ci", x="x", slices="s", sign=+1, column="rank", min_trend=0.5, paper="l.1",
+    kw = dict(claim="II-3", scale="ci", x="x", slices="s", sign=+1, column="rank", min_trend=0.5, min_drop_fraction=0.1, paper="l.1",
               description="d", min_train_acc=0.5, control_name="lambda = 0", permutations=500)
     agrees = rank_trends.pooled_trend_claim("t1", final=trend, regime=reached, control=flat, **kw)
     assert agrees.outcome == "agrees" and agrees.controls[0]["value"] == 0.0
+    assert agrees.measured == pytest.approx(min(1.0 / 0.5, 0.4 / 0.1))  # rho 1; fall 5 - 1 = 4 of full rank 10
+    assert agrees.details["spearman"] == 1.0 and agrees.details["drop_fraction"] == pytest.approx(0.4)
     assert agrees.details["regime"]["value"] == 8.0
     assert rank_trends.pooled_trend_claim("t2", final=trend, regime=reached, control=trend, **kw).outcome == "uninformative"
     assert rank_trends.pooled_trend_claim("t3", final=flat, regime=reached, control=flat, **kw).outcome == "disagrees"
     assert rank_trends.pooled_trend_claim("t4", final=trend, regime=short, control=flat, **kw).outcome != "agrees"
     assert isinstance(short, verdicts.Regime) and not short.reached
+
+
+def test_pooled_trend_drop_is_the_signed_fall_of_the_mean_rank_across_the_grid():
+    values = [[1, 2, 3, 4, 5], [3, 2, 5, 4, 9]]  # means at x = 1: 2, at x = 16: 7
+    up = ranks.pooled_trend(_slices(values), "x", column="rank", slices="s", sign=+1, permutations=4000, seed=1)
+    assert up["drop"] == pytest.approx(5.0)
+    down = ranks.pooled_trend(_slices(values), "x", column="rank", slices="s", sign=-1, permutations=10)
+    assert down["drop"] == pytest.approx(-5.0)
+    # under shuffled labels the fall is centred on 0 and each shuffle's value is a difference of two runs' means
+    assert abs(up["null_drop"].mean()) < 0.2 and up["null_drop"].shape == (4000,) and up["null"].shape == (4000,)
+    pairs = {(a + b) / 2 - (c + d) / 2 for a in values[0] for b in values[1] for c in values[0] for d in values[1]}
+    assert set(np.round(up["null_drop"], 9)) <= {round(p, 9) for p in pairs}
+
+
+def test_trend_claim_needs_the_size_as_well_as_the_order():
+    """A perfect ordering by a hundredth of full rank (what lambda = 0 shows at ci) agrees on Spearman
+    alone but not on the combined criterion; judged by the same criterion, such a control does not pass."""
+    from lowrank.book import rank_trends, verdicts
+
+    tiny = _slices([[60.0, 60.1, 60.2, 60.3, 60.4]] * 4).assign(per_step=1e-3, full_rank=64.0)
+    big = _slices([[20.0, 40.0, 50.0, 55.0, 60.0]] * 4).assign(per_step=1e-3, full_rank=64.0)
+    regime = verdicts.Regime("A", 8.0, 5.0, "test")
+    kw = dict(claim="II-3", scale="ci", x="x", slices="s", sign=+1, column="rank", min_trend=0.5, min_drop_fraction=0.1,
+              paper="l.1", description="d", min_train_acc=0.5, control_name="lambda = 0", permutations=500, regime=regime)
+    small = rank_trends.pooled_trend_claim("tiny", final=tiny, **kw)
+    assert small.details["spearman"] == 1.0 and small.outcome == "disagrees"
+    assert small.measured == pytest.approx(0.4 / 64 / 0.1)
+    found = rank_trends.pooled_trend_claim("big", final=big, control=tiny, **kw)
+    assert found.outcome == "agrees" and found.controls[0]["value"] < 1 and found.details["control_spearman"] == 1.0
+    assert rank_trends.combined_score(0.6, 0.05, min_trend=0.5, min_drop_fraction=0.1) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="full_rank"):
+        rank_trends.pooled_trend_claim("nofull", final=big.drop(columns="full_rank"), **kw)
+
+
+def test_full_rank_is_the_mean_smaller_side_of_the_counted_matrices():
+    table = pd.DataFrame([{"run": r, "epoch": e, "layer": l, "classifier": l == "fc", "shape": sh}
+                          for r in (0, 1) for e in (0, 1)
+                          for l, sh in (("a", "64x64"), ("b", "32x64"), ("shortcut", "8x64"), ("fc", "10x32"))])
+    got = ranks.full_rank(table, layers=ranks.authors_layers)
+    assert got.to_dict() == {0: 48.0, 1: 48.0}
+    assert ranks.full_rank(table).to_dict() == {0: (64 + 32 + 8) / 3, 1: (64 + 32 + 8) / 3}

@@ -19,7 +19,7 @@ __all__ = ["RANK_COLUMNS", "average_rank", "final_values", "rank_tables", "rank_
            "accumulated_weight_decay", "per_step_decay", "experiment_grid", "regime_table", "RankExperiment",
            "rank_experiment", "PooledTrend", "pooled_trend", "batch_effect_ratio",
            "spearman_critical", "authors_layers", "RankSweep", "summarise", "rank_sweep", "rank_bound",
-           "spearman_with_permutation_null", "fitting_correlation"]
+           "spearman_with_permutation_null", "fitting_correlation", "full_rank"]
 
 # the per-layer monitor columns of `lowrank.core.train` (averaged or dropped when layers are averaged)
 _LAYER_COLUMNS = ("layer", "layer_index", "classifier", "shape", "rank", "rank_frobenius", "stable_rank",
@@ -76,6 +76,19 @@ def rank_tables(table: pd.DataFrame, *, by=("run", "epoch"), layers=None) -> pd.
     alt = average_rank(table, convention="spectral", by=by, layers=layers)
     return avg.merge(alt[list(by) + ["avg_rank"]].rename(columns={"avg_rank": "avg_rank_spectral"}), on=list(by))
 
+
+def full_rank(table: pd.DataFrame, *, layers=None) -> pd.Series:
+    """Per run: the largest value `rank_tables`' `avg_rank` can take, the mean over the averaged weight
+    matrices (the classifier left out; `layers` as `average_rank`) of `min(rows, columns)` read from the
+    monitor table's `shape` column ("rows x columns")."""
+    t = table[~table["classifier"]]
+    if layers is not None:
+        t = t[t["layer"].map(layers).astype(bool)]
+    if t.empty:
+        raise ValueError("no layer left to count (the table is empty or has only the classifier)")
+    t = t.drop_duplicates(["run", "layer"])
+    sides = t["shape"].astype(str).str.split("x", expand=True).astype(int)
+    return t.assign(full=sides.min(axis=1)).groupby("run")["full"].mean().rename("full_rank")
 
 
 def spearman_critical(n: int, alpha: float = 0.05) -> float:
@@ -157,7 +170,8 @@ def summarise(table: pd.DataFrame, *, layers=None) -> RankSweep:
 
 
 def rank_sweep(*, model: str, dataset: str, grid, epochs: int, data_root=None, cnn_width: float = 1.0,
-               augment: bool = False, rotation: str = "uniform", layers=None, **train_options) -> RankSweep:
+               vit_dim: int = 512, vit_depth: int = 6, augment: bool = False, rotation: str = "uniform", layers=None,
+               **train_options) -> RankSweep:
     """Train `grid` (dicts with `batch_size`, `lr`, `weight_decay`, `momentum`, `seed`) of the network
     named `model` on `dataset` (`lowrank.core.train.sweep`, one ensemble per batch size) and summarise it.
 
@@ -166,6 +180,7 @@ def rank_sweep(*, model: str, dataset: str, grid, epochs: int, data_root=None, c
     model : a paper name ("MLP-BN-10-100", "ResNet-18", ...; `lowrank.core.nets.zoo.for_data`).
     dataset : "digits", "mnist1d", or "mnist" / "cifar10" read from `data_root`
         (default `lowrank.core.datasets.DEFAULT_DATA_ROOT`).
+    cnn_width, vit_dim, vit_depth : the sizes of the image networks (`lowrank.core.nets.zoo.for_data`).
     augment : the paper's training augmentation (`lowrank.core.train.augment_images`), image data only.
     rotation : its rotation: "uniform" within +-15 degrees (the authors' code), "multiples" of 15
         degrees (a literal reading of the paper's text, l.1290) or "none".
@@ -176,7 +191,7 @@ def rank_sweep(*, model: str, dataset: str, grid, epochs: int, data_root=None, c
 
     root = datasets.DEFAULT_DATA_ROOT if data_root is None else data_root
     data = datasets.load(dataset, root=root) if dataset in ("mnist", "cifar10") else datasets.load(dataset)
-    make, data = zoo.for_data(model, data, cnn_width=cnn_width)  # digits become 1x8x8 images for conv nets
+    make, data = zoo.for_data(model, data, cnn_width=cnn_width, vit_dim=vit_dim, vit_depth=vit_depth)  # digits become 1x8x8 images for conv nets
     check_choice(rotation, "rotation", train.ROTATIONS)
     augmenter = (lambda x, g: train.augment_images(x, g, rotation=rotation)) if augment else None
     table = train.sweep(make, data, list(grid), epochs=epochs, augment=augmenter, **train_options)
@@ -302,15 +317,17 @@ def regime_table(grid, *, n_train: int, epochs: int, milestones=(), lr_decay: fl
 
 class RankExperiment(dict):
     """`rank_experiment`'s result: `table` (monitor table), `avg` (`rank_tables` per run and epoch, with
-    `avg_rank@<coarse_eps>`), `final` (each run's last epoch, with `A`, `per_step` and `fitted`),
+    `avg_rank@<coarse_eps>`), `final` (each run's last epoch, with `A`, `per_step`, `fitted` and `full_rank`, the
+    largest value `avg_rank` can take),
     `diverged` ({run: where and why}), `regime` (`regime_table` of the grid, before training),
     `coarse_column` (the name of the coarse-threshold rank column)."""
 
 
 def rank_experiment(*, model: str, dataset: str, grid, epochs: int, eps: float, coarse_eps: float,
                     min_train_acc: float, milestones=(), lr_decay: float = 0.1, data_root=None,
-                    cnn_width: float = 1.0, augment: bool = False, rotation: str = "uniform",
-                    table: pd.DataFrame | None = None, regime_only: bool = False) -> RankExperiment:
+                    cnn_width: float = 1.0, vit_dim: int = 512, vit_depth: int = 6, augment: bool = False,
+                    rotation: str = "uniform", table: pd.DataFrame | None = None,
+                    regime_only: bool = False) -> RankExperiment:
     """Train every run of `grid` (`experiment_grid`: batch size, lr, weight decay, momentum, seed), one
     batched ensemble per batch size (seeds, learning rates, weight decays and momenta trained
     together), and return the tables the rank-versus-hyperparameter pages read.
@@ -347,12 +364,13 @@ def rank_experiment(*, model: str, dataset: str, grid, epochs: int, eps: float, 
         regime.index = [g["run"] for g in grid]
     else:
         result = rank_sweep(model=model, dataset=dataset, data_root=data_root, grid=grid, epochs=epochs, cnn_width=cnn_width,
-                            augment=augment, rotation=rotation, milestones=milestones, lr_decay=lr_decay, eps=eps,
+                            vit_dim=vit_dim, vit_depth=vit_depth, augment=augment, rotation=rotation, milestones=milestones, lr_decay=lr_decay, eps=eps,
                             extra_eps=(coarse_eps,), loss="ce", layers=authors_layers, progress=False)
     for frame in (result["avg"], result["final"]):
         if coarse not in frame.columns:
             frame[coarse] = np.nan
     final = result["final"].merge(regime[["A", "per_step"]], left_on="run", right_index=True)
+    final = final.merge(full_rank(result["table"], layers=authors_layers), left_on="run", right_index=True)
     final["fitted"] = ~final["run"].isin(list(result["diverged"])) & (final["train_acc"] >= min_train_acc)
     return RankExperiment(table=result["table"], avg=result["avg"], final=final, diverged=result["diverged"],
                           regime=regime, coarse_column=coarse)
@@ -360,8 +378,10 @@ def rank_experiment(*, model: str, dataset: str, grid, epochs: int, eps: float, 
 
 class PooledTrend(dict):
     """`pooled_trend`'s result: `statistic` (mean over slices of the signed Spearman rho), `null_95`
-    (its 95th percentile under shuffled hyperparameter labels), `p_value`, `per_slice` (DataFrame),
-    `slices` (used), `dropped_slices` (too few fitted runs), `excluded` and `total` (runs)."""
+    (its 95th percentile under shuffled hyperparameter labels), `p_value`, `null` (the mean rho of every
+    shuffle), `drop` (the signed fall of the mean rank across the grid) and `null_drop` (the same under
+    every shuffle), `per_slice` (DataFrame), `slices` (used), `dropped_slices` (too few fitted runs),
+    `excluded` and `total` (runs)."""
 
 
 def _average_ranks(v: np.ndarray) -> np.ndarray:
@@ -378,9 +398,15 @@ def pooled_trend(final: pd.DataFrame, x: str, *, column: str, slices, sign: int,
     with `fitted` False are left out and counted; slices with fewer than `min_points` fitted runs or
     a single value of x are dropped and counted. A slice whose ranks are all equal has rho 0.
 
-    The null: x shuffled within every slice (`permutations` times, generator `seed`), the same mean
-    recomputed; `null_95` is its 95th percentile (what shuffled labels reach one time in twenty) and
-    `p_value` the share of shuffles at least as large as the statistic (with the statistic counted).
+    The size beside the order: `drop` is the mean of `column` over the used runs at the end of the
+    grid where the paper predicts the higher rank minus its mean at the other end (smallest and
+    largest x among the used runs; `sign` +1: mean at the largest x minus mean at the smallest), in
+    the units of `column`: positive when the rank falls the paper's way.
+
+    The null: x shuffled within every slice (`permutations` times, generator `seed`), the same mean rho
+    and the same drop recomputed for each shuffle (`null`, `null_drop`); `null_95` is the 95th
+    percentile of `null` (what shuffled labels reach one time in twenty) and `p_value` the share of
+    shuffles at least as large as the statistic (with the statistic counted).
     """
     if sign not in (1, -1):
         raise ValueError(f"sign must be +1 or -1, got {sign!r}")
@@ -392,27 +418,52 @@ def pooled_trend(final: pd.DataFrame, x: str, *, column: str, slices, sign: int,
             raise ValueError(f"final has no column {c!r}")
     kept = final[final["fitted"].astype(bool)]
     rng = np.random.default_rng(seed)
-    rows, nulls, dropped = [], [], 0
+    rows, nulls, used = [], [], []
     for key, g in kept.groupby(slices, sort=True):
         if len(g) < min_points or g[x].nunique() < 2:
-            dropped += 1
             continue
-        rx, ry = _average_ranks(g[x].to_numpy(float)), _average_ranks(g[column].to_numpy(float))
+        xs, ys = g[x].to_numpy(float), g[column].to_numpy(float)
+        rx, ry = _average_ranks(xs), _average_ranks(ys)
         ry = ry - ry.mean()
+        order = rng.permuted(np.tile(np.arange(len(g)), (permutations, 1)), axis=1)  # one shuffle of x per row
         if not np.any(ry):  # every run at the same rank: no trend, under any labels
             rho, null = 0.0, np.zeros(permutations)
         else:
-            shuffled = rng.permuted(np.tile(rx, (permutations, 1)), axis=1)
             rho = sign * _pearson(rx, ry)
-            null = sign * _pearson(shuffled, ry)
+            null = sign * _pearson(rx[order], ry)
         rows.append({**dict(zip(slices, key if isinstance(key, tuple) else (key,))), "rho": float(rho), "runs": len(g)})
         nulls.append(null)
+        used.append((xs, ys, order))
+    dropped = kept.groupby(slices, sort=True).ngroups - len(rows)
     statistic = float(np.mean([r["rho"] for r in rows])) if rows else float("nan")
     null_mean = np.mean(nulls, axis=0) if nulls else np.full(permutations, np.nan)
+    drop, null_drop = _end_to_end_drop(used, sign, permutations)
     return PooledTrend(statistic=statistic, null_95=float(np.percentile(null_mean, 95)) if rows else float("nan"),
                        p_value=float((1 + np.sum(null_mean >= statistic - 1e-12)) / (permutations + 1)) if rows else float("nan"),
+                       null=null_mean, drop=drop, null_drop=null_drop,
                        per_slice=pd.DataFrame(rows), slices=len(rows), dropped_slices=dropped,
                        excluded=int((~final["fitted"].astype(bool)).sum()), total=int(len(final)))
+
+
+def _end_to_end_drop(used, sign: int, permutations: int) -> tuple[float, np.ndarray]:
+    """`pooled_trend`'s `drop` over the used slices [(x, y, shuffles)], and the same for each shuffle
+    (x permuted within every slice; a shuffle keeps each slice's x values, so the counts at each end
+    stay those of the data)."""
+    if not used:
+        return float("nan"), np.full(permutations, np.nan)
+    all_x = np.concatenate([xs for xs, _, _ in used])
+    low, high = all_x.min(), all_x.max()
+    sums = {end: 0.0 for end in (low, high)}
+    null_sums = {end: np.zeros(permutations) for end in (low, high)}
+    counts = {end: 0 for end in (low, high)}
+    for xs, ys, order in used:
+        for end in (low, high):
+            sums[end] += float(ys[xs == end].sum())
+            null_sums[end] += (xs[order] == end).astype(float) @ ys
+            counts[end] += int(np.sum(xs == end))
+    drop = sign * (sums[high] / counts[high] - sums[low] / counts[low])
+    null_drop = sign * (null_sums[high] / counts[high] - null_sums[low] / counts[low])
+    return float(drop), null_drop
 
 
 def _pearson(a: np.ndarray, centred_b: np.ndarray) -> np.ndarray | float:
