@@ -341,17 +341,11 @@ def _text_dumps(page: str) -> list[str]:
 # Pages whose notebooks still print DataFrames as text (`print(df.to_string())`) or leave them to pandas'
 # HTML: their owners replace those lines by `tables.show(df, ...)` (lowrank/book/tables.py); a page leaves
 # this list when it does (the test says so).
-TEXT_DUMPS_PENDING = {f"notebooks/{n}.html" for n in (
-    "sgd/architectures", "sgd/generalization", "sgd/rank_vs_batch_size",
-    "sgd/rank_vs_learning_rate", "sgd/rank_vs_weight_decay", "sgd/sgd_noise")}
 
 
 @pytest.mark.parametrize("page", [p for p in _pages() if _notebook(p)])
 def test_no_dataframe_is_printed_as_text(page):
     dumps = _text_dumps(page)
-    if page in TEXT_DUMPS_PENDING:
-        assert dumps, f"{page} prints no DataFrame as text any more: remove it from TEXT_DUMPS_PENDING"
-        pytest.xfail(f"the notebook's owner has not replaced its text dumps yet: {dumps}")
     assert not dumps, f"{page}: DataFrames printed as text (use lowrank.book.tables.show): {dumps}"
 
 

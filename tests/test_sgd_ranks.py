@@ -20,9 +20,9 @@ def _table():
     return pd.DataFrame(rows)
 
 
-def test_average_rank_conventions_and_classifier():
+def test_average_rank_norms_and_classifier():
     t = _table()
-    fro = ranks.final_values(t, convention="frobenius", include_classifier=False)
+    fro = ranks.final_values(t, norm="frobenius", include_classifier=False)
     assert fro["avg_rank"].tolist() == [2, 4, 6]
     spec = ranks.final_values(t)  # spectral, classifier included: mean of (r + 1) and 4
     assert spec["avg_rank"].tolist() == [3.5, 4.5, 5.5]
@@ -31,8 +31,8 @@ def test_average_rank_conventions_and_classifier():
     assert both.loc[both.epoch == 1, "avg_rank_spectral"].tolist() == [3.5, 4.5, 5.5]
     only_cls = ranks.average_rank(t, layers=lambda name: name == "classifier")
     assert set(only_cls["avg_rank"]) == {4.0}
-    with pytest.raises(ValueError, match="convention"):
-        ranks.average_rank(t, convention="nuclear")
+    with pytest.raises(ValueError, match="norm"):
+        ranks.average_rank(t, norm="nuclear")
 
 
 def test_rank_trend_against_scipy_and_exclusions():

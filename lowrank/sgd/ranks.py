@@ -1,7 +1,7 @@
 """Part II's experiment tables: average rank over layers, final values, and the rank-versus-
 hyperparameter trend that the batch-size, learning-rate and weight-decay pages share.
 
-Rank conventions (`convention`): "frobenius" counts the singular values of `M/||M||_F` above `eps`,
+Rank normalisations (`norm`, as in `core.spectral.numerical_rank`): "frobenius" counts the singular values of `M/||M||_F` above `eps`,
 which is the paper's definition (its `||.||_2` is the Frobenius norm, l.1034; the rank is counted on
 `M/||M||_2` at l.1291) and the authors' code (`matrix_rank(M / ||M||_F, tol=eps)`); "spectral"
 counts those of `M/||M||_2` with the spectral norm, an alternative that counts more values.
@@ -27,14 +27,14 @@ _LAYER_COLUMNS = ("layer", "layer_index", "classifier", "shape", "rank", "rank_f
 RANK_COLUMNS = {"spectral": "rank", "frobenius": "rank_frobenius"}
 
 
-def average_rank(table: pd.DataFrame, *, convention: str = "spectral", include_classifier: bool = True,
+def average_rank(table: pd.DataFrame, *, norm: str = "spectral", include_classifier: bool = True,
                  by=("run", "epoch"), layers=None) -> pd.DataFrame:
     """Average over layers of the numerical rank, one row per `by` (default run and epoch).
 
     Parameters
     ----------
     table : the monitor table of `lowrank.core.train.train_ensemble` (one row per run, epoch, layer).
-    convention : "spectral" (column `rank`) or "frobenius" (`rank_frobenius`, the paper's and the
+    norm : "spectral" (column `rank`) or "frobenius" (`rank_frobenius`, the paper's and the
         authors' code's).
     include_classifier : whether the final classifier enters the average (the authors' code leaves it out).
     by : the grouping columns.
@@ -44,10 +44,10 @@ def average_rank(table: pd.DataFrame, *, convention: str = "spectral", include_c
     -------
     One row per group with `avg_rank` (mean rank), the means of `stable_rank`, `dist`, `dist_rel`,
     `weight_norm`, `avg_rank@<eps>` (the mean of each `rank_frobenius@<eps>` column of
-    `TrainConfig.extra_eps`, whatever `convention`), and the run's other columns (first value).
+    `TrainConfig.extra_eps`, whatever `norm`), and the run's other columns (first value).
     """
-    check_choice(convention, "convention", set(RANK_COLUMNS))
-    col = RANK_COLUMNS[convention]
+    check_choice(norm, "norm", set(RANK_COLUMNS))
+    col = RANK_COLUMNS[norm]
     t = table if include_classifier else table[~table["classifier"]]
     if layers is not None:
         t = t[t["layer"].map(layers).astype(bool)]
@@ -72,8 +72,8 @@ def final_values(table: pd.DataFrame, **kwargs) -> pd.DataFrame:
 def rank_tables(table: pd.DataFrame, *, by=("run", "epoch"), layers=None) -> pd.DataFrame:
     """Both averages side by side: `avg_rank` (Frobenius-normalised, all layers the authors count but
     the classifier, as their code) and `avg_rank_spectral` (spectral-normalised, every layer)."""
-    avg = average_rank(table, convention="frobenius", include_classifier=False, by=by, layers=layers)
-    alt = average_rank(table, convention="spectral", by=by, layers=layers)
+    avg = average_rank(table, norm="frobenius", include_classifier=False, by=by, layers=layers)
+    alt = average_rank(table, norm="spectral", by=by, layers=layers)
     return avg.merge(alt[list(by) + ["avg_rank"]].rename(columns={"avg_rank": "avg_rank_spectral"}), on=list(by))
 
 
