@@ -338,11 +338,6 @@ def _text_dumps(page: str) -> list[str]:
     return found
 
 
-# Pages whose notebooks still print DataFrames as text (`print(df.to_string())`) or leave them to pandas'
-# HTML: their owners replace those lines by `tables.show(df, ...)` (lowrank/book/tables.py); a page leaves
-# this list when it does (the test says so).
-
-
 @pytest.mark.parametrize("page", [p for p in _pages() if _notebook(p)])
 def test_no_dataframe_is_printed_as_text(page):
     dumps = _text_dumps(page)
