@@ -65,10 +65,10 @@ RANK_WANTED = ["A"]  # the regime quantity, in the final CSV
 def figure_dir(outdir) -> Path:
     """Where the executed notebooks' figures are: the paper-scale book's when rendering into
     _build/paper/ (as reader.build_scale decides), else the ci book's."""
-    from lowrank.book import build
+    from lowrank.book import pages
 
-    paper = build.BUILD / "paper"
-    return paper / "figures" if paper in Path(outdir).resolve().parents else build.FIGURES
+    paper = pages.BUILD / "paper"
+    return paper / "figures" if paper in Path(outdir).resolve().parents else pages.FIGURES
 
 
 def _key(value) -> float:
