@@ -7,7 +7,7 @@ import nbformat
 import pytest
 import yaml
 
-from lowrank.book import build, goldens, notebooks, pages, rules
+from lowrank.book import build, goldens, ledger, notebooks, pages, rules
 
 GOLDEN = goldens.load()
 NAMES = build.book_notebooks()
@@ -101,8 +101,8 @@ def test_ledger_lists_every_claim_and_links_every_notebook(executed_notebooks):
     claims = _yaml.safe_load((build.REPO_ROOT / "book" / "claims.yaml").read_text())
     assert {c["notebook"] for c in claims} >= set(NAMES), "a notebook without a row in book/claims.yaml"
     for c in claims:
-        assert f"| {c['claim']}" in text or f"[{c['claim']}]" in text
+        assert f'class="claim-id">{c["claim"]}<' in text, f"claim {c['claim']} has no ledger row"
     for name in NAMES:
-        assert f"(../notebooks/{name}.md)" in text
+        assert f"notebooks/{name}.html" in text, f"the ledger does not link {name}"
         for v in notebooks.verdicts(nbformat.read(executed_notebooks[name], as_version=4)).values():
-            assert f"{v['measured']:.3g} (" in text and v["outcome"] in text
+            assert ledger.fmt(v["measured"]) in text and v["outcome"] in text, f"{name}: {v['name']} is not in the ledger"
