@@ -216,7 +216,7 @@ def test_sweep_groups_by_batch_size_and_keeps_grid_order():
     assert by_run["lr0"].tolist() == [0.1, 0.1, 0.05]
     avg = ranks.average_rank(table, include_classifier=False)
     assert len(avg) == 3 * 2
-    fin = ranks.final_values(table, convention="frobenius")
+    fin = ranks.final_values(table, norm="frobenius")
     assert fin["epoch"].tolist() == [1, 1, 1]
 
 
