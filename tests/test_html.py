@@ -232,7 +232,7 @@ def test_landing_page_says_what_each_paper_found(server, browser):
     tab.context.close()
     assert 0 <= order[0] < order[1], "the outcome words are not defined before the summaries use them"
     for part in ("I", "II", "III"):
-        names = [n for n in build.book_notebooks() if any(v["claim"].split("-")[0] == part for v in _glued(n).values())]
+        names = [n for n in build.book_notebooks() if any(v["claim_id"].split("-")[0] == part for v in _glued(n).values())]
         claims = [v for n in names for v in _glued(n).values()
                   if v["kind"] == "claim" and not (v.get("details") or {}).get("beyond_paper")]
         agree = sum(v["outcome"] == "agrees" for v in claims)

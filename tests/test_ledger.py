@@ -8,7 +8,7 @@ from lowrank.book import ledger
 
 
 def _row(name, outcome, part="II", kind="claim", **details):
-    return {"claim": f"{part}-1", "notebook": "sgd/x", "exists": True, "paper": None,
+    return {"claim_id": f"{part}-1", "notebook": "sgd/x", "exists": True, "paper": None,
             "verdict": {"name": name, "kind": kind, "outcome": outcome, "measured": 0.5, "controls": [],
                         "expected": "", "threshold": {}, "details": details}}
 

@@ -101,7 +101,7 @@ def test_ledger_lists_every_claim_and_links_every_notebook(executed_notebooks):
     claims = _yaml.safe_load((build.REPO_ROOT / "book" / "claims.yaml").read_text())
     assert {c["notebook"] for c in claims} >= set(NAMES), "a notebook without a row in book/claims.yaml"
     for c in claims:
-        assert f'class="claim-id">{c["claim"]}<' in text, f"claim {c['claim']} has no ledger row"
+        assert f'class="claim-id">{c["claim_id"]}<' in text, f"claim {c['claim_id']} has no ledger row"
     for name in NAMES:
         assert f"notebooks/{name}.html" in text, f"the ledger does not link {name}"
         for v in notebooks.verdicts(nbformat.read(executed_notebooks[name], as_version=4)).values():

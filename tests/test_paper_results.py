@@ -181,13 +181,13 @@ def test_the_ledger_marks_a_stale_paper_result():
 
     v = {"name": "identity_residual", "claim": "I-1", "kind": "check", "measured": 1e-15, "outcome": "holds",
          "controls": [], "threshold": {"op": "<=", "value": 1e-12, "origin": "identity"}, "expected": "round-off"}
-    row = {"claim": "I-1", "notebook": NAME, "exists": True, "verdict": v, "paper": v, "paper_date": "2026-11-30"}
+    row = {"claim_id": "I-1", "notebook": NAME, "exists": True, "verdict": v, "paper": v, "paper_date": "2026-11-30"}
     assert "stale" not in ledger._row_html({**row, "paper_stale": False}, set())
     assert ">stale<" in ledger._row_html({**row, "paper_stale": True}, set())
 
 
 PROBE_CODE = """from lowrank.book import verdicts as V
-v = V.check("n_squared", claim="P-1", measured=float(n * n), scale=scale, expected="n^2",
+v = V.check("n_squared", claim_id="P-1", measured=float(n * n), scale=scale, expected="n^2",
             threshold=V.Threshold(">=", 0.0, "probe"))
 print("n squared is", n * n, "at", scale, "scale")"""
 

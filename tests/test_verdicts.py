@@ -11,7 +11,7 @@ T = V.Threshold(">=", 0.667, "paper l.83: two thirds of the cells")
 
 
 def _claim(measured, control, **kw):
-    return V.claim("c", claim="I-1", measured=measured, threshold=T, controls=V.Control("constant predictor", control),
+    return V.claim("c", claim_id="I-1", measured=measured, threshold=T, controls=V.Control("constant predictor", control),
                    expected="agreement >= 2/3", scale="ci", **kw)
 
 
@@ -30,7 +30,7 @@ def test_a_claim_with_every_run_excluded_is_uninformative_whatever_the_number():
 
 
 def test_any_passing_control_makes_it_uninformative_and_each_is_recorded():
-    v = V.claim("c", claim="I-1", measured=0.9, threshold=T, expected="", scale="ci",
+    v = V.claim("c", claim_id="I-1", measured=0.9, threshold=T, expected="", scale="ci",
                 controls=[V.Control("never residue", 0.1), V.Control("always data", 0.8)])
     assert v.outcome == "uninformative"
     assert [c["passes"] for c in v.controls] == [False, True]
@@ -38,7 +38,7 @@ def test_any_passing_control_makes_it_uninformative_and_each_is_recorded():
 
 def test_a_claim_needs_a_control_and_a_threshold_its_origin():
     with pytest.raises(ValueError, match="needs at least one Control"):
-        V.claim("c", claim="I-1", measured=0.9, threshold=T, controls=[], expected="", scale="ci")
+        V.claim("c", claim_id="I-1", measured=0.9, threshold=T, controls=[], expected="", scale="ci")
     with pytest.raises(ValueError, match="origin"):
         V.Threshold(">=", 0.5, " ")
     with pytest.raises(ValueError, match="finite"):
@@ -48,10 +48,10 @@ def test_a_claim_needs_a_control_and_a_threshold_its_origin():
 
 
 def test_a_check_never_counts_as_a_claim():
-    c = V.check("identity", claim="I-1", measured=1e-15, threshold=V.Threshold("<=", 1e-12, "identity"),
+    c = V.check("identity", claim_id="I-1", measured=1e-15, threshold=V.Threshold("<=", 1e-12, "identity"),
                 expected="round-off", scale="ci")
     assert c.kind == "check" and c.outcome == "holds" and c.controls == []
-    failing = V.check("identity", claim="I-1", measured=1e-3, threshold=V.Threshold("<=", 1e-12, "identity"),
+    failing = V.check("identity", claim_id="I-1", measured=1e-3, threshold=V.Threshold("<=", 1e-12, "identity"),
                       expected="round-off", scale="ci")
     assert failing.outcome == "fails"
     assert c.outcome not in V.CLAIM_OUTCOMES and failing.outcome not in V.CLAIM_OUTCOMES
@@ -86,7 +86,7 @@ def test_a_verdict_whose_recorded_outcomes_differ_reads_unstable_in_the_ci_book(
     assert v.details["stability"] == {"outcomes": {"agrees": 2, "disagrees": 4}, "runs": 6, "this_run": "agrees"}
     assert "disagrees in 4 of 6, agrees in 2 of 6" in v.note
     # a paper-scale run, or a run outside the ci book (no record named), is judged on its own
-    assert V.claim("c", claim="I-1", measured=0.9, threshold=T, controls=V.Control("x", 0.1), expected="",
+    assert V.claim("c", claim_id="I-1", measured=0.9, threshold=T, controls=V.Control("x", 0.1), expected="",
                    scale="paper").outcome == "agrees"
     monkeypatch.delenv(V.STABILITY_ENV)
     assert _claim(0.9, 0.1).outcome == "agrees"
@@ -130,24 +130,11 @@ def test_excluded_runs_are_counted_and_the_record_is_json():
 
 def test_a_check_whose_wrong_version_also_holds_is_loose():
     thr = V.Threshold("<=", 0, "Theorem 3.2: no violation")
-    tight = V.check("violations", claim="II-2", measured=0, threshold=thr, expected="0", scale="ci",
+    tight = V.check("violations", claim_id="II-2", measured=0, threshold=thr, expected="0", scale="ci",
                     controls=[V.Control("a quarter of the rank budget", 7)])
-    loose = V.check("violations", claim="II-2", measured=0, threshold=thr, expected="0", scale="ci",
+    loose = V.check("violations", claim_id="II-2", measured=0, threshold=thr, expected="0", scale="ci",
                     controls=[V.Control("a quarter of the rank budget", 0)])
-    broken = V.check("violations", claim="II-2", measured=3, threshold=thr, expected="0", scale="ci",
+    broken = V.check("violations", claim_id="II-2", measured=3, threshold=thr, expected="0", scale="ci",
                      controls=[V.Control("a quarter of the rank budget", 0)])
     assert (tight.outcome, loose.outcome, broken.outcome) == ("holds", "loose", "fails")
     assert loose.controls[0]["passes"] and not tight.controls[0]["passes"]
-
-
-def test_trend_claim_counts_exclusions_and_records_no_evidence_as_least_favourable():
-    trend = {"worst": 0.9, "per_group": {16: 0.9, 32: 1.0}, "excluded": 1, "total": 6}
-    control = V.Control("untrained networks (epoch 0)", 0.1)
-    v = V.trend_claim("t", claim="II-5", scale="ci", trend=trend, controls=control, critical=0.8, values="4 rates",
-                      paper="l.548", group="batch size", min_train_acc=0.5)
-    assert v.outcome == "agrees" and v.measured == 0.9 and v.threshold["value"] == 0.8
-    assert v.excluded == {"count": 1, "total": 6, "reason": "diverged or train accuracy < 0.5"}
-    assert v.details["per_group"] == {"16": 0.9, "32": 1.0} and "l.548" in v.threshold["origin"]
-    empty = V.trend_claim("t", claim="II-5", scale="ci", trend={**trend, "worst": math.nan}, controls=control,
-                          critical=0.8, values="4 rates", paper="l.548", group="batch size", min_train_acc=0.5)
-    assert empty.measured == -1.0 and empty.outcome == "disagrees" and "no evidence" in empty.note

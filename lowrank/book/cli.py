@@ -74,7 +74,7 @@ def cmd_run(args) -> int:
     print(f"{'reused' if reused else 'wrote'} {folder}")
     for v in runs.load_run(folder)["verdicts"].values():
         controls = "".join(f"; control {c['name']}: {c['value']:.4g}" for c in v.get("controls", []))
-        print(f"  {v['claim']} {v['kind']} {v['name']}: {v['measured']:.4g}{controls} (expects {v['expected']}: "
+        print(f"  {v['claim_id']} {v['kind']} {v['name']}: {v['measured']:.4g}{controls} (expects {v['expected']}: "
               f"{v['outcome']})")
     return 0
 

@@ -64,26 +64,26 @@ def ledger_rows(executed: dict[str, Path], results_root: Path | None = None) -> 
     rows, seen = [], set()
     by_notebook: dict[str, list[str]] = {}
     for c in claims:
-        by_notebook.setdefault(c["notebook"], []).append(c["claim"])
+        by_notebook.setdefault(c["notebook"], []).append(c["claim_id"])
     for c in claims:
         name = c["notebook"]
         path = executed.get(name)
         if name not in existing or path is None or not Path(path).is_file():
-            rows.append({"claim": c["claim"], "notebook": name, "exists": name in existing, "verdict": None})
+            rows.append({"claim_id": c["claim_id"], "notebook": name, "exists": name in existing, "verdict": None})
             continue
         nb = nbformat.read(path, as_version=4)
         paper = _paper_result(name, results_root)
         found_all = verdicts(nb)
-        found = [v for v in found_all.values() if v["claim"] == c["claim"]]
-        if c["claim"] == by_notebook[name][-1]:  # the notebook's last claims.yaml row takes the unlisted ones
-            found += [v for v in found_all.values() if v["claim"] not in by_notebook[name]]
+        found = [v for v in found_all.values() if v["claim_id"] == c["claim_id"]]
+        if c["claim_id"] == by_notebook[name][-1]:  # the notebook's last claims.yaml row takes the unlisted ones
+            found += [v for v in found_all.values() if v["claim_id"] not in by_notebook[name]]
         for v in found or [None]:
             if v is not None:
                 if (name, v["name"]) in seen:
                     continue
                 seen.add((name, v["name"]))
             pv = paper["verdicts"].get(v["name"]) if paper and v else None
-            rows.append({"claim": v["claim"] if v else c["claim"], "notebook": name, "exists": True, "verdict": v,
+            rows.append({"claim_id": v["claim_id"] if v else c["claim_id"], "notebook": name, "exists": True, "verdict": v,
                          "paper": pv, "paper_date": paper["date"] if pv else None,
                          "paper_stale": bool(pv and paper["stale"])})
     return rows
@@ -107,7 +107,7 @@ def ledger_counts(rows: list[dict], scale: str = "ci") -> dict[str, Counter]:
 
 
 def _part(row: dict) -> str:
-    return row["claim"].split("-")[0]
+    return row["claim_id"].split("-")[0]
 
 
 def counts_by_part(rows: list[dict], scale: str = "ci") -> dict[str, dict[str, Counter]]:
@@ -380,7 +380,7 @@ def matrix_html(rows: list[dict], part: str, base: str) -> str:
                                             'since this run">stale</span>' if stale else "")) if paper else \
             (f'<span class="outcome-badge outcome-none" title="{_e(not_run_reason(name))}">not run</span> '
              f'<small>{_e(not_run_reason(name, short=True))}</small>')
-        body.append(f'<tr><td data-label="page"><small class="claim-id">{_e(mine[0]["claim"])}</small> '
+        body.append(f'<tr><td data-label="page"><small class="claim-id">{_e(mine[0]["claim_id"])}</small> '
                     f'<a href="{_e(base)}notebooks/{_e(name)}.html">{_title_html(name)}</a></td>'
                     f'<td data-label="ci scale">{_count_cell(ci)}</td><td data-label="paper scale">{paper_cell}</td></tr>')
     return ('<table class="ledger-matrix rows"><colgroup><col class="c-page"><col class="c-ci"><col class="c-paper">'
@@ -476,7 +476,7 @@ def _row_html(r: dict, toc_files: set[str]) -> str:
     in_book = f"notebooks/{nb}" in toc_files
     if v is None:
         status = "notebook not in the book yet" if r["exists"] else "not written yet"
-        claim = (f'<a href="../notebooks/{_e(nb)}.html">{_e(r["claim"])}</a>' if in_book else _e(r["claim"]))
+        claim = (f'<a href="../notebooks/{_e(nb)}.html">{_e(r["claim_id"])}</a>' if in_book else _e(r["claim_id"]))
         return (f'<tr class="missing"><td data-label="verdict" colspan="3">{claim}: <em>{status}</em> '
                 f"(<code>{_e(nb)}</code>)</td></tr>")
     name = description_html(v)
@@ -499,7 +499,7 @@ def _page_row(r: dict, toc_files: set[str]) -> str:
     nb = r["notebook"]
     title = (f'<a href="../notebooks/{_e(nb)}.html">{_title_html(nb)}</a>' if f"notebooks/{nb}" in toc_files
              else f"<code>{_e(nb)}</code>")
-    return f'<tr class="page-row"><th colspan="3" scope="rowgroup"><span class="claim-id">{_e(r["claim"])}</span> {title}</th></tr>'
+    return f'<tr class="page-row"><th colspan="3" scope="rowgroup"><span class="claim-id">{_e(r["claim_id"])}</span> {title}</th></tr>'
 
 
 def _part_table(rows: list[dict], toc_files: set[str]) -> str:

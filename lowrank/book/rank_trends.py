@@ -43,7 +43,7 @@ def _scored(trend: ranks.PooledTrend, full: float, min_trend: float, min_drop_fr
             "spearman": trend["statistic"], "spearman_null_95": trend["null_95"], "drop_fraction": trend["drop"] / full}
 
 
-def pooled_trend_claim(name: str, *, claim: str, scale: str, final: pd.DataFrame, x: str, slices, sign: int,
+def pooled_trend_claim(name: str, *, claim_id: str, scale: str, final: pd.DataFrame, x: str, slices, sign: int,
                        column: str, min_trend: float, min_drop_fraction: float, regime: verdicts.Regime, paper: str,
                        description: str, min_train_acc: float, control: pd.DataFrame | None = None,
                        control_name: str = "", permutations: int = 2000, seed: int = 0, details: dict | None = None,
@@ -81,7 +81,7 @@ def pooled_trend_claim(name: str, *, claim: str, scale: str, final: pd.DataFrame
               "drop_fraction": _round(scored["drop_fraction"]), "full_rank": round(full, 3), **extra}
     _glue_numbers(name, record)
     return verdicts.claim(
-        name, claim=claim, scale=scale, measured=scored["score"],
+        name, claim_id=claim_id, scale=scale, measured=scored["score"],
         threshold=verdicts.Threshold(">=", 1.0, f"effect sizes fixed in advance: mean signed Spearman rho >= {min_trend:g} "
                                      f"(half-way from no trend to a perfect ordering) and a fall of the mean rank across the "
                                      f"grid >= {min_drop_fraction:g} of full rank (a round size; the size was added after the "

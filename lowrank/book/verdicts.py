@@ -39,7 +39,7 @@ import math
 import operator
 from dataclasses import asdict, dataclass, field, replace
 
-__all__ = ["Threshold", "Control", "Excluded", "Regime", "Verdict", "check", "claim", "trend_claim", "show", "summary",
+__all__ = ["Threshold", "Control", "Excluded", "Regime", "Verdict", "check", "claim", "show", "summary",
            "GLUE_PREFIX", "OUTCOMES", "CHECK_OUTCOMES", "CLAIM_OUTCOMES", "UNSTABLE", "LARGER_SCALE", "STABILITY_ENV",
            "stability_text", "within", "entry_mismatch"]
 
@@ -155,7 +155,7 @@ class Regime:
 @dataclass(frozen=True)
 class Verdict:
     name: str  # identifier, e.g. "identity_residual"
-    claim: str  # claims-table id (book/claims.yaml), e.g. "I-1"
+    claim_id: str  # claims-table id (book/claims.yaml), e.g. "I-1"
     kind: str  # "check" or "claim"
     measured: float
     expected: str  # the statement and its threshold, in words
@@ -180,7 +180,7 @@ class Verdict:
     def rounded(self, digits: int = 3) -> str:
         """The verdict as one line, stable across reruns: values at round-off level (|m| < 1e-10)
         print as such, since their digits depend on the summation order (thread count)."""
-        parts = [f"{self.claim} {self.kind} {self.name}: {_round(self.measured, digits)}"]
+        parts = [f"{self.claim_id} {self.kind} {self.name}: {_round(self.measured, digits)}"]
         parts += [f"control {c['name']}: {_round(c['value'], digits)}" for c in self.controls]
         return "; ".join(parts) + f" ({self.outcome})"
 
@@ -205,7 +205,7 @@ def _controls(name, controls, threshold: Threshold) -> list[dict]:
     return [{"name": c.name, "value": c.value, "passes": threshold.met(c.value)} for c in controls]
 
 
-def check(name, *, claim, measured, threshold: Threshold, expected, scale, controls=(), description="", note="",
+def check(name, *, claim_id, measured, threshold: Threshold, expected, scale, controls=(), description="", note="",
           details=None, latex="") -> Verdict:
     """A statement that must hold whatever the data; `threshold.origin` says which identity or theorem.
 
@@ -215,12 +215,12 @@ def check(name, *, claim, measured, threshold: Threshold, expected, scale, contr
     m = _finite(name, measured)
     recorded = _controls(name, controls, threshold)
     outcome = "fails" if not threshold.met(m) else "loose" if any(c["passes"] for c in recorded) else "holds"
-    v = Verdict(name, claim, "check", m, expected, asdict(threshold), outcome, scale, recorded, None,
+    v = Verdict(name, claim_id, "check", m, expected, asdict(threshold), outcome, scale, recorded, None,
                 description, note, dict(details or {}), latex)
     return _glue(v)
 
 
-def claim(name, *, claim, measured, threshold: Threshold, controls, expected, scale, excluded: Excluded | None = None,
+def claim(name, *, claim_id, measured, threshold: Threshold, controls, expected, scale, excluded: Excluded | None = None,
           regime: Regime | None = None, description="", note="", details=None, latex="") -> Verdict:
     """An empirical statement of a paper, judged beside its negative control(s) by the same threshold.
 
@@ -248,38 +248,9 @@ def claim(name, *, claim, measured, threshold: Threshold, controls, expected, sc
         outcome = "uninformative"
     else:
         outcome = "agrees"
-    v = Verdict(name, claim, "claim", m, expected, asdict(threshold), outcome, scale, recorded,
+    v = Verdict(name, claim_id, "claim", m, expected, asdict(threshold), outcome, scale, recorded,
                 asdict(excluded) if excluded else None, description, note, details, latex)
     return _glue(v)
-
-
-_claim = claim  # trend_claim's own `claim` argument (the claim id) hides the function
-
-
-def trend_claim(name, *, claim, scale, trend, controls, critical: float, values: str, paper: str, group: str,
-                min_train_acc: float, regime: Regime | None = None, description="", details=None, latex="") -> Verdict:
-    """A claim that the final rank moves with a hyperparameter in the paper's direction in every
-    group of runs (Part II's rank-versus-hyperparameter figures).
-
-    trend : `lowrank.sgd.ranks.rank_trend`'s result; `trend["worst"]` (the least favourable signed
-        Spearman rho over the groups) is measured, its excluded runs counted. A NaN worst (no group
-        with enough runs left) is recorded as -1, the least favourable value, with a note.
-    critical : the one-sided 5 % critical rho for the number of hyperparameter values (fixed in
-        advance), described by `values` (e.g. "4 learning rates"). paper : the line stating the
-        direction (e.g. "l.548: larger mu, lower rank"). group : what a group is (e.g. "batch size").
-    """
-    worst = float(trend["worst"])
-    finite = math.isfinite(worst)
-    return _claim(
-        name, claim=claim, scale=scale, measured=worst if finite else -1.0,
-        threshold=Threshold(">=", critical, f"one-sided 5 % critical Spearman rho for {values} (fixed in advance); "
-                            f"paper {paper}"),
-        controls=controls, expected=f"signed Spearman rho >= {critical:.3g} at every {group}",
-        excluded=Excluded(trend["excluded"], trend["total"], f"diverged or train accuracy < {min_train_acc:g}"),
-        regime=regime, description=description, latex=latex,
-        note="" if finite else f"too few runs left at every {group}: recorded as -1 (no evidence)",
-        details={"statistic_range": [-1.0, 1.0], "per_group": {f"{k:g}" if isinstance(k, float) else str(k): round(v, 3) for k, v in trend["per_group"].items()},
-                 **(details or {})})
 
 
 def _recorded_outcomes(name: str) -> dict | None:
@@ -375,7 +346,7 @@ def summary(verdicts, digits: int = 3) -> str:
             lines.append(v.rounded(digits))
             continue
         why = entry_mismatch(v.as_dict(), want)
-        lines.append(f"{v.claim} {v.kind} {v.name}: " + (f"differs from its golden entry: {why}" if why else
+        lines.append(f"{v.claim_id} {v.kind} {v.name}: " + (f"differs from its golden entry: {why}" if why else
                                                           f"{v.outcome}, within its golden tolerance"))
     return "\n".join(lines)
 
@@ -433,7 +404,7 @@ def show(verdicts):
     for v in sorted(verdicts, key=lambda v: v.kind != "claim"):
         control = "; ".join(f"{c['name']}: {c['value']:.4g}" for c in v.controls) or "—"
         thr = v.threshold
-        rows.append(f"| {v.claim} | {v.kind} | {_cell(v.description or v.name)} | {v.measured:.4g} | {_cell(control)} | "
+        rows.append(f"| {v.claim_id} | {v.kind} | {_cell(v.description or v.name)} | {v.measured:.4g} | {_cell(control)} | "
                     f"{_cell(v.expected)} ({_cell(thr['origin'])}) | {_outcome_cell(v)} |")
     notes = [f"- *{v.name}*: {v.note}" for v in verdicts if v.note]
     notes += [f"- *{v.name}*: {v.excluded['count']} of {v.excluded['total']} runs left out ({v.excluded['reason']})"

@@ -15,10 +15,10 @@ from scipy.stats import spearmanr
 
 from lowrank.core.validation import check_choice
 
-__all__ = ["RANK_COLUMNS", "average_rank", "final_values", "rank_tables", "rank_trend", "TrendResult",
+__all__ = ["RANK_COLUMNS", "average_rank", "final_values", "rank_tables",
            "accumulated_weight_decay", "per_step_decay", "experiment_grid", "regime_table", "RankExperiment",
            "rank_experiment", "PooledTrend", "pooled_trend", "batch_effect_ratio",
-           "spearman_critical", "authors_layers", "RankSweep", "summarise", "rank_sweep", "rank_bound",
+           "authors_layers", "RankSweep", "summarise", "rank_sweep", "rank_bound",
            "spearman_with_permutation_null", "fitting_correlation", "full_rank"]
 
 # the per-layer monitor columns of `lowrank.core.train` (averaged or dropped when layers are averaged)
@@ -91,68 +91,10 @@ def full_rank(table: pd.DataFrame, *, layers=None) -> pd.Series:
     return t.assign(full=sides.min(axis=1)).groupby("run")["full"].mean().rename("full_rank")
 
 
-def spearman_critical(n: int, alpha: float = 0.05) -> float:
-    """The smallest Spearman rho whose one-sided exact p-value (the share of the n! orderings with a
-    rho at least as large) is at most `alpha`; +inf when even a perfect ordering is not that rare
-    (n <= 3 at 5 %). Exact enumeration, for n <= 9."""
-    import itertools
-    import math
-
-    if not isinstance(n, int) or not 2 <= n <= 9:
-        raise ValueError(f"n must be an integer in [2, 9], got {n!r}")
-    d = np.arange(n)
-    rhos = np.sort([1 - 6 * np.sum((d - np.array(p)) ** 2) / (n * (n * n - 1)) for p in itertools.permutations(d)])[::-1]
-    total = math.factorial(n)
-    for i, r in enumerate(rhos):
-        if np.sum(rhos >= r - 1e-12) / total > alpha:
-            return float(rhos[i - 1]) if i else float("inf")
-    return float(rhos[-1])
-
-
 def authors_layers(name: str) -> bool:
     """Whether the authors' average counts the layer `name`: every weight matrix but ResNet-18's 1x1
     shortcut convolutions (their ResNet code averages the 3x3 convolutions and linear layers)."""
     return "shortcut" not in name
-
-
-class TrendResult(dict):
-    """`rank_trend`'s result: `worst` (the least favourable per-group correlation, signed so that the
-    paper's direction is positive), `per_group`, `excluded`, `total`, `final` (the runs used)."""
-
-
-def rank_trend(final: pd.DataFrame, x: str, *, by: str, sign: int, column: str = "avg_rank",
-               diverged=(), min_train_acc: float | None = None, min_points: int = 3) -> TrendResult:
-    """Spearman correlation of `column` with the hyperparameter `x` within each group of `by`,
-    signed by `sign` (+1: the paper says the rank grows with x; -1: it falls), after leaving out the
-    runs that diverged (`diverged`: run ids) or whose final train accuracy is below `min_train_acc`.
-
-    Parameters
-    ----------
-    final : one row per run (e.g. `final_values`), with columns `run`, `x`, `by`, `column`, `train_acc`.
-    min_points : groups with fewer runs left give NaN (and do not enter `worst`).
-
-    Returns
-    -------
-    TrendResult with `worst` = min over groups of `sign * rho` (NaN if no group has enough runs),
-    `per_group` {group: signed rho}, `excluded` and `total` run counts, and `final` (the runs kept).
-    """
-    if sign not in (1, -1):
-        raise ValueError(f"sign must be +1 or -1, got {sign!r}")
-    bad = final["run"].isin(list(diverged))
-    if min_train_acc is not None:
-        bad |= ~(final["train_acc"] >= min_train_acc)
-    kept = final[~bad]
-    per_group = {}
-    for key, g in kept.groupby(by):
-        if len(g) < min_points or g[x].nunique() < 2:
-            per_group[key] = float("nan")
-        elif g[column].nunique() < 2:
-            per_group[key] = 0.0  # the same rank for every x: no trend
-        else:
-            per_group[key] = float(sign * spearmanr(g[x], g[column]).statistic)
-    finite = [v for v in per_group.values() if np.isfinite(v)]
-    return TrendResult(worst=min(finite) if finite else float("nan"), per_group=per_group,
-                       excluded=int(bad.sum()), total=int(len(final)), final=kept)
 
 
 class RankSweep(dict):
