@@ -92,7 +92,7 @@ def bench_architectures(cfg, dev):
                 f"{'bfloat16 mixed precision' if mixed else 'float32'}: wall / training / evaluation / rank tracking, s",
                 f"{wall:.1f} / {sec['train']:.1f} / {sec['evaluate']:.1f} / {sec['track_ranks']:.2f}")
         full, mixed = tables[False], tables[True]
-        rank_diff = (full["rank"].to_numpy() - mixed["rank"].to_numpy())
+        rank_diff = (full["rank_spectral"].to_numpy() - mixed["rank_spectral"].to_numpy())
         norm_rel = abs(full["weight_norm"].to_numpy() / mixed["weight_norm"].to_numpy() - 1)
         row(f"{model}: mixed vs float32 after the epoch: largest |rank difference| over layers / "
             f"largest relative weight-norm difference", f"{abs(rank_diff).max()} / {norm_rel.max():.2e}")

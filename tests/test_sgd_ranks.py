@@ -13,7 +13,7 @@ def _table():
         for epoch in (0, 1):
             for li, (layer, cls, rk) in enumerate([("fc", False, 10 if epoch == 0 else r_fc), ("classifier", True, r_cls)]):
                 rows.append({"run": run, "epoch": epoch, "batch_size": B, "layer": layer, "layer_index": li,
-                             "classifier": cls, "shape": "3x3", "rank": rk + 1, "rank_frobenius": rk,
+                             "classifier": cls, "shape": "3x3", "rank_spectral": rk + 1, "rank_frobenius": rk,
                              "stable_rank": 1.0, "weight_norm": 1.0, "spectral_norm": 1.0, "dist": 0.1,
                              "dist_rel": 0.1, "train_acc": 1.0})
     return pd.DataFrame(rows)

@@ -145,7 +145,7 @@ def test_layer_ranks_against_numpy(binary):
     last = run.layers[run.layers.epoch == 2].set_index("layer")
     for k, w in enumerate(run.model.weight_matrices(), 1):
         s = np.linalg.svd(w.matrix.double().cpu().numpy(), compute_uv=False)
-        assert last.loc[k, "rank"] == int((s > 0.3 * s[0]).sum())
+        assert last.loc[k, "rank_spectral"] == int((s > 0.3 * s[0]).sum())
         assert last.loc[k, "stable_rank"] == pytest.approx(float((s**2).sum() / s[0] ** 2), rel=1e-10)
 
 
@@ -175,11 +175,11 @@ def test_summaries_against_hand_computed_tables():
     assert got == {("nc1", "true"): True, ("nc1", "shuffled"): False, ("nc3", "true"): False,
                    ("nc3", "shuffled"): False, ("nc4", "true"): False, ("nc4", "shuffled"): False}
     layers = pd.DataFrame({"epoch": [0, 0, 0, 4, 4, 4, 8, 8, 8], "layer": [1, 2, 3] * 3,
-                           "classifier": [False, False, True] * 3, "rank": [8, 6, 1, 4, 6, 1, 2, 3, 1],
+                           "classifier": [False, False, True] * 3, "rank_spectral": [8, 6, 1, 4, 6, 1, 2, 3, 1],
                            "update_norm": [np.nan] * 3 + [5.0, 2.0, 9.0, 1.0, 1.0, 0.5]})
     assert summaries.hidden_rank_ratio(layers) == pytest.approx((2 / 8 + 3 / 6) / 2)
     # layer 1: ranks (4, 2), norms (5, 1) -> +1; layer 2: ranks (6, 3), norms (2, 1) -> +1
     assert summaries.rank_update_correlation(layers) == pytest.approx(1.0)
     assert summaries.rank_update_correlation(layers, reverse=True) == pytest.approx(-1.0)
     one = layers[layers.layer == 1].dropna()
-    assert stats.spearmanr(one["rank"], one.update_norm).statistic == pytest.approx(1.0)
+    assert stats.spearmanr(one["rank_spectral"], one.update_norm).statistic == pytest.approx(1.0)

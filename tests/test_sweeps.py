@@ -145,7 +145,7 @@ def test_part_two_ci_sweep_under_both_executors_feeds_the_notebook(tmp_path, ci_
     result = sweeps.run_sweep(spec, "ray", progress=False)
     assert len(result["done"]) == len(spec.points) and not result["failed"], result["failed"]
     pd.testing.assert_frame_equal(local.drop(columns="run"), _collected(spec).drop(columns="run"))
-    assert local["run"].nunique() == 4 and {"rank", "rank_frobenius", "dist"} <= set(local.columns)
+    assert local["run"].nunique() == 4 and {"rank_spectral", "rank_frobenius", "dist"} <= set(local.columns)
 
     from lowrank.book import rules, runs
 

@@ -54,7 +54,7 @@ def test_ensemble_equals_independent_torch_sgd(kind, loss):
         for (name, _), row in zip(ref.weight_specs(), last.itertuples()):
             M = spectral.conv_weight_as_matrix(dict(ref.named_parameters())[name])
             assert row.weight_norm == pytest.approx(float(M.norm()), rel=1e-5)
-            assert row.rank == spectral.numerical_rank(M, 1e-3)
+            assert row.rank_spectral == spectral.numerical_rank(M, 1e-3)
         with torch.no_grad():
             acc = float((ref(data.x_test).argmax(1) == data.y_test).float().mean())
         assert last["test_acc"].iloc[0] == pytest.approx(acc, abs=1e-6)
@@ -91,7 +91,7 @@ def test_eval_every_and_timings():
                         progress=False)
     per_epoch = table.groupby("epoch")["test_acc"].first()
     assert per_epoch[[1, 3]].isna().all() and per_epoch[[0, 2, 4, 5]].notna().all()
-    assert table.groupby("epoch")["rank"].first().notna().all()  # ranks after every epoch
+    assert table.groupby("epoch")["rank_spectral"].first().notna().all()  # ranks after every epoch
     seconds = table.attrs["seconds"]
     assert set(seconds) == {"train", "evaluate", "track_ranks"} and all(v > 0 for v in seconds.values())
     with pytest.raises(ValueError, match="eval_every must be a positive integer"):
@@ -144,7 +144,7 @@ def test_table_is_tidy_and_distances_are_right():
     # dist_rel = dist / ||W_before||_F
     np.testing.assert_allclose(e1["dist_rel"], e1["dist"] / e0["weight_norm"], rtol=1e-10)
     assert (e1["dist"] >= (e1["weight_norm"] - e0["weight_norm"]).abs() - 1e-9).all()  # triangle inequality
-    for col in ("rank", "rank_frobenius", "stable_rank", "train_acc", "test_loss", "spectral_norm"):
+    for col in ("rank_spectral", "rank_frobenius", "stable_rank", "train_acc", "test_loss", "spectral_norm"):
         assert col in table
 
 
@@ -157,12 +157,12 @@ def test_spectrum_stats_matches_numpy_matrix_rank():
     A = M.numpy()
     fro = [np.linalg.matrix_rank(a / np.linalg.norm(a), tol=1e-3) for a in A]
     spec = [np.linalg.matrix_rank(a / np.linalg.norm(a, 2), tol=1e-3) for a in A]
-    assert st["rank_frobenius"].tolist() == fro and st["rank"].tolist() == spec
-    assert st["rank"].tolist() == spectral.numerical_rank(M, 1e-3).tolist()
+    assert st["rank_frobenius"].tolist() == fro and st["rank_spectral"].tolist() == spec
+    assert st["rank_spectral"].tolist() == spectral.numerical_rank(M, 1e-3).tolist()
     assert st["rank_frobenius"].tolist() == spectral.numerical_rank(M, 1e-3, norm="frobenius").tolist()
     np.testing.assert_allclose(st["stable_rank"].numpy(), [np.linalg.norm(a) ** 2 / np.linalg.norm(a, 2) ** 2 for a in A])
     zero = spectral.spectrum_stats(torch.zeros(1, 3, dtype=torch.float64), 1e-3)
-    assert zero["rank"].item() == 0 and zero["rank_frobenius"].item() == 0 and math.isnan(zero["stable_rank"].item())
+    assert zero["rank_spectral"].item() == 0 and zero["rank_frobenius"].item() == 0 and math.isnan(zero["stable_rank"].item())
 
 
 def test_a_weight_normalised_net_is_refused_with_a_one_line_error():

@@ -184,7 +184,7 @@ def spectrum_stats(s: torch.Tensor, eps: float, fro: torch.Tensor | None = None)
 
     Returns
     -------
-    `{"rank": spectral-normalised count, "rank_frobenius": Frobenius-normalised count, "stable_rank":
+    `{"rank_spectral": spectral-normalised count, "rank_frobenius": Frobenius-normalised count, "stable_rank":
     ||M||_F^2 / ||M||_2^2, "weight_norm": ||M||_F, "spectral_norm": ||M||_2}`, tensors `(...)`. A zero
     matrix (weights decayed to zero) has rank 0 and a NaN stable rank.
     """
@@ -194,7 +194,7 @@ def spectrum_stats(s: torch.Tensor, eps: float, fro: torch.Tensor | None = None)
     fro = torch.linalg.vector_norm(s, dim=-1) if fro is None else fro.double()
     safe_top = torch.where(top > 0, top, torch.ones_like(top))
     stable = torch.where(top > 0, fro**2 / safe_top**2, torch.full_like(top, math.nan))
-    return {"rank": rank_from_singular_values(s, eps, "spectral"),
+    return {"rank_spectral": rank_from_singular_values(s, eps, "spectral"),
             "rank_frobenius": rank_from_singular_values(s, eps, "frobenius", fro=fro),
             "stable_rank": stable, "weight_norm": fro, "spectral_norm": top}
 

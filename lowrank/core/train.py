@@ -406,7 +406,7 @@ def _weight_stats(base: nn.Module, state: EnsembleState, eps: float, extra_eps=(
     return out
 
 
-MONITOR_COLUMNS = ("rank", "rank_frobenius", "stable_rank", "weight_norm", "spectral_norm", "dist", "dist_rel")
+MONITOR_COLUMNS = ("rank_spectral", "rank_frobenius", "stable_rank", "weight_norm", "spectral_norm", "dist", "dist_rel")
 
 
 def _stop(state: EnsembleState, runs, cfg: TrainConfig, k: int, epoch: int, why: str):
@@ -440,7 +440,7 @@ def _monitor(ctx: dict, state: EnsembleState, epoch: int, lr_now: np.ndarray):
         for k in np.flatnonzero(state.alive):
             state.rows.append({"run": cfg.run_offset + int(k), **ctx["run_cols"][k], **base_row, "epoch": epoch,
                                "lr": float(lr_now[k]), "layer": name, "layer_index": li, "classifier": classifier,
-                               "shape": st["shape"], "rank": int(st["rank"][k]),
+                               "shape": st["shape"], "rank_spectral": int(st["rank_spectral"][k]),
                                "rank_frobenius": int(st["rank_frobenius"][k]),
                                **{c: float(st[c][k]) for c in MONITOR_COLUMNS[2:]},
                                **{extra_rank_column(e): int(st[extra_rank_column(e)][k]) for e in cfg.extra_eps},

@@ -22,9 +22,9 @@ __all__ = ["RANK_COLUMNS", "average_rank", "final_values", "rank_tables",
            "spearman_with_permutation_null", "fitting_correlation", "full_rank"]
 
 # the per-layer monitor columns of `lowrank.core.train` (averaged or dropped when layers are averaged)
-_LAYER_COLUMNS = ("layer", "layer_index", "classifier", "shape", "rank", "rank_frobenius", "stable_rank",
+_LAYER_COLUMNS = ("layer", "layer_index", "classifier", "shape", "rank_spectral", "rank_frobenius", "stable_rank",
                   "weight_norm", "spectral_norm", "dist", "dist_rel")
-RANK_COLUMNS = {"spectral": "rank", "frobenius": "rank_frobenius"}
+RANK_COLUMNS = {"spectral": "rank_spectral", "frobenius": "rank_frobenius"}
 
 
 def average_rank(table: pd.DataFrame, *, norm: str = "spectral", include_classifier: bool = True,

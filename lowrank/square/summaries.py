@@ -62,7 +62,7 @@ def _hidden(layers: pd.DataFrame) -> pd.DataFrame:
 def hidden_rank_ratio(layers: pd.DataFrame) -> float:
     """Mean over the hidden layers (the classifier left out) of final / initial numerical rank, for one
     run's `layers` table (rows in epoch order)."""
-    grp = _hidden(layers).groupby("layer")["rank"]
+    grp = _hidden(layers).groupby("layer")["rank_spectral"]
     return float((grp.last() / grp.first()).mean())
 
 
@@ -78,6 +78,6 @@ def rank_update_correlation(layers: pd.DataFrame, reverse: bool = False) -> floa
     out = []
     for _, g in _hidden(layers).dropna(subset=["update_norm"]).groupby("layer"):
         norms = g.update_norm.to_numpy()[::-1] if reverse else g.update_norm.to_numpy()
-        if g["rank"].nunique() > 1:
-            out.append(stats.spearmanr(g["rank"], norms).statistic)
+        if g["rank_spectral"].nunique() > 1:
+            out.append(stats.spearmanr(g["rank_spectral"], norms).statistic)
     return float(np.mean(out)) if out else math.nan

@@ -368,7 +368,7 @@ def _layer_rows(model, epoch: int, eps: float, update_sums: list[float], steps: 
         mat = w.matrix.double().cpu()
         stable = spectral.stable_rank(mat)
         rows.append({"epoch": epoch, "layer": k, "classifier": w.classifier, "shape": "x".join(map(str, mat.shape)),
-                     "rank": int(spectral.numerical_rank(mat, eps)), "stable_rank": float(stable),
+                     "rank_spectral": int(spectral.numerical_rank(mat, eps)), "stable_rank": float(stable),
                      "top_singular_share": 1.0 / float(stable),
                      "update_norm": update_sums[k - 1] / steps if steps else float("nan")})
     return rows
