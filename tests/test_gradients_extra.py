@@ -114,7 +114,7 @@ def test_dominant_spike_on_the_papers_regimes():
     for nu, expected in ((0.0, "residue"), (0.75, "data")):
         p = decomposition.spiked_problem(150, 200, 250, alpha=0.0, nu=nu, activation="softplus", seed=0)
         dec = decomposition.decompose_problem(p)
-        assert rule_of_thumb.call_problem(dec, p.data).label == expected
+        assert rule_of_thumb.dominant_spike_of_problem(dec, p.data).label == expected
 
 
 @pytest.mark.parametrize(

@@ -353,7 +353,7 @@ def test_noise_and_penalty_sweeps_reduce_to_the_plain_gradient_at_zero():
     noise, spectra = regularization.input_noise_sweep(40, 30, 35, nu=0.25, tau2s=[0.0, 0.3], **kw)
     p = decomposition.spiked_problem(40, 30, 35, nu=0.25, alpha=0.5, activation="tanh", scaling="ntk", seed=1)
     dec = decomposition.decompose_problem(p)
-    call = rule_of_thumb.call_problem(dec, p.data)
+    call = rule_of_thumb.dominant_spike_of_problem(dec, p.data)
     clean = noise[noise.tau2 == 0.0].iloc[0]
     assert clean.align_u1_residue == pytest.approx(call.align_residue, abs=1e-12)
     assert set(spectra) == {0.0, 0.3} and len(noise) == 2

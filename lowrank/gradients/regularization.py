@@ -433,14 +433,14 @@ def input_noise_sweep(n: int, d: int, m: int, *, nu: float, alpha: float, activa
     """
     from lowrank.core.spectral import singular_values, top_singular_value
     from lowrank.gradients.decomposition import decompose_problem, spiked_problem
-    from lowrank.gradients.rule_of_thumb import call_problem
+    from lowrank.gradients.rule_of_thumb import dominant_spike_of_problem
 
     rows, spectra = [], {}
     for seed, tau2 in _progress(list(itertools.product(seeds, sorted(tau2s))), "input noise", progress):
         p = spiked_problem(n, d, m, alpha=alpha, nu=nu, activation=activation, scaling=scaling, seed=seed)
         pn = noisy_problem(p, tau2, seed=seed + 100)
         dec = decompose_problem(pn)
-        c = call_problem(dec, pn.data)
+        c = dominant_spike_of_problem(dec, pn.data)
         norms = {k[5:]: v for k, v in dec.spike_norms().items()} | {"E": top_singular_value(dec.E)}
         rows.append({"seed": seed, "tau2": tau2, "label": c.label, "outliers": c.outliers,
                      "align_u1_residue": c.align_residue, "align_u1_q": c.align_q,

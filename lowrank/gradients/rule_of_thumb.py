@@ -2,7 +2,7 @@
 
 - the residue alignment `residue_alignment` and its exponent `residue_alignment_beta` (Assumption 6,
   the one estimate of beta in the package);
-- the measured call, read off G's spectrum and singular vectors (`dominant_spike`, `call_problem`);
+- the measured dominant spike, read off G's spectrum and singular vectors (`dominant_spike`, `dominant_spike_of_problem`);
 - the prediction of the rule of thumb of Section 5 (`rule_of_thumb`, `rule_of_thumb_boundaries`).
 """
 
@@ -20,11 +20,11 @@ __all__ = [
     "residue_alignment",
     "residue_alignment_beta",
     "SPIKE_LABELS",
-    "SpikeCall",
+    "DominantSpike",
     "dominant_spike",
     "rule_of_thumb",
     "rule_of_thumb_boundaries",
-    "call_problem",
+    "dominant_spike_of_problem",
 ]
 
 
@@ -76,7 +76,7 @@ def residue_alignment_beta(z, r, d: int) -> float:
 SPIKE_LABELS = ("residue", "data", "both", "none")
 
 
-class SpikeCall(NamedTuple):
+class DominantSpike(NamedTuple):
     label: str  # one of SPIKE_LABELS
     outliers: int
     align_residue: float  # |cos(u1, X_B^T r)|
@@ -87,7 +87,7 @@ class SpikeCall(NamedTuple):
 
 
 def dominant_spike(G, residue_direction, q, *, gap: float = 1.5, max_outliers: int = 5,
-                   subspace_threshold: float = 0.5, min_ratio: float = 0.1) -> SpikeCall:
+                   subspace_threshold: float = 0.5, min_ratio: float = 0.1) -> DominantSpike:
     """Which spike dominates a gradient `G` (d x m), read off its spectrum and singular vectors.
 
     Parameters
@@ -99,7 +99,7 @@ def dominant_spike(G, residue_direction, q, *, gap: float = 1.5, max_outliers: i
 
     Returns
     -------
-    `SpikeCall` (label one of SPIKE_LABELS, and the numbers behind it, dimensionless).
+    `DominantSpike` (label one of SPIKE_LABELS, and the numbers behind it, dimensionless).
 
     Criterion, in order:
 
@@ -143,7 +143,7 @@ def dominant_spike(G, residue_direction, q, *, gap: float = 1.5, max_outliers: i
         label = "both"
     else:
         label = "residue" if a_res >= a_q else "data"
-    return SpikeCall(label, k, float(a_res), float(a_q), x_in, q_in, ratio)
+    return DominantSpike(label, k, float(a_res), float(a_q), x_in, q_in, ratio)
 
 
 def rule_of_thumb(nu: float, alpha: float, beta: float, *, large_input_noise: bool = False,
@@ -196,6 +196,6 @@ def rule_of_thumb_boundaries(beta: float) -> dict:
     }
 
 
-def call_problem(dec: Decomposition, data: SpikedData, **kwargs) -> SpikeCall:
-    """`dominant_spike` for a decomposed problem: residue direction `X_B^T r`, spike `q`."""
+def dominant_spike_of_problem(dec: Decomposition, data: SpikedData, **kwargs) -> DominantSpike:
+    """`dominant_spike` of a decomposed spiked problem: residue direction `X_B^T r`, spike `q`."""
     return dominant_spike(dec, data.X_B.T @ dec.r, data.q, **kwargs)
