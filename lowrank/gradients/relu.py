@@ -1,4 +1,4 @@
-"""Prop. 3.1's experiment (the page gradients/relu): ReLU against its smooth relatives, as tables.
+"""ReLU against its smooth relatives over activations, draws and sizes (the page gradients/relu, Prop. 3.1).
 
 The single-matrix helpers live in `lowrank.gradients.dynamics` (`sigma_perp_norm`,
 `relu_sign_structure`, `term_norms`, `loglog_slope`); these functions repeat them over activations,
