@@ -114,6 +114,7 @@
            encoding: {x: {field: "alpha", type: "ordinal", title: "bulk decay α"},
                       y: {field: "nu", type: "ordinal", sort: "descending", title: "spike size ν"},
                       color: {field: "measured", type: "nominal", title: "measured",
+                              legend: {orient: box.clientWidth < 560 ? "bottom" : "right"},  // a phone: below the map
                               scale: {domain: labels, range: labels.map((l) => LABEL_COLOURS[l])}},
                       tooltip: [{field: "nu"}, {field: "alpha"}, {field: "measured"}, {field: "rule"}]}},
           {data: {name: "map"}, transform: [{filter: "datum.agree === false || datum.agree === 'False'"}],
