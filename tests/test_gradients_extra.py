@@ -160,3 +160,15 @@ def test_conv1d_measure_row():
     assert 0 <= row["residual_along_w"] <= 1 and 0 <= row["residual_along_random"] <= 1
     torch.testing.assert_close(r2.g, convolution.conv1d_filter_gradient(dec.G, 5))
     assert w.shape == (5,)
+
+
+def test_small_nu_split_by_hand():
+    import pandas as pd
+
+    grid = pd.DataFrame({"nu": [0.1, 0.1, 0.2, 0.3], "alpha": [0.2, 0.2, 0.1, 0.0],
+                         "beta_hat": [0.5, 0.1, 0.45, 0.9], "norm_S1": [2.0, 1.0, 1.0, 5.0],
+                         "norm_S12": [1.0, 3.0, 1.0, 1.0]})
+    split = rule_of_thumb.small_nu_split(grid)
+    # cell 0: 0.5 > 2(0.1) + 0.2 = 0.4 -> S1; cell 1: 0.1 < 0.2 -> S12; cell 2: 0.4 <= 0.45 <= 0.5 -> neither
+    assert split["predicted"].tolist() == ["S1", "S12", "neither"]  # nu = 0.3 is left out
+    assert split["larger"].tolist() == ["S1", "S12", "S1"]  # a tie counts for S1

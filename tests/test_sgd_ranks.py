@@ -324,3 +324,18 @@ def test_full_rank_is_the_mean_smaller_side_of_the_counted_matrices():
     got = ranks.full_rank(table, layers=ranks.authors_layers)
     assert got.to_dict() == {0: 48.0, 1: 48.0}
     assert ranks.full_rank(table).to_dict() == {0: (64 + 32 + 8) / 3, 1: (64 + 32 + 8) / 3}
+
+
+def test_gap_to_lambda0_is_the_smallest_ratio_over_live_runs_by_hand():
+    from lowrank.sgd import noise
+
+    # runs 0, 1 (ce: lambda 0, 0.1), 2, 3 (mse: lambda 0, 0.1), 4 (ce, lambda 0.2, collapsed)
+    avg = pd.DataFrame({"run": [0, 1, 2, 3, 4], "epoch": 1, "loss": ["ce", "ce", "mse", "mse", "ce"],
+                        "weight_decay": [0, 0.1, 0, 0.1, 0.2], "dist": [2.0, 10.0, 4.0, 6.0, 1.0]})
+    moving = pd.DataFrame({"run": [0, 1, 2, 3, 4], "loss": ["ce", "ce", "mse", "mse", "ce"],
+                           "weight_decay": [0, 0.1, 0, 0.1, 0.2], "collapsed": [False, False, False, False, True],
+                           "d_over_zero": [1.0, 7.0, 1.0, 3.0, 0.01]})
+    gap, gap_first = noise.gap_to_lambda0(moving, avg)
+    assert gap == pytest.approx(3.0)  # run 4 collapsed: its 0.01 is left out
+    assert gap_first == pytest.approx(min(10.0 / 2.0, 6.0 / 4.0))
+    assert all(np.isnan(noise.gap_to_lambda0(moving.assign(collapsed=moving["weight_decay"] > 0), avg)))

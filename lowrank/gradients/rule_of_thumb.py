@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numpy as np
+
 from lowrank.core.validation import as_tensor
 from lowrank.core.data import SpikedData
 from lowrank.core.spectral import alignment, count_outliers, top_singular
@@ -25,6 +27,7 @@ __all__ = [
     "rule_of_thumb",
     "rule_of_thumb_boundaries",
     "dominant_spike_of_problem",
+    "small_nu_split",
 ]
 
 
@@ -199,3 +202,16 @@ def rule_of_thumb_boundaries(beta: float) -> dict:
 def dominant_spike_of_problem(dec: Decomposition, data: SpikedData, **kwargs) -> DominantSpike:
     """`dominant_spike` of a decomposed spiked problem: residue direction `X_B^T r`, spike `q`."""
     return dominant_spike(dec, data.X_B.T @ dec.r, data.q, **kwargs)
+
+
+def small_nu_split(grid):
+    """Theorem 3.1's split for nu < 1/4, cell by cell: which of ||S1||, ||S12|| beta predicts larger.
+
+    `grid` has one row per cell with `nu`, `alpha`, `beta_hat`, `norm_S1`, `norm_S12`. Returns its rows
+    with nu < 1/4 and two more columns: `predicted` ("S1" when beta_hat > 2 nu + alpha, "S12" when
+    beta_hat < 2 nu, else "neither") and `larger` ("S1" when ||S1|| >= ||S12||, else "S12").
+    """
+    return grid[grid["nu"] < 0.25].assign(
+        predicted=lambda g: np.where(g["beta_hat"] > 2 * g["nu"] + g["alpha"], "S1",
+                                     np.where(g["beta_hat"] < 2 * g["nu"], "S12", "neither")),
+        larger=lambda g: np.where(g["norm_S1"] >= g["norm_S12"], "S1", "S12"))

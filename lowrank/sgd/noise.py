@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-__all__ = ["log_slope", "moving_table", "collapse_or_moving_share"]
+__all__ = ["log_slope", "moving_table", "collapse_or_moving_share", "gap_to_lambda0"]
 
 
 def log_slope(epochs, values) -> float:
@@ -72,3 +72,20 @@ def collapse_or_moving_share(moving: pd.DataFrame) -> tuple[float, float]:
     if pos.empty or zero.empty:
         raise ValueError("moving needs runs with lambda > 0 and with lambda = 0")
     return float((pos["collapsed"] | pos["moving"]).mean()), float((zero["collapsed"] | zero["moving"]).mean())
+
+
+def gap_to_lambda0(moving: pd.DataFrame, avg: pd.DataFrame) -> tuple[float, float]:
+    """The "orders of magnitude" statistic and its control.
+
+    The smallest ratio, over the lambda > 0 runs of `moving` that did not collapse, of a run's d to
+    the d of the lambda = 0 run with the same loss: at the last epoch (`moving["d_over_zero"]`) and
+    after the first epoch (read from `avg`, per run and epoch). NaN for both when every lambda > 0
+    run collapsed.
+    """
+    alive = moving[(moving["weight_decay"] > 0) & ~moving["collapsed"]]
+    if alive.empty:
+        return float("nan"), float("nan")
+    first = avg[avg["epoch"] == 1].set_index("run")
+    zero_first = first[first["weight_decay"] == 0].set_index("loss")["dist"]
+    ratio_first = first.loc[alive["run"], "dist"] / first.loc[alive["run"], "loss"].map(zero_first)
+    return float(alive["d_over_zero"].min()), float(ratio_first.min())
