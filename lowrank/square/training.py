@@ -386,6 +386,7 @@ class _State:
     pending_rho: tuple | None = None  # (row index, rho at that row): its rho_dot comes from the next step
     update_sums: list = field(default_factory=list)  # per layer, sum of ||dV_k|| / lr since the last row
     update_steps: int = 0
+    classifier_log_scale: float = 0.0  # sum over steps of log(1 + lr <dL/dV_L, V_L>) (`_classifier_scale`)
 
 
 def _step(state: _State, config: SquareConfig, xb, tb, cur_lr: float, track: bool) -> tuple[torch.Tensor, float]:
@@ -398,6 +399,7 @@ def _step(state: _State, config: SquareConfig, xb, tb, cur_lr: float, track: boo
     opt.zero_grad(set_to_none=True)
     loss = ((model(xb) - tb) ** 2).reshape(xb.shape[0], -1).sum(1).mean() + config.lam * model.rho**2
     loss.backward()
+    state.classifier_log_scale += _classifier_scale(model, config, cur_lr)
     opt.step()
     if config.project:
         model.project_()
@@ -415,6 +417,19 @@ def _step(state: _State, config: SquareConfig, xb, tb, cur_lr: float, track: boo
                                  for s, a, b in zip(state.update_sums, model.directions(), before)]
         state.update_steps += 1
     return loss.detach(), rho_after
+
+
+def _classifier_scale(model, config: SquareConfig, cur_lr: float) -> float:
+    """`log(1 + lr <G, V_L>)` of the step about to be taken, `G = dL/dV_L` (the loss's gradient in the
+    classifier direction, a free C x p matrix): the factor by which a projected step (no momentum) rescales
+    the whole of `V_L` at unit Frobenius norm, every row alike. `f = rho V_L h` is bilinear in (rho, V_L),
+    so `<G, V_L> = rho dL_data/drho = rho (rho.grad - 2 lam rho)`. NaN where the step is not of that form
+    (momentum, no projection, an unnormalised last layer) or the factor is not positive."""
+    if config.momentum or not config.project or not model.normalize_last:
+        return float("nan")
+    rho = float(model.rho.detach())
+    factor = 1.0 + cur_lr * rho * (float(model.rho.grad) - 2 * config.lam * rho)
+    return math.log(factor) if factor > 0 else float("nan")
 
 
 def _fill_rho_dot(state: _State, rows: list, rho_after: float, step_lr: float, target_sq: float) -> None:
@@ -460,7 +475,8 @@ def _log(state: _State, config: SquareConfig, data: _Data, tables: dict, epoch: 
                          eval_batch_size=config.eval_batch_size)
     if row is None:
         return None
-    row = {"epoch": epoch, "step": state.step, "lr": _lr_at(config, state.step, total_steps), **row}
+    row = {"epoch": epoch, "step": state.step, "lr": _lr_at(config, state.step, total_steps), **row,
+           "classifier_log_scale": state.classifier_log_scale}
     tables["history"].append(row)
     if epoch in config.margin_epochs:
         tables["margins"].extend({"epoch": epoch, "sample": i, "margin": float(v)}
@@ -494,7 +510,9 @@ def train_square(model, ds: Dataset, config: SquareConfig | None = None, *, devi
     `lemma4_rhs = c - rho (rho_dot_step / 2 + mu)` with `c` the mean squared target (1 for ±1 labels),
     which Lemma 4 says equals the loss. rho is kept non-negative, as a norm: when a step takes it
     below 0, rho and the last layer change sign together (the function and the loss are unchanged);
-    `config["rho_sign_flips"]` counts them. A NaN or infinite loss raises `TrainingDiverged`
+    `config["rho_sign_flips"]` counts them. `classifier_log_scale` is the sum over the steps so far of
+    `log(1 + lr <dL/dV_L, V_L>)`, the log of the factor by which the projected steps have rescaled the
+    classifier direction as a whole (`collapse.row_sum_excess` reads it; NaN with momentum). A NaN or infinite loss raises `TrainingDiverged`
     (`on_nan="raise"`) or ends training with `SquareRun.stopped` set (`on_nan="stop"`).
     """
     config = SquareConfig(**options) if config is None else dataclasses.replace(config, **options)
