@@ -24,7 +24,7 @@ book: $(STAMP)
 # notebooks: in `make test` every notebook is executed exactly once (by `make book`).
 # Two test processes, one file each at a time (pytest-xdist); one BLAS thread each (tests/conftest.py).
 test: browser book
-	$(VENV)/bin/python -m pytest -n 2 --dist loadfile
+	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --durations=25
 
 # The fast lane, no book: the unit tests that start no kernel, sweep or build (CONTRIBUTING.md).
 unit: $(STAMP)

@@ -255,6 +255,7 @@ def bench_notebooks():
                 "yes" if wall <= 60 else "no")
 
 
+PAGE_SECONDS = pages.PAGE_SECONDS
 CI_TABLE_START = "<!-- ci timings: bench/run.py --only ci -->"
 PAGE_TARGET_S, BOOK_TARGET_S, CI_TARGET_S = 45, 180, 1200  # issue 32: per page, the cold ci book, .ci/run
 
@@ -266,7 +267,7 @@ def _replace_between(path: Path, start_marker: str, body: str, end_marker: str =
     path.write_text(text[:start] + "\n" + body + "\n" + text[end:])
 
 
-def bench_ci(build_dir: Path, readme: Path = ROOT / "README.md"):
+def bench_ci(build_dir: Path, readme: Path = ROOT / "README.md", page_seconds: Path = PAGE_SECONDS):
     """The stages of the last `.ci/run` (`_build/ci-times.txt`) and the ci pages' execution seconds of
     that build, into README's ci table: one run's numbers, each page also as a share of the whole."""
     stages = [line.split() for line in (build_dir / "ci-times.txt").read_text().splitlines() if line.strip()]
@@ -290,6 +291,8 @@ def bench_ci(build_dir: Path, readme: Path = ROOT / "README.md"):
     stamp = time.strftime("%Y-%m-%d", time.localtime((build_dir / "ci-times.txt").stat().st_mtime))
     body = f"Measured by one `.ci/run` on a fresh clone, {stamp}, {os.cpu_count()} CPU cores.\n\n" + "\n".join(lines)
     _replace_between(readme, CI_TABLE_START, body)
+    # the build's schedule (lowrank.book.pages.longest_first) reads these on a fresh clone
+    page_seconds.write_text("page,seconds\n" + "".join(f"{n},{w:.1f}\n" for n, w in sorted(pages.items())))
     for name, secs in stages:
         row(f".ci/run stage {name}, seconds", secs)
     row(".ci/run in all, seconds", str(total_ci), f"<= {CI_TARGET_S}", "yes" if total_ci <= CI_TARGET_S else "no")

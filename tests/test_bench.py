@@ -73,7 +73,9 @@ def test_ci_table_comes_from_one_ci_run(tmp_path):
         (build_dir / "executed" / "p" / f"{name}.ipynb").write_text(json.dumps({"metadata": {"lowrank": {"wall_s": wall}}}))
     readme = tmp_path / "README.md"
     readme.write_text(f"before\n{bench.CI_TABLE_START}\nold\n<!-- end -->\nafter\n")
-    bench.bench_ci(build_dir, readme)
+    seconds = tmp_path / "ci_page_seconds.csv"
+    bench.bench_ci(build_dir, readme, seconds)
+    assert seconds.read_text() == "page,seconds\np/a,30.0\np/b,50.0\np/c,20.0\n"  # the next build's schedule
     text = readme.read_text()
     assert text.startswith("before\n") and text.endswith("<!-- end -->\nafter\n") and "old" not in text
     assert "| `.ci/run` stage: book | 300 | | 29% |" in text and "| `.ci/run` in all | 1020 | <= 1200 | |" in text

@@ -106,3 +106,19 @@ def test_key_follows_the_golden_record_of_its_verdicts(monkeypatch):
     assert unstable != before
     block[first] = {**block[first], "abs": 2 * block[first].get("abs", 1.0) + 1}
     assert keys.execution_key(NB) != unstable
+
+
+def test_pages_are_executed_longest_first(tmp_path, monkeypatch):
+    """The build and nbval take the pages longest first: this checkout's last execution time, else the
+    last `.ci/run`'s record, and a page with neither (unknown cost) before all."""
+    import json
+
+    from lowrank.book import pages
+
+    monkeypatch.setattr(pages, "EXECUTED", tmp_path / "executed")
+    (tmp_path / "executed" / "p").mkdir(parents=True)
+    (tmp_path / "executed" / "p" / "local.ipynb").write_text(json.dumps({"metadata": {"lowrank": {"wall_s": 40.0}}}))
+    recorded = tmp_path / "ci_page_seconds.csv"
+    recorded.write_text("page,seconds\np/short,5.0\np/long,60.0\np/local,1.0\n")
+    assert pages.longest_first(["p/short", "p/local", "p/new", "p/long"], recorded) == ["p/new", "p/long", "p/local", "p/short"]
+    assert pages.longest_first(["p/b", "p/a"], tmp_path / "absent.csv") == ["p/b", "p/a"]  # no record: as given

@@ -68,7 +68,7 @@ def execute_all(names, jobs: int, force: bool = False) -> dict:
 
 
 def _execute_stale(names, jobs: int, force: bool) -> dict:
-    todo = [n for n in names if force or not is_current(n)]
+    todo = pages.longest_first([n for n in names if force or not is_current(n)])
     done = {}
     if not todo:
         print(f"all {len(names)} notebooks are current (cache hit)")
@@ -105,7 +105,7 @@ def main(argv=None) -> None:
     ap.add_argument("--force", action="store_true", help="execute every notebook even if current")
     ap.add_argument("--no-html", action="store_true", help="execute only; skip Jupyter Book")
     ap.add_argument("--only", nargs="+", metavar="PART/NAME", help="execute just these notebooks (always), nothing else")
-    ap.add_argument("--list-executed", action="store_true", help="print the executed notebooks of the book and exit")
+    ap.add_argument("--list-executed", action="store_true", help="print the executed notebooks of the book, longest first, and exit")
     ap.add_argument("--keys", action="store_true", help="print each notebook's execution key and exit (book.yml "
                     "keys its cache of executed notebooks by them)")
     ap.add_argument("--scale", choices=["ci", "paper"], default="ci",
@@ -117,7 +117,8 @@ def main(argv=None) -> None:
         paper_build.main(args.only, force=args.force, html=not args.no_html)
         return
     if args.list_executed:
-        print(" ".join(str(executed_path(n).relative_to(REPO_ROOT)) for n in book_notebooks()))
+        # longest first: nbval's two workers take the files in this order
+        print(" ".join(str(executed_path(n).relative_to(REPO_ROOT)) for n in pages.longest_first(book_notebooks())))
         return
     if args.keys:
         print("\n".join(f"{n} {execution_key(n)}" for n in book_notebooks()))

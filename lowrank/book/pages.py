@@ -9,6 +9,7 @@ errors) and the published notebooks and figures beside the HTML.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -23,10 +24,34 @@ BUILD = REPO_ROOT / "_build"
 EXECUTED = BUILD / "executed"
 FIGURES = BUILD / "figures"
 CACHE = BUILD / ".jupyter_cache"
+# each ci page's execution seconds in the last fresh-clone `.ci/run` (bench/run.py --only ci writes it)
+PAGE_SECONDS = REPO_ROOT / "bench" / "ci_page_seconds.csv"
 
 
 def executed_path(name: str) -> Path:
     return EXECUTED / f"{name}.ipynb"
+
+
+def executed_seconds(name: str) -> float | None:
+    """The seconds this checkout's last execution of `name` took (None if it has none)."""
+    path = executed_path(name)
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))["metadata"].get("lowrank", {}).get("wall_s")
+
+
+def longest_first(names, recorded: Path = PAGE_SECONDS) -> list[str]:
+    """`names` ordered by expected execution time, longest first (so that two workers finish together
+    rather than one waiting on a long page started last): this checkout's last execution, else the
+    seconds recorded by the last `.ci/run`, else first of all (unknown cost)."""
+    known = {}
+    if recorded.is_file():
+        for line in recorded.read_text(encoding="utf-8").splitlines()[1:]:
+            if line.strip():
+                name, secs = line.rsplit(",", 1)
+                known[name] = float(secs)
+    expected = {n: executed_seconds(n) for n in names}
+    return sorted(names, key=lambda n: -(expected[n] if expected[n] is not None else known.get(n, float("inf"))))
 
 
 def fill_jupyter_cache(names, cache_dir: Path = CACHE, executed_at=None) -> None:
