@@ -512,8 +512,9 @@ def train_square(model, ds: Dataset, config: SquareConfig | None = None, *, devi
     below 0, rho and the last layer change sign together (the function and the loss are unchanged);
     `config["rho_sign_flips"]` counts them. `classifier_log_scale` is the sum over the steps so far of
     `log(1 + lr <dL/dV_L, V_L>)`, the log of the factor by which the projected steps have rescaled the
-    classifier direction as a whole (`collapse.row_sum_excess` reads it; NaN with momentum). A NaN or infinite loss raises `TrainingDiverged`
-    (`on_nan="raise"`) or ends training with `SquareRun.stopped` set (`on_nan="stop"`).
+    classifier direction as a whole (`collapse.row_sum_excess` reads it; NaN with momentum). A NaN or
+    infinite loss raises `TrainingDiverged` (`on_nan="raise"`) or ends training with `SquareRun.stopped`
+    set (`on_nan="stop"`).
     """
     config = SquareConfig(**options) if config is None else dataclasses.replace(config, **options)
     if not hasattr(model, "outputs_and_features"):
