@@ -55,6 +55,19 @@ def test_phase_data_reads_the_spectrum_and_activation_when_saved(tmp_path):
     assert data["cells"][0]["sv_2"] == 0.5
 
 
+def test_phase_data_carries_each_cell_s_spectrum_and_outlier_count(tmp_path):
+    """The columns the phase page saves (sv_1 .. sv_8 beside `outliers`) reach every cell unchanged."""
+    spectra = {(nu, alpha): [10.0 * (1 + nu) / 2 ** k + alpha for k in range(8)] for nu in (0.5, 0.0) for alpha in (0.3, 0.0)}
+    rows = [{"nu": nu, "alpha": alpha, "seed": 0, "measured": "data", "rule": "both", "outliers": 1 + int(nu > 0),
+             **{f"sv_{k + 1}": v for k, v in enumerate(s)}} for (nu, alpha), s in spectra.items()]
+    pd.DataFrame(rows).to_csv(tmp_path / "map.csv", index=False)
+    data = explorer.phase_data(tmp_path / "map.csv")
+    assert data["spectrum"] == [f"sv_{k}" for k in range(1, 9)] and "outliers" in data["shown"]
+    for cell in data["cells"]:
+        assert [cell[k] for k in data["spectrum"]] == pytest.approx(spectra[cell["nu"], cell["alpha"]], rel=1e-15)
+        assert cell["outliers"] == 1 + int(cell["nu"] > 0)
+
+
 def test_phase_data_refuses_a_csv_without_the_grid(tmp_path):
     pd.DataFrame({"nu": [0.0], "measured": ["data"]}).to_csv(tmp_path / "map.csv", index=False)
     with pytest.raises(ValueError, match="alpha"):
@@ -76,10 +89,12 @@ def _rank_csvs(tmp_path):
         "A": [0.0, 0.0, 0.0, 2.5, 2.5, 2.5],
         "fitted": [True, True, False, True, True, True],  # seed 2 at lambda = 0 did not fit
     })
-    epochs = pd.DataFrame([{"weight_decay": wd, "batch_size": 16, "lr0": 0.10000000000000002, "momentum": 0.9,
-                            "epoch": e, "avg_rank": 60.0 - e * (1 + 10 * wd), "avg_rank@0.01": 50.0 - e,
+    variant = final.assign(momentum=0.0, avg_rank=final["avg_rank"] + 20, fitted=True)  # the no-momentum runs
+    final = pd.concat([final, variant], ignore_index=True)
+    epochs = pd.DataFrame([{"weight_decay": wd, "batch_size": 16, "lr0": 0.10000000000000002, "momentum": m,
+                            "epoch": e, "avg_rank": 60.0 - e * (1 + 10 * wd) + 20 * (m == 0), "avg_rank@0.01": 50.0 - e,
                             "train_acc": 0.5 + e / 10, "test_acc": 0.4 + e / 10}
-                           for wd in (0.01, 0.0) for e in (2, 0, 1, 3)])
+                           for m in (0.0, 0.9) for wd in (0.01, 0.0) for e in (2, 0, 1, 3)])
     final.to_csv(tmp_path / "final.csv", index=False)
     epochs.to_csv(tmp_path / "curves.csv", index=False)
     return final, epochs
@@ -87,20 +102,28 @@ def _rank_csvs(tmp_path):
 
 def test_rank_data_averages_the_fitted_seeds_and_matches_curves_to_settings(tmp_path):
     final, epochs = _rank_csvs(tmp_path)
-    data = explorer.rank_data(tmp_path / "curves.csv", tmp_path / "final.csv", swept="weight_decay")
-    assert data["keys"] == {"lr0": [0.1], "batch_size": [16], "weight_decay": [0.0, 0.01], "momentum": [0.9]}
+    data = explorer.rank_data(tmp_path / "curves.csv", tmp_path / "final.csv", swept="weight_decay",
+                              start=["momentum"])
+    assert data["keys"] == {"lr0": [0.1], "batch_size": [16], "weight_decay": [0.0, 0.01], "momentum": [0.0, 0.9]}
     assert data["coarse"] == "avg_rank@0.01" and data["lacks"] == []
-    at0 = next(f for f in data["finals"] if f["weight_decay"] == 0.0)
+    # opens on the largest momentum (the static figure's), the smallest value of the other keys
+    assert data["initial"] == {"lr0": 0.1, "batch_size": 16, "weight_decay": 0.0, "momentum": 0.9}
+    at0 = next(f for f in data["finals"] if f["weight_decay"] == 0.0 and f["momentum"] == 0.9)
     # by hand: seeds 0 and 1 (seed 2 unfitted): ranks 10, 12; train 0.9, 0.8
     assert at0["avg_rank"] == pytest.approx(11.0) and at0["avg_rank_min"] == 10.0 and at0["avg_rank_max"] == 12.0
     assert at0["train_acc"] == pytest.approx(0.85) and at0["avg_rank@0.01"] == pytest.approx(10.0)
     assert (at0["fitted"], at0["seeds"], at0["A"], at0["epochs"]) == (2, 3, 0.0, 3)
-    at1 = next(f for f in data["finals"] if f["weight_decay"] == 0.01)
+    at1 = next(f for f in data["finals"] if f["weight_decay"] == 0.01 and f["momentum"] == 0.9)
     assert at1["avg_rank"] == pytest.approx(6.0) and at1["A"] == 2.5 and at1["fitted"] == 3
-    # the curves' lr0 0.10000000000000002 is the final table's 0.1; rows sorted by setting and epoch
-    curve = [r for r in data["curves"] if r["weight_decay"] == 0.01 and r["lr0"] == 0.1]
-    assert [r["epoch"] for r in curve] == [0, 1, 2, 3]
-    assert [r["avg_rank"] for r in curve] == pytest.approx([60.0 - e * 1.1 for e in range(4)])
+    # the no-momentum variant: all three seeds fitted, ranks 30, 32, 70
+    var0 = next(f for f in data["finals"] if f["weight_decay"] == 0.0 and f["momentum"] == 0.0)
+    assert var0["avg_rank"] == pytest.approx(44.0) and (var0["fitted"], var0["seeds"]) == (3, 3)
+    # the curves' lr0 0.10000000000000002 is the final table's 0.1; rows sorted by setting and epoch;
+    # each momentum keeps its own curve
+    for m, offset in ((0.9, 0.0), (0.0, 20.0)):
+        curve = [r for r in data["curves"] if r["weight_decay"] == 0.01 and r["lr0"] == 0.1 and r["momentum"] == m]
+        assert [r["epoch"] for r in curve] == [0, 1, 2, 3]
+        assert [r["avg_rank"] for r in curve] == pytest.approx([60.0 - e * 1.1 + offset for e in range(4)])
     json.dumps(data, allow_nan=False)
 
 
@@ -136,6 +159,10 @@ def test_every_page_with_an_explorer_saves_its_figures():
         source = (ROOT / "notebooks" / f"{name}.md").read_text()
         for stem in spec["stems"]:
             assert re.search(rf"""save_figure\([^)]*["']{stem}["']""", source), f"{name} no longer saves {stem}"
+        if spec["kind"] == "rank":  # the curves of every trained setting, not the figure's momentum only
+            assert re.search(rf"""save_figure\(fig, ["']{spec["stems"][0]}["'], curves\)""", source), name
+        else:  # the spectrum of G per cell, in the map's table
+            assert "spectral.leading_spectrum(" in source, name
 
 
 def test_vendored_javascript_is_the_one_the_readme_names():

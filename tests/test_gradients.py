@@ -229,3 +229,24 @@ def test_product_form_without_dense_matrices_matches_the_full_svd(loss):
     call, ref = rule_of_thumb.dominant_spike(lazy, x, p.data.q), rule_of_thumb.dominant_spike(dense.G, x, p.data.q)
     assert call.label == ref.label and call.outliers == ref.outliers
     assert call[2:] == pytest.approx(ref[2:], rel=1e-8)
+
+
+def test_tilt_scan_against_hand_tilted_rows_and_an_autograd_gradient():
+    n, d, m = 24, 10, 14
+    scan = decomposition.tilt_scan(n, d, m, nu=0.375, activations=["tanh", "elu"], tilts=[0.0, 2.0], seed=5)
+    assert list(zip(scan["activation"], scan["tilt"])) == [("tanh", 0.0), ("tanh", 2.0), ("elu", 0.0), ("elu", 2.0)]
+    p = decomposition.spiked_problem(n, d, m, alpha=0.0, nu=0.375, activation="tanh", seed=5)  # untilted W_S
+    q = p.data.q.numpy()
+    for tilt in (0.0, 2.0):
+        W = p.W.numpy() + tilt * n ** -0.25 * q[None, :]  # the paper's tilt, rows renormalised
+        W /= np.linalg.norm(W, axis=1, keepdims=True)
+        Wt = torch.tensor(W, requires_grad=True)
+        f = p.gamma * torch.tanh(p.data.X @ Wt.T) @ p.a
+        (g,) = torch.autograd.grad(0.5 * ((f - p.y) ** 2).mean(), Wt)
+        s = np.linalg.svd(g.numpy(), compute_uv=False)
+        row = scan[(scan["activation"] == "tanh") & (scan["tilt"] == tilt)].iloc[0]
+        assert row["W_norm"] == pytest.approx(np.linalg.norm(W, 2), rel=1e-10)
+        assert row["mean_wq"] == pytest.approx(float((W @ q).mean()), abs=1e-12)
+        assert row["s1"] == pytest.approx(s[0], rel=1e-9)
+        assert row["s2"] == pytest.approx(s[1], rel=1e-9)
+    assert scan.loc[1, "mean_wq"] > scan.loc[0, "mean_wq"]

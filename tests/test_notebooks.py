@@ -82,6 +82,7 @@ def test_paper_params_are_notebook_parameters(name):
     rules.resolve_parameters(name, scale="paper", memory=False)  # the paper file obeys the notebook's own rules
 
 
+@pytest.mark.book  # reads the built book (no fixture to mark it)
 def test_book_renders_executed_outputs_without_reexecuting():
     """jupyter-cache holds exactly the papermill outputs; Jupyter Book executed nothing itself."""
     from jupyter_cache import get_cache

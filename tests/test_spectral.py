@@ -157,6 +157,21 @@ def test_top_singular_of_product_matches_the_formed_product(p, q):
         spectral.top_singular_of_product(A, B[:-1])
 
 
+@pytest.mark.parametrize("p, q", [(40, 50), (400, 500)])  # a formed product, and ARPACK on the product form
+def test_leading_spectrum_is_the_svd_s_leading_values(p, q):
+    rng = np.random.default_rng(7 * p + q)
+    A = rng.standard_normal((300, p))
+    B = rng.standard_normal((300, q)) + 5.0 * np.outer(A[:, 0] + A[:, 1], np.ones(q)) / np.sqrt(q)  # outliers
+    s = scipy.linalg.svdvals(A.T @ B)
+    row = spectral.leading_spectrum((A, B), 8)
+    assert list(row) == [f"sv_{i}" for i in range(1, 9)] and all(type(v) is float for v in row.values())
+    np.testing.assert_allclose(list(row.values()), s[:8], rtol=0, atol=1e-12 * s[0])
+    assert spectral.leading_spectrum(A.T @ B, 8) == pytest.approx(row, rel=0, abs=1e-12 * s[0])
+    assert list(spectral.leading_spectrum(A.T @ B, 2, prefix="s")) == ["s1", "s2"]
+    with pytest.raises(ValueError, match="k must be"):
+        spectral.leading_spectrum((A, B), min(p, q) + 1)
+
+
 def test_top_singular_is_deterministic_and_accepts_a_start_vector():
     M = torch.from_numpy(np.random.default_rng(3).standard_normal((300, 400)))
     a, b = spectral.top_singular(M, 3), spectral.top_singular(M, 3)

@@ -258,3 +258,52 @@ def test_jobs_default_and_refusals():
     for bad in (-1, 0, 1.5, True, "2"):
         with pytest.raises(sweeps.SweepError, match="--jobs must be a positive number"):
             sweeps.check_jobs(bad)
+
+
+def test_a_config_function_takes_its_dataclass_fields_as_sweep_parameters():
+    """`train_point(config: PointConfig)`: a sweep's parameters are PointConfig's fields, with their
+    defaults; a plain keyword function keeps its own signature."""
+    import dataclasses
+
+    from lowrank.core import train
+
+    assert sweeps.config_class(train.train_point) is train.PointConfig
+    fields = {f.name: f.default for f in dataclasses.fields(train.PointConfig)}
+    params = sweeps.sweep_parameters(train.train_point)
+    assert list(params) == list(fields)
+    assert {k: p.default for k, p in params.items() if p.default is not p.empty} == {
+        k: v for k, v in fields.items() if v is not dataclasses.MISSING}
+    assert sweeps.function_specs(train.train_point)["batch_size"].check(4) == 4
+
+    def plain(*, a: int, b: float = 0.5):
+        return a + b
+
+    assert sweeps.config_class(plain) is None and list(sweeps.sweep_parameters(plain)) == ["a", "b"]
+    assert sweeps.call_with_parameters(plain, {"a": 1}) == 1.5
+
+    @dataclasses.dataclass
+    class Settings:
+        a: int
+        b: float = 0.5
+
+    def takes(config: Settings):
+        return config
+
+    assert sweeps.config_class(takes) is Settings and list(sweeps.sweep_parameters(takes)) == ["a", "b"]
+    assert sweeps.call_with_parameters(takes, {"a": 2}) == Settings(2, 0.5)
+    point = {"model": "MLP-2-8", "dataset": "digits", "batch_size": 8, "lr": 0.1, "epochs": 1, "seed": 3}
+    config = train.PointConfig(**point)
+    assert config.member() == {"lr": 0.1, "weight_decay": 0.0, "momentum": 0.0, "seed": 3}
+    assert set(config.member()) | set(config.shared()) == set(fields)
+    assert not set(config.member()) & set(config.shared())
+
+
+def test_a_sweep_spec_naming_no_field_of_the_config_is_refused(tmp_path):
+    body = {"function": "lowrank.core.train:train_point", "points": [{"model": "MLP-2-8", "dataset": "digits",
+            "batch_size": 8, "lr": 0.1, "epochs": 1, "width": 3}]}
+    with pytest.raises(sweeps.SweepError, match="takes no parameter 'width'"):
+        sweeps.load_spec(write_spec(tmp_path, body))
+    body["points"][0].pop("width")
+    body["points"][0].pop("lr")
+    with pytest.raises(sweeps.SweepError, match="needs 'lr'"):
+        sweeps.load_spec(write_spec(tmp_path, body, "two"))

@@ -137,7 +137,7 @@ def test_every_colab_link_opens_a_notebook_the_workflow_publishes(tmp_path, monk
     assert re.search(rf"git push --force origin {pages.COLAB_BRANCH}$", _runs(publish), re.M)
     # publish_notebooks into a scratch HTML folder, from a small executed notebook
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")])
-    monkeypatch.setattr(build, "executed_path", lambda name: tmp_path / "nb.ipynb")
+    monkeypatch.setattr(pages, "executed_path", lambda name: tmp_path / "nb.ipynb")
     nbformat.write(nb, tmp_path / "nb.ipynb")
     html = tmp_path / "_build" / "html"
     names = build.book_notebooks()

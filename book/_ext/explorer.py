@@ -10,9 +10,10 @@ the static figure stays for print and for the regression tests.
 - Part I, phase diagram: sliders for nu, alpha and the seed (and the activation when the CSV has
   that column); the selected cell's measured label, the rule of thumb's call, beta_hat, the spike
   norms and the spectrum of G as far as the CSV has them; the map with the cell highlighted.
-- Part II, the rank-versus-(lambda, B, mu) pages: sliders over the sweep's mu, B, lambda (and
-  momentum); rank and accuracy per epoch (from the curves CSV), the final values over the fitted
-  seeds and the accumulated weight decay A (from the final CSV).
+- Part II, the rank-versus-(lambda, B, mu) pages: sliders over the sweep's mu, B, lambda and
+  momentum; rank and accuracy per epoch (from the curves CSV, which holds every trained setting,
+  both momenta), the final values over the fitted seeds and the accumulated weight decay A (from
+  the final CSV).
 
 The data extraction (`phase_data`, `rank_data`) is plain Python, tested without a browser in
 tests/test_explorer.py; tests/test_explorer_html.py moves the sliders in Chromium.
@@ -36,14 +37,17 @@ LOG = logging.getLogger(__name__)
 
 # page (notebook name) -> the explorer: its kind and the figure stems whose CSV it reads. The
 # explorer is placed after the code cell that saves the first stem's figure.
+# A rank explorer opens on the setting its page's static curves figure draws (`start`: the largest value
+# of each named key, the smallest of the others): the main momentum (0.9, beside the no-momentum
+# variant) and, where the page trains a lambda = 0 control, the page's lambda > 0.
 EXPLORERS = {
     "gradients/phase_diagram": {"kind": "phase", "stems": ["phase_diagram_map"]},
     "sgd/rank_vs_weight_decay": {"kind": "rank", "stems": ["rank_vs_weight_decay_curves", "rank_vs_weight_decay_final"],
-                                 "swept": "weight_decay"},
+                                 "swept": "weight_decay", "start": ["momentum"]},
     "sgd/rank_vs_batch_size": {"kind": "rank", "stems": ["rank_vs_batch_size_curves", "rank_vs_batch_size_final"],
-                               "swept": "batch_size"},
+                               "swept": "batch_size", "start": ["momentum", "weight_decay"]},
     "sgd/rank_vs_learning_rate": {"kind": "rank", "stems": ["rank_vs_learning_rate_curves", "rank_vs_learning_rate_final"],
-                                  "swept": "lr0"},
+                                  "swept": "lr0", "start": ["momentum", "weight_decay"]},
 }
 JS_FILES = ["explorer/vega.min.js", "explorer/vega-lite.min.js", "explorer/vega-embed.min.js", "explorer/explorer.js"]
 
@@ -113,7 +117,7 @@ def phase_data(csv_path) -> dict:
     }
 
 
-def rank_data(curves_csv, final_csv, swept: str) -> dict:
+def rank_data(curves_csv, final_csv, swept: str, start=()) -> dict:
     """The rank explorer's data from a Part II page's two CSVs.
 
     `curves`: per setting (RANK_KEYS) and epoch, the seeds' mean rank (`avg_rank` and the coarser
@@ -121,7 +125,8 @@ def rank_data(curves_csv, final_csv, swept: str) -> dict:
     the mean, min and max over the fitted seeds of the final values (as the final figure), the
     number of fitted and of all seeds, and the accumulated weight decay `A` (the same for every seed
     of a setting). A setting is in the explorer when the final table has it; its curve may be
-    absent (the curves figure draws one momentum).
+    absent (a page that saves only some settings' curves). `initial`: the setting the explorer opens
+    on, the largest value of the keys in `start` and the smallest of the others.
     """
     import pandas as pd
 
@@ -158,6 +163,7 @@ def rank_data(curves_csv, final_csv, swept: str) -> dict:
         "kind": "rank",
         "swept": swept,
         "keys": {k: sorted(final[k].unique().tolist()) for k in keys},
+        "initial": {k: _clean(final[k].max() if k in start else final[k].min()) for k in keys},
         "coarse": coarse[0] if coarse else None,
         "lacks": [c for c in RANK_WANTED if c not in final.columns]
         + [c for c in CURVE_SHOWN if c not in curves.columns],
@@ -175,7 +181,7 @@ def explorer_data(name: str, figures: Path) -> dict:
         raise FileNotFoundError(f"explorer of {name}: no CSV {absent} (was the notebook executed?)")
     if spec["kind"] == "phase":
         return phase_data(paths[0])
-    return rank_data(paths[0], paths[1], spec["swept"])
+    return rank_data(paths[0], paths[1], spec["swept"], spec.get("start", ()))
 
 
 def explorer_html(data: dict, name: str) -> str:

@@ -21,7 +21,9 @@ would run any command. Other modules are allowed only when named in the environm
 an explicit opt-in of the person running the sweep.
 
 Every point is validated before anything runs (a function's points by the rules of its module's
-`PARAMETER_RULES` and its annotations, in the vocabulary of `lowrank run`), as are the output
+`PARAMETER_RULES` and its annotations, in the vocabulary of `lowrank run`; a function that takes one
+config dataclass, as `train_point` takes a `PointConfig`, has that dataclass's fields as its
+parameters), as are the output
 folder, `--jobs` (a positive integer), a Ray `--address` (reachable within a few bounded tries),
 the resources each run asks of the Ray cluster (refused when no node could ever give them) and
 checkpoint paths (a file in
@@ -48,6 +50,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 from lowrank.book import notebooks, rules, runs
 from lowrank.book.keys import code_key
@@ -159,7 +162,7 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
         spec = SweepSpec(path, name, None, scale, resolved, resources)
     else:
         fn = _load_function(raw["function"])
-        accepted = inspect.signature(fn).parameters
+        accepted = sweep_parameters(fn)
         specs = function_specs(fn)
         resolved = []
         for p in points:
@@ -198,6 +201,35 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
     return spec
 
 
+def config_class(fn):
+    """The dataclass a sweep function takes as its one argument (e.g. `train_point(config: PointConfig)`),
+    or None for a function of plain keyword arguments."""
+    import dataclasses
+    import typing
+
+    params = list(inspect.signature(fn).parameters.values())
+    if len(params) != 1:
+        return None
+    try:
+        kind = typing.get_type_hints(fn).get(params[0].name)
+    except Exception:
+        return None
+    return kind if isinstance(kind, type) and dataclasses.is_dataclass(kind) else None
+
+
+def sweep_parameters(fn) -> Mapping[str, inspect.Parameter]:
+    """The parameters a sweep spec gives a function: its keyword arguments, or the fields of the
+    config dataclass it takes (`config_class`), with their defaults."""
+    cls = config_class(fn)
+    return inspect.signature(cls if cls is not None else fn).parameters
+
+
+def call_with_parameters(fn, params: dict):
+    """`fn(**params)`, or `fn(Config(**params))` for a function that takes a config dataclass."""
+    cls = config_class(fn)
+    return fn(cls(**params)) if cls is not None else fn(**params)
+
+
 def function_specs(fn) -> dict[str, rules.ParameterSpec]:
     """`lowrank.book.rules.ParameterSpec` of each argument of a sweep function: the type from its
     plain annotation (int, float, str, bool) or its default, the rules from its module's
@@ -205,12 +237,12 @@ def function_specs(fn) -> dict[str, rules.ParameterSpec]:
     import typing
 
     try:
-        hints = typing.get_type_hints(fn)
+        hints = typing.get_type_hints(config_class(fn) or fn)
     except Exception:  # unresolvable annotations: the defaults and rules alone
         hints = {}
     stated = (getattr(importlib.import_module(fn.__module__), "PARAMETER_RULES", {}) or {}).get(fn.__name__, {})
     specs = {}
-    for name, param in inspect.signature(fn).parameters.items():
+    for name, param in sweep_parameters(fn).items():
         kind = hints.get(name)
         default = None if param.default is inspect.Parameter.empty else param.default
         if isinstance(default, tuple):
@@ -308,7 +340,7 @@ def execute_point(target_kind: str, target: str, params, folder, threads: int = 
         made, _ = runs.run(target, params, runs_root=folder.parent / ".nb")
         io.replace_folder(made, folder)  # same file system: atomic
         return str(folder)
-    result = _load_function(target, check=False)(**params)  # checked when the spec was read
+    result = call_with_parameters(_load_function(target, check=False), params)  # checked when the spec was read
     return _write_result(folder, target, params, result, (started, load, time.time() - t0))
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "top_singular",
     "top_singular_value",
     "top_singular_of_product",
+    "leading_spectrum",
 ]
 
 
@@ -413,6 +414,18 @@ def top_singular_of_product(A, B, k: int = 1, *, v0=None) -> TopSingular:
     An, Bn = A.detach().numpy(), B.detach().numpy()
     op = LinearOperator(shape, matvec=lambda v: An.T @ (Bn @ v), rmatvec=lambda u: Bn.T @ (An @ u), dtype=An.dtype)
     return _arpack(op, shape, k, v0, A.dtype, "A^T B")
+
+
+def leading_spectrum(M, k: int, *, prefix: str = "sv_") -> dict:
+    """The `k` leading singular values of a matrix as one table row: `{"sv_1": s_1, ..., "sv_k": s_k}`,
+    descending, Python floats in the matrix's units.
+
+    `M` is a matrix (`top_singular`) or a pair `(A, B)` standing for `A^T B` (`top_singular_of_product`:
+    the product is never formed), e.g. a gradient in product form. `k` is fixed by the caller (a table
+    keeps the same columns for every row) and at most the matrix's smaller side.
+    """
+    top = top_singular_of_product(*M, k) if isinstance(M, tuple) else top_singular(M, k)
+    return {f"{prefix}{i + 1}": float(v) for i, v in enumerate(top.s)}
 
 
 def top_singular_value(M) -> float:

@@ -27,7 +27,7 @@ checkpoints (saving, resuming, what a checkpoint belongs to) are `lowrank.core.c
 Monitors, at epoch 0 (initialisation) and after every epoch, for every weight matrix the model lists
 (`model.weight_matrices()`), by `lowrank.core.spectral.spectrum_stats`: numerical rank under both
 conventions (`rank_frobenius`: singular values of `M/||M||_F` above `eps`, the paper's `||.||_2` (l.1034)
-and the authors' code; `rank`: of `M/||M||_2`, spectral-normalised),
+and the authors' code; `rank_spectral`: of `M/||M||_2`),
 stable rank, Frobenius and spectral norms, the distance to the previous epoch `dist = ||W_e - W_{e-1}||_F`
 (the paper) and `dist_rel = dist / ||W_{e-1}||_F` (the authors' code), and per run the train / test
 loss and accuracy (evaluation mode). The result is a tidy pandas table, one row per run, epoch and
@@ -72,6 +72,7 @@ __all__ = [
     "EnsembleState",
     "train_ensemble",
     "train",
+    "PointConfig",
     "train_point",
     "train_points",
     "ENSEMBLE_KEYS",
@@ -636,16 +637,61 @@ def sweep(model_fn: Callable[[], nn.Module], data: Dataset, grid, *, epochs: int
     return out
 
 
-def train_point(*, model: str, dataset: str, batch_size: int, lr: float, epochs: int, weight_decay: float = 0.0,
-                momentum: float = 0.0, milestones=(), lr_decay: float = 0.1, eps: float = 1e-3, loss: str = "ce",
-                augment: bool = False, rotation: str = "uniform", seed: int = 0, data_root: str = DEFAULT_DATA_ROOT,
-                cnn_width: float = 1.0,
-                vit_dim: int = 512, vit_depth: int = 6, checkpoint: str = "", checkpoint_every: int = 10,
-                eval_every: int = 1, mixed_precision: bool = False) -> pd.DataFrame:
-    """One training run named by plain values (a sweep point, see `lowrank.book.sweeps`): the model by
-    its paper name (e.g. "MLP-BN-10-100", "ResNet-18"), the data set by name. Returns the tidy monitor table.
-    With `checkpoint` (a file path) a killed long run resumes where its last checkpoint left it."""
-    return train_points([dict(locals())])[0]
+@dataclass(frozen=True)
+class PointConfig:
+    """One training run named by plain values: a sweep point (`lowrank.book.sweeps`), as `train_point`
+    takes it. Its fields are the sweep's parameters (a sweep spec's `base`, `grid` and `points`).
+
+    Parameters
+    ----------
+    model : the network by its paper name (e.g. "MLP-BN-10-100", "ResNet-18"; `lowrank.core.nets.zoo`).
+    dataset : "digits", "mnist1d", "mnist" or "cifar10". data_root : where mnist and cifar10 are read from.
+    batch_size, epochs, milestones, lr_decay, eps, loss, eval_every, mixed_precision : as `TrainConfig`.
+    lr, weight_decay, momentum, seed : the run's own settings (the members of an ensemble may differ
+        in these, `ENSEMBLE_KEYS`).
+    augment : random crops and flips of image batches (`augment_images`), with `rotation`.
+    cnn_width : width multiplier of the paper's CNNs; vit_dim, vit_depth : of the ViT.
+    checkpoint, checkpoint_every : a file the run's state is saved to every `checkpoint_every` epochs,
+        and resumed from (empty: none).
+    """
+
+    model: str
+    dataset: str
+    batch_size: int
+    lr: float
+    epochs: int
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+    milestones: tuple = ()
+    lr_decay: float = 0.1
+    eps: float = 1e-3
+    loss: str = "ce"
+    augment: bool = False
+    rotation: str = "uniform"
+    seed: int = 0
+    data_root: str = DEFAULT_DATA_ROOT
+    cnn_width: float = 1.0
+    vit_dim: int = 512
+    vit_depth: int = 6
+    checkpoint: str = ""
+    checkpoint_every: int = 10
+    eval_every: int = 1
+    mixed_precision: bool = False
+
+    def member(self) -> dict:
+        """The settings an ensemble's members may differ in (`ENSEMBLE_KEYS`), as a run dict."""
+        return {k: getattr(self, k) for k in ENSEMBLE_KEYS}
+
+    def shared(self) -> dict:
+        """Every other setting: those the members of one ensemble must share."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ENSEMBLE_KEYS}
+
+
+def train_point(config: PointConfig) -> pd.DataFrame:
+    """One training run (a sweep point, see `lowrank.book.sweeps`): the model by its paper name, the
+    data set by name (`PointConfig`). Returns the tidy monitor table. With `config.checkpoint` (a file
+    path) a killed long run resumes where its last checkpoint left it."""
+    return train_points([config])[0]
 
 
 # the run settings an ensemble's members may differ in (everything else is shared)
@@ -663,35 +709,31 @@ PARAMETER_RULES = {"train_point": {
 }}
 
 
-def train_points(points: list[dict]) -> list[pd.DataFrame]:
+def train_points(points: list) -> list[pd.DataFrame]:
     """Several `train_point` runs that differ only in `ENSEMBLE_KEYS`, trained at once as one ensemble
-    (a sweep with `ensemble: true`). Returns one table per point, in order, each as `train_point`
-    would return it (`run` 0). A checkpoint file is per ensemble: its name gets the members' hash."""
-    import inspect
-
+    (a sweep with `ensemble: true`). `points` are `PointConfig`s or dicts of their fields. Returns one
+    table per point, in order, each as `train_point` would return it (`run` 0). A checkpoint file is per
+    ensemble: its name gets the members' hash."""
     from lowrank.core.datasets import load
     from lowrank.core.nets import zoo
 
     if not points:
         raise ValueError("points is empty")
-    signature = inspect.signature(train_point)
-    full = []
+    configs = []
     for i, p in enumerate(points):
         try:
-            bound = signature.bind(**p)
+            configs.append(p if isinstance(p, PointConfig) else PointConfig(**p))
         except TypeError as err:
             raise ValueError(f"points[{i}]: {err}") from None
-        bound.apply_defaults()
-        full.append(dict(bound.arguments))
-    shared = {k: v for k, v in full[0].items() if k not in ENSEMBLE_KEYS}
-    for i, p in enumerate(full[1:], 1):
-        differ = sorted(k for k, v in p.items() if k not in ENSEMBLE_KEYS and v != shared[k])
+    shared = configs[0].shared()
+    for i, c in enumerate(configs[1:], 1):
+        differ = sorted(k for k, v in c.shared().items() if v != shared[k])
         if differ:
             raise ValueError(f"points[{i}] differs from points[0] in {differ}; an ensemble's members may differ "
                              f"only in {list(ENSEMBLE_KEYS)}")
-    members = [{k: p[k] for k in ENSEMBLE_KEYS} for p in full]
+    members = [c.member() for c in configs]
     checkpoint = shared["checkpoint"] or None
-    if checkpoint and len(full) > 1:
+    if checkpoint and len(configs) > 1:
         tag = digest(json.dumps(members, sort_keys=True))
         checkpoint = str(Path(checkpoint).with_name(f"{Path(checkpoint).stem}.{tag}{Path(checkpoint).suffix}"))
     name = shared["dataset"]
@@ -705,7 +747,7 @@ def train_points(points: list[dict]) -> list[pd.DataFrame]:
                            checkpoint=checkpoint, checkpoint_every=shared["checkpoint_every"],
                            eval_every=shared["eval_every"], mixed_precision=shared["mixed_precision"])
     out = []
-    for k in range(len(full)):
+    for k in range(len(configs)):
         one = table[table["run"] == k].reset_index(drop=True).assign(run=0)
         one.attrs = {**table.attrs, "diverged": {0: v for r, v in table.attrs["diverged"].items() if r == k}}
         out.append(one)

@@ -32,7 +32,7 @@ from lowrank.core.validation import as_tensor, check_choice
 from lowrank.core.data import SpikedData, spiked_gaussian, triple_index_target
 from lowrank.core.nets import activation as get_activation
 from lowrank.core.nets import gamma_m, outer_weights, weight_structure
-from lowrank.core.spectral import alignment, count_outliers, top_singular, top_singular_of_product
+from lowrank.core.spectral import alignment, count_outliers, singular_values, top_singular, top_singular_of_product
 
 __all__ = [
     "Loss",
@@ -49,6 +49,7 @@ __all__ = [
     "decompose_problem",
     "OUTLIER_SEARCH",
     "spike_summary",
+    "tilt_scan",
     "check_two_layer_inputs",
 ]
 
@@ -355,6 +356,29 @@ def spike_summary(dec: Decomposition, data: SpikedData, *, outlier_gap: float = 
     row.update({f"s{i + 1}": float(v) for i, v in enumerate(s[:top])})
     return row
 
+
+
+def tilt_scan(n: int, d: int, m: int, *, nu: float, activations, tilts, alpha: float = 0.0, scaling: str = "ntk",
+              target_link: str = "tanh", mu: str = "sample", outlier_gap: float = 1.5, seed: int = 0):
+    """`spike_summary` of tilted weights (`weights="tilted"`) at each multiple `tilts` of the paper's tilt.
+
+    One problem per (activation, tilt), MSE loss, all from `seed` (the same data and `W_S` at every
+    tilt). Returns a DataFrame with `activation`, `tilt`, `W_norm` (`||W||_2`), `mean_wq` (the mean of
+    `w_j^T q`, the coherent component the tilt adds to every row) and `spike_summary`'s columns.
+    """
+    import itertools
+
+    import pandas as pd
+
+    rows = []
+    for act, tilt in itertools.product(activations, tilts):
+        problem = spiked_problem(n, d, m, alpha=alpha, nu=nu, activation=act, loss="mse", weights="tilted",
+                                 tilt=tilt, scaling=scaling, target_link=target_link, seed=seed)
+        dec = decompose_problem(problem, mu=mu)
+        rows.append({"activation": act, "tilt": tilt, "W_norm": singular_values(problem.W)[0].item(),
+                     "mean_wq": float((problem.W @ problem.data.q).mean()),
+                     **spike_summary(dec, problem.data, outlier_gap=outlier_gap)})
+    return pd.DataFrame(rows)
 
 def check_two_layer_inputs(X_B, z, q, W, a):
     X_B = as_tensor(X_B, "X_B", min_ndim=2)

@@ -3,6 +3,8 @@
 `estimate_nu_alpha` reads the spike exponent nu and the bulk exponent alpha off a data matrix's
 second-moment eigenvalues, `spike_split` writes `X = X_B + zeta z q^T` with q the top eigenvector,
 `real_problem` puts a two-layer network on it, and `real_data_matrix` loads the page's data sets.
+Fig. 8's comparison reads one problem's gradient three ways (`gradient_cases`: plain, with input
+noise, with a Jacobian penalty) and scores each against the rule of thumb (`rule_call`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from lowrank.core.validation import as_tensor, check_choice
 from lowrank.core.data import SpikedData
 from lowrank.core.nets import activation as get_activation
 from lowrank.core.nets import gamma_m, outer_weights, sphere_rows
-from lowrank.gradients.decomposition import SpikedProblem, check_pm1_labels, loss_function
+from lowrank.gradients.decomposition import SpikedProblem, check_pm1_labels, decompose_problem, loss_function
+from lowrank.gradients.regularization import jacobian_penalty_problem, noisy_problem
+from lowrank.gradients.rule_of_thumb import dominant_spike, residue_alignment_beta, rule_of_thumb
 
 __all__ = [
     "SpectrumFit",
@@ -26,6 +30,9 @@ __all__ = [
     "real_problem",
     "REAL_DATASETS",
     "real_data_matrix",
+    "GradientCase",
+    "gradient_cases",
+    "rule_call",
 ]
 
 
@@ -184,3 +191,72 @@ def real_data_matrix(name: str, *, data_root=None, max_samples: int = 4000, stan
     labels = torch.as_tensor(ds.y_train[:k])
     y = torch.where(torch.isin(labels, torch.as_tensor(list(positive_classes))), 1.0, -1.0).to(torch.float64)
     return X, y
+
+
+class GradientCase(NamedTuple):
+    """One gradient of Fig. 8 and what the rule of thumb is given for it."""
+
+    G: torch.Tensor  # d x m: the gradient (with the penalty's gradient added under a Jacobian penalty)
+    residue_direction: torch.Tensor  # (d,) X_B^T r of the inputs this gradient sees
+    fit: SpectrumFit  # (nu_hat, alpha_hat) of the inputs this gradient sees
+    beta: float  # beta_hat (Assumption 6) of those inputs and their residue
+    case_rule: str  # the rule's constant for the case: its own label when plain, "residue" or "data" otherwise
+    norms: dict  # spectral norms of the spikes marked in Fig. 8: S1 and S2 (or S3 under the penalty)
+
+
+def gradient_cases(problem: SpikedProblem, fit: SpectrumFit, *, noise_tau2: float | None = None,
+                   noise_seed: int = 0, jacobian_lambda: float | None = None,
+                   fit_range=(1, None)) -> dict[str, GradientCase]:
+    """The gradient of a real-data problem plain, with input noise and with a Jacobian penalty (Fig. 8).
+
+    Parameters
+    ----------
+    problem : `real_problem`. fit : `estimate_nu_alpha` of its inputs.
+    noise_tau2 : the input-noise variance, or None for no "input noise" case; noise_seed : its seed.
+    jacobian_lambda : the Jacobian-penalty strength, or None for no "Jacobian penalty" case.
+    fit_range : the bulk index range of the alpha fit of the noisy inputs.
+
+    Returns
+    -------
+    `{case: GradientCase}` for "plain" and the cases asked for. Under input noise everything the rule
+    reads (nu_hat, alpha_hat, beta_hat, the residue direction) comes from the noisy inputs and their
+    residue; the penalty keeps the clean inputs' and adds `G_reg` to G. The per-case constants are
+    `rule_of_thumb(..., large_input_noise=True)` and `(..., large_jacobian_penalty=True)` at the clean
+    estimates.
+    """
+    d = problem.data.X.shape[1]
+    dec = decompose_problem(problem)
+    beta = residue_alignment_beta(problem.data.z, dec.r, d)
+    x_res = problem.data.X_B.T @ dec.r
+    norms = dec.spike_norms()
+    cases = {"plain": GradientCase(dec.G, x_res, fit, beta, rule_of_thumb(fit.nu, fit.alpha, beta),
+                                   {"S1": norms["norm_S1"], "S2": norms["norm_S2"]})}
+    if noise_tau2 is not None:
+        noisy = noisy_problem(problem, noise_tau2, seed=noise_seed)
+        dec_noise = decompose_problem(noisy)
+        noisy_norms = dec_noise.spike_norms()
+        cases["input noise"] = GradientCase(
+            dec_noise.G, noisy.data.X_B.T @ dec_noise.r, estimate_nu_alpha(noisy.data.X, fit_range=fit_range),
+            residue_alignment_beta(noisy.data.z, dec_noise.r, d),
+            rule_of_thumb(fit.nu, fit.alpha, beta, large_input_noise=True),
+            {"S1": noisy_norms["norm_S1"], "S2": noisy_norms["norm_S2"]})
+    if jacobian_lambda is not None:
+        jp = jacobian_penalty_problem(problem, jacobian_lambda)
+        cases["Jacobian penalty"] = GradientCase(
+            dec.G + jp.G_reg, x_res, fit, beta, rule_of_thumb(fit.nu, fit.alpha, beta, large_jacobian_penalty=True),
+            {"S1": norms["norm_S1"], "S3": jp.norm_S3()})
+    return cases
+
+
+def rule_call(case: GradientCase, q) -> dict:
+    """The measured dominant spike of one case's gradient against the rule of thumb at its estimates.
+
+    q : (d,) the data's spike direction. Returns `measured` (`dominant_spike`'s label), `rule`
+    (`rule_of_thumb(nu_hat, alpha_hat, beta_hat)`), `agree`, `case_rule`, the estimates and the numbers
+    behind the measured label (`outliers`, `align_u1_residue`, `align_u1_q`, `s2_over_s1`).
+    """
+    call = dominant_spike(case.G, case.residue_direction, q)
+    rule = rule_of_thumb(case.fit.nu, case.fit.alpha, case.beta)
+    return {"measured": call.label, "rule": rule, "agree": call.label == rule, "case_rule": case.case_rule,
+            "nu_hat": case.fit.nu, "alpha_hat": case.fit.alpha, "beta_hat": case.beta, "outliers": call.outliers,
+            "align_u1_residue": call.align_residue, "align_u1_q": call.align_q, "s2_over_s1": call.second_ratio}

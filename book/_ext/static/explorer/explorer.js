@@ -88,7 +88,8 @@
     box.dataset.rendered = String(Number(box.dataset.rendered || 0) + 1);
   }
 
-  /* Part I: the phase map of one seed, the selected cell outlined; its numbers and spike norms. */
+  /* Part I: the phase map of one seed, the selected cell outlined; its spectrum of G (outliers marked),
+   * spike norms and numbers. */
   function phase(box, data) {
     const state = {}, keys = data.keys;
     const {panes, table} = layout(box);
@@ -113,6 +114,7 @@
            encoding: {x: {field: "alpha", type: "ordinal", title: "bulk decay α"},
                       y: {field: "nu", type: "ordinal", sort: "descending", title: "spike size ν"},
                       color: {field: "measured", type: "nominal", title: "measured",
+                              legend: {orient: box.clientWidth < 560 ? "bottom" : "right"},  // a phone: below the map
                               scale: {domain: labels, range: labels.map((l) => LABEL_COLOURS[l])}},
                       tooltip: [{field: "nu"}, {field: "alpha"}, {field: "measured"}, {field: "rule"}]}},
           {data: {name: "map"}, transform: [{filter: "datum.agree === false || datum.agree === 'False'"}],
@@ -126,26 +128,44 @@
         const d = item && item.datum;
         if (d && "nu" in d && "alpha" in d) { setters.nu && setters.nu(d.nu); setters.alpha && setters.alpha(d.alpha); }
       });
+      // the spectrum of G: its leading singular values, the outliers the page counted marked as such
+      const outliers = cell && typeof cell.outliers === "number" ? cell.outliers : 0;
+      const spectrum = cell ? data.spectrum.map((key) => Number(key.slice(3)))  // sv_k
+        .map((k) => ({k, value: cell[`sv_${k}`], part: k <= outliers ? "outlier" : "bulk"}))
+        .filter((d) => typeof d.value === "number" && d.value > 0) : [];  // a log axis: positive values
+      views.spectrum = await draw(panes[1], {
+        $schema: "https://vega.github.io/schema/vega-lite/v6.json",
+        title: {text: data.spectrum.length ? `spectrum of G: ${outliers} outlier${outliers === 1 ? "" : "s"}`
+                                           : "spectrum of G: not saved with this map",
+                subtitle: cell ? `measured: ${cell.measured}; rule of thumb: ${cell.rule}` : "no cell"},
+        width: w, height: 170,
+        datasets: {spectrum}, data: {name: "spectrum"},
+        layer: [
+          {mark: {type: "rule", strokeWidth: 2},
+           encoding: {x: {field: "k", type: "ordinal", title: "index k (leading singular values, descending)"},
+                      y: {field: "value", type: "quantitative", scale: {type: "log"},
+                          title: "s_k of G (gradient units, log)"},
+                      y2: {datum: spectrum.length ? Math.min(...spectrum.map((d) => d.value)) / 1.5 : 1},
+                      color: {field: "part", type: "nominal", title: null, legend: {orient: "bottom"},
+                              scale: {domain: ["outlier", "bulk"], range: ["#d62728", "#888888"]}}}},
+          {mark: {type: "point", filled: true, size: 70},
+           encoding: {x: {field: "k", type: "ordinal"}, y: {field: "value", type: "quantitative"},
+                      color: {field: "part", type: "nominal"},
+                      tooltip: [{field: "k", title: "k"}, {field: "value", title: "s_k", format: ".4g"},
+                                {field: "part"}]}},
+        ],
+      });
       const norms = cell ? ["norm_S1", "norm_S12", "norm_S2"].filter((k) => k in cell && cell[k] > 0)
         .map((k) => ({spike: k.slice(5), norm: cell[k]})) : [];
-      views.spikes = await draw(panes[1], {
+      views.spikes = await draw(panes[2], {
         $schema: "https://vega.github.io/schema/vega-lite/v6.json",
         title: "spike norms ‖S‖₂ of the selected cell", width: w, height: 160,
         datasets: {spikes: norms}, data: {name: "spikes"}, mark: {type: "point", filled: true, size: 90},
         encoding: {x: {field: "spike", type: "nominal", sort: null, title: "spike"},
-                   y: {field: "norm", type: "quantitative", scale: {type: "log"}, title: "spectral norm (log)"},
+                   y: {field: "norm", type: "quantitative", scale: {type: "log"},
+                       title: "spectral norm (gradient units, log)"},
                    tooltip: [{field: "spike"}, {field: "norm", format: ".4g"}]},
       });
-      const spectrum = cell ? data.spectrum.map((k, i) => ({k: i + 1, value: cell[k]})) : [];
-      if (spectrum.length) {
-        views.spectrum = await draw(panes[2], {
-          $schema: "https://vega.github.io/schema/vega-lite/v6.json",
-          title: "leading singular values of G", width: w, height: 160,
-          datasets: {spectrum}, data: {name: "spectrum"}, mark: {type: "point", filled: true},
-          encoding: {x: {field: "k", type: "ordinal", title: "k"},
-                     y: {field: "value", type: "quantitative", scale: {type: "log"}, title: "s_k (log)"}},
-        });
-      }
       const rows = [["spike size ν", "nu", state.nu], ["bulk decay α", "alpha", state.alpha]];
       others.forEach((k) => rows.push([NAMES[k] || k, k, state[k]]));
       const said = {measured: "measured dominant spike", rule: "rule of thumb's call", agree: "agree",
@@ -234,8 +254,8 @@
       rendered(box);
     }
 
-    // start on a setting whose curves the page saved (the curves figure draws one momentum)
-    controls(box, keys, state, () => { pending = pending.then(redraw); }, data.curves[0]);
+    // open on the setting of the page's static curves figure (explorer.py's `initial`)
+    controls(box, keys, state, () => { pending = pending.then(redraw); }, data.initial || data.curves[0]);
     box.insertBefore(box.querySelector(".explorer-controls"), box.querySelector(".explorer-charts"));
     pending = pending.then(redraw);
   }

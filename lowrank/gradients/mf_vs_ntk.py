@@ -1,0 +1,199 @@
+"""Section 3.4's experiments (the page gradients/mf_vs_ntk), repeated over draws and returned as tables.
+
+Each function repeats one of `lowrank.gradients.dynamics`' single-draw helpers over independent
+draws and stacks the results, so that the page computes a figure's quantity in one call:
+
+- Fig. 4, `initial_alignment_table`: `initial_alignments` (the initial gradient's `u1` against
+  `X^T y`, `X^T r` and omega) for each scaling and draw;
+- Fig. 5, `scaling_runs`: `scaling_comparison` (MF and NTK trained from one `W_0` on one data set,
+  `train_weight_normalized` with step `lr_factor / gamma_m`) for each draw: the traces, the angles
+  between the two scalings' weights, and how far each scaling's own weights moved from `W_0`;
+- Fig. 6, `spike_size_runs`: `train_weight_normalized` under one scaling for each (spike size nu,
+  draw), beside its control, `initial_lead` on the spike-free inputs `X_B`;
+- `initial_leads` (Theorems 3.1-3.2: which side each spike size starts on) and `direction_switches`
+  (`direction_switch` for every run) read the tables `spike_size_runs` returns.
+
+Draw `k` of every figure uses the seed `seed + DRAW_SEED_STRIDE * k` (`single_index_draw` and
+`initial_alignments` derive their sub-seeds from it).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import NamedTuple, Sequence
+
+from lowrank.core.nets import gamma_m
+from lowrank.gradients.dynamics import (
+    direction_switch,
+    initial_alignments,
+    initial_lead,
+    scaling_comparison,
+    single_index_draw,
+    train_weight_normalized,
+    weight_angles,
+)
+
+__all__ = [
+    "DRAW_SEED_STRIDE",
+    "draw_seed",
+    "initial_alignment_table",
+    "ScalingRuns",
+    "scaling_runs",
+    "SpikeRuns",
+    "spike_size_runs",
+    "initial_leads",
+    "direction_switches",
+]
+
+DRAW_SEED_STRIDE = 1000  # draw k uses seed + 1000 k: the sub-seeds seed .. seed + 4 of two draws never meet
+
+
+def draw_seed(seed: int, draw: int) -> int:
+    """The seed of draw number `draw` (0, 1, ...) of an experiment seeded by `seed`."""
+    if not isinstance(draw, int) or draw < 0:
+        raise ValueError(f"draw must be a non-negative integer, got {draw!r}")
+    return seed + DRAW_SEED_STRIDE * draw
+
+
+def _check_repeats(repeats):
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+
+
+def initial_alignment_table(n: int, d: int, m: int, *, repeats: int, activation: str = "relu",
+                            scalings: Sequence[str] = ("mf", "ntk"), noise_std: float = 0.1, seed: int = 0):
+    """Fig. 4: the initial gradient's alignments, one row per (scaling, draw).
+
+    Parameters
+    ----------
+    n, d, m : samples, input dimension, width. repeats : independent draws of (X, omega, y, W, a).
+    activation : of the network. scalings : `gamma_m` conventions ("mf", "ntk"). noise_std : of the
+    single-index target. seed : of draw 0 (`draw_seed`).
+
+    Returns
+    -------
+    DataFrame with columns `scaling`, `repeat` and `initial_alignments`' `align_Xy`, `align_Xr`,
+    `align_omega` (|cos| of u1(G) with `X^T y`, `X^T r`, omega), `s1_over_s2` and `r_y_corr`. Draw `k`
+    is the same data and network under every scaling.
+    """
+    import pandas as pd
+
+    _check_repeats(repeats)
+    return pd.DataFrame([{"scaling": sc, "repeat": k,
+                          **initial_alignments(n, d, m, scaling=sc, activation=activation, noise_std=noise_std,
+                                               seed=draw_seed(seed, k))}
+                         for sc, k in itertools.product(scalings, range(repeats))])
+
+
+class ScalingRuns(NamedTuple):
+    """What `scaling_runs` recorded (Fig. 5)."""
+
+    traces: object  # DataFrame: `TrainingRun.trace` rows with `scaling` and `repeat`
+    angles: object  # DataFrame: `weight_angles` between the first two scalings' W_t, per (repeat, step)
+    moved: object  # DataFrame: per (scaling, repeat), `weight_angles` between W at the last snapshot and W_0
+
+
+def scaling_runs(n: int, d: int, m: int, *, repeats: int, activation: str, steps: int, snapshot_every: int,
+                 lr_factor: float = 1.0, normalization: str = "wn", noise_std: float = 0.1, seed: int = 0,
+                 scalings: Sequence[str] = ("mf", "ntk")) -> ScalingRuns:
+    """Fig. 5: each scaling trained from one initialisation on one data set, for `repeats` draws.
+
+    Draw `k` is `single_index_draw(n, d, m, nu=0, seed=draw_seed(seed, k))` (isotropic inputs, a
+    single-index target); every scaling trains from its `W_0` with `train_weight_normalized`, step
+    `lr_factor / gamma_m`, for `steps` full-batch steps, recording the alignment of u1(G_t) with
+    `q`, `X_B^T y` and omega (`align_q`, `align_Xy`, `align_omega`), with `X_B^T r_t` and with u1(G_0).
+    W_t is kept every `snapshot_every` steps from 0.
+
+    Returns
+    -------
+    `ScalingRuns`: `traces` (one row per scaling, draw and step), `angles` (the mean and largest
+    principal angle and the mean neuron angle, in degrees, between the first two scalings' W_t at
+    each snapshot, per draw) and `moved` (the same angles between each scaling's W at its last snapshot
+    and at step 0: how far its own weights moved).
+    """
+    import pandas as pd
+
+    _check_repeats(repeats)
+    if not isinstance(snapshot_every, int) or snapshot_every < 1:
+        raise ValueError(f"snapshot_every must be a positive integer, got {snapshot_every!r}")
+    traces, angles, moved = [], [], []
+    for k in range(repeats):
+        data, omega, y, W0, a = single_index_draw(n, d, m, nu=0.0, seed=draw_seed(seed, k), noise_std=noise_std)
+        runs, ang = scaling_comparison(
+            data.X, y, W0, a, activation=activation, steps=steps, X_B=data.X_B, normalization=normalization,
+            references={"q": data.q, "Xy": data.X_B.T @ y, "omega": omega}, scalings=scalings,
+            snapshot_steps=range(0, steps + 1, snapshot_every), lr_factor=lr_factor)
+        for sc, run in runs.items():
+            traces.append(run.trace.assign(scaling=sc, repeat=k))
+            moved.append({"scaling": sc, "repeat": k, "step": max(run.W), **weight_angles(run.W[0], run.W[max(run.W)])})
+        angles.append(ang.assign(repeat=k))
+    return ScalingRuns(pd.concat(traces, ignore_index=True), pd.concat(angles, ignore_index=True),
+                       pd.DataFrame(moved))
+
+
+class SpikeRuns(NamedTuple):
+    """What `spike_size_runs` recorded (Fig. 6)."""
+
+    traces: object  # DataFrame: `TrainingRun.trace` rows with `nu` and `repeat`
+    spike_free: object  # DataFrame: per (nu, repeat), `lead` of the initial gradient on X_B alone
+
+
+def spike_size_runs(n: int, d: int, m: int, *, nus: Sequence[float], repeats: int, activation: str, steps: int,
+                    lr_factor: float = 1.0, normalization: str = "wn", noise_std: float = 0.1, seed: int = 0,
+                    scaling: str = "mf") -> SpikeRuns:
+    """Fig. 6: training under one scaling for each spike size nu and draw, and the spike-free control.
+
+    Draw `k` at spike size `nu` is `single_index_draw(n, d, m, nu=nu, seed=draw_seed(seed, k))` (the
+    same bulk, target and network at every nu: only the spike `zeta = n^nu` changes). Each trains with
+    `train_weight_normalized` (`gamma_m` of `scaling`, step `lr_factor / gamma_m`, no weight snapshots),
+    recording `align_q` and `align_residue` (|cos| of u1(G_t) with q and with `X_B^T r_t`).
+
+    Returns
+    -------
+    `SpikeRuns`: `traces` (one row per nu, draw and step) and `spike_free`, per (nu, draw), the
+    `initial_lead` `|cos(u1, q)| - |cos(u1, X_B^T r)|` of the same network and labels on the inputs
+    `X_B` without the spike (the mechanism removed).
+    """
+    import pandas as pd
+
+    _check_repeats(repeats)
+    gamma = gamma_m(m, scaling)
+    traces, spike_free = [], []
+    for nu, k in itertools.product(nus, range(repeats)):
+        data, omega, y, W0, a = single_index_draw(n, d, m, nu=nu, seed=draw_seed(seed, k), noise_std=noise_std)
+        spike_free.append({"nu": nu, "repeat": k, "lead": initial_lead(
+            data.X_B, y, W0, a, activation=activation, gamma=gamma, X_B=data.X_B, q=data.q)})
+        run = train_weight_normalized(data.X, y, W0, a, activation=activation, gamma=gamma, steps=steps,
+                                      lr=lr_factor / gamma, X_B=data.X_B, references={"q": data.q},
+                                      normalization=normalization, snapshot_steps=[])
+        traces.append(run.trace.assign(nu=nu, repeat=k))
+    return SpikeRuns(pd.concat(traces, ignore_index=True), pd.DataFrame(spike_free))
+
+
+def initial_leads(traces, *, by: str = "nu"):
+    """The median over runs, per value of `by`, of the lead `align_q - align_residue` at step 0.
+
+    traces : a table with columns `step`, `align_q`, `align_residue` and `by` (`SpikeRuns.traces`).
+    Returns a Series indexed by the sorted values of `by` (> 0: u1(G_0) nearer the spike q).
+    """
+    for col in ("step", "align_q", "align_residue", by):
+        if col not in traces:
+            raise ValueError(f"traces has no column {col!r}")
+    first = traces[traces["step"] == 0]
+    return (first["align_q"] - first["align_residue"]).groupby(first[by]).median().rename("lead").sort_index()
+
+
+def direction_switches(traces, *, by: Sequence[str] = ("nu", "repeat"), source: str = "align_residue",
+                       target: str = "align_q"):
+    """`direction_switch` for every run of a trace table: one row per group of `by`.
+
+    traces : a table of several runs, one row per (run, step) (`SpikeRuns.traces`); `by` names the
+    columns that identify a run. source, target : the alignment columns (default: from the residue
+    `X_B^T r_t` to the spike q). Returns a DataFrame with the `by` columns and `direction_switch`'s
+    (`switched`, `switch_step`, `loss_before`, `loss_at`, `loss_after`, `loss_jump`, ...).
+    """
+    import pandas as pd
+
+    by = list(by)
+    return pd.DataFrame([{**dict(zip(by, key)), **direction_switch(g.sort_values("step"), source=source, target=target)}
+                         for key, g in traces.groupby(by)])

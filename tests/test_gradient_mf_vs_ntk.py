@@ -1,0 +1,160 @@
+"""Section 3.4's tables (lowrank.gradients.mf_vs_ntk) against an independent computation: autograd
+gradients, full SVDs, scipy's principal angles, hand-built weight-normalised descent and hand-worked
+traces."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.linalg
+import torch
+
+from lowrank.core.data import single_index_target, spiked_gaussian
+from lowrank.gradients import dynamics as gd
+from lowrank.gradients import mf_vs_ntk
+
+GAMMA = {"mf": lambda m: 1.0 / m, "ntk": lambda m: 1.0 / math.sqrt(m)}  # gamma_m in closed form
+
+
+def _autograd_gradient(X, y, W, a, gamma, act):
+    """(G, r, loss): G = d/dW of mean (f - y)^2 / 2, transposed (d x m), by autograd."""
+    W = W.clone().requires_grad_(True)
+    f = gamma * act(X @ W.T) @ a
+    loss = 0.5 * ((f - y) ** 2).mean()
+    (g,) = torch.autograd.grad(loss, W)
+    loss = loss.detach()
+    return g.T.numpy(), (f - y).detach().numpy(), float(loss)
+
+
+def _u1(G):
+    return np.linalg.svd(G, full_matrices=False)[0][:, 0]
+
+
+def _cos(u, v):
+    return abs(float(u @ v)) / (np.linalg.norm(u) * np.linalg.norm(v))
+
+
+def test_draw_seeds_and_bad_repeats():
+    assert [mf_vs_ntk.draw_seed(7, k) for k in range(3)] == [7, 1007, 2007]
+    with pytest.raises(ValueError, match="draw"):
+        mf_vs_ntk.draw_seed(0, -1)
+    with pytest.raises(ValueError, match="repeats"):
+        mf_vs_ntk.initial_alignment_table(10, 6, 8, repeats=0)
+    with pytest.raises(ValueError, match="snapshot_every"):
+        mf_vs_ntk.scaling_runs(10, 6, 8, repeats=1, activation="tanh", steps=2, snapshot_every=0)
+
+
+def test_initial_alignment_table_against_autograd_and_a_full_svd():
+    n, d, m = 14, 9, 11
+    table = mf_vs_ntk.initial_alignment_table(n, d, m, repeats=2, activation="tanh", noise_std=0.1, seed=5)
+    assert list(zip(table["scaling"], table["repeat"])) == [("mf", 0), ("mf", 1), ("ntk", 0), ("ntk", 1)]
+    # draw 1: the bulk inputs, omega, W and a of single_index_draw's seeds, labels from X_B (no spike)
+    data, omega, _, W, a = gd.single_index_draw(n, d, m, nu=0.0, seed=1005)
+    X = data.X_B
+    y = single_index_target(X, omega, noise_std=0.1, seed=1007, link="sigmoid")
+    for sc in ("mf", "ntk"):
+        G, r, _ = _autograd_gradient(X, y, W, a, GAMMA[sc](m), torch.tanh)
+        u1, Xn = _u1(G), X.numpy()
+        row = table[(table["scaling"] == sc) & (table["repeat"] == 1)].iloc[0]
+        assert row["align_Xy"] == pytest.approx(_cos(u1, Xn.T @ y.numpy()), abs=1e-10)
+        assert row["align_Xr"] == pytest.approx(_cos(u1, Xn.T @ r), abs=1e-10)
+        assert row["align_omega"] == pytest.approx(_cos(u1, omega.numpy()), abs=1e-10)
+        assert row["r_y_corr"] == pytest.approx(-float(r @ y.numpy()) / (np.linalg.norm(r) * float(y.norm())))
+
+
+def _descend(X, y, W0, a, gamma, lr, steps, act):
+    """Weight-normalised gradient descent by autograd on V (w_j = v_j / ||v_j||): the losses and W_t."""
+    V, losses, Ws = W0.clone(), [], []
+    for _ in range(steps + 1):
+        V = V.detach().requires_grad_(True)
+        W = V / V.norm(dim=1, keepdim=True)
+        loss = 0.5 * ((gamma * act(X @ W.T) @ a - y) ** 2).mean()
+        (g,) = torch.autograd.grad(loss, V)
+        losses.append(float(loss))
+        Ws.append(W.detach().numpy())
+        V = V - lr * g
+    return losses, Ws
+
+
+def _degrees(W1, W2):
+    principal = np.rad2deg(scipy.linalg.subspace_angles(W1, W2)).mean()
+    neuron = np.rad2deg(np.arccos(np.clip((W1 * W2).sum(1), -1, 1))).mean()
+    return principal, neuron
+
+
+def test_scaling_runs_against_autograd_descent_and_scipy_angles():
+    n, d, m, steps = 12, 5, 8, 4
+    out = mf_vs_ntk.scaling_runs(n, d, m, repeats=2, activation="sigmoid", steps=steps, snapshot_every=2,
+                                 lr_factor=0.5, seed=3)
+    assert len(out.traces) == 2 * 2 * (steps + 1)
+    assert sorted(out.angles["step"].unique()) == [0, 2, 4]
+    data, omega, y, W0, a = gd.single_index_draw(n, d, m, nu=0.0, seed=1003)
+    runs = {}
+    for sc in ("mf", "ntk"):
+        gamma = GAMMA[sc](m)
+        runs[sc] = _descend(data.X, y, W0, a, gamma, 0.5 / gamma, steps, torch.sigmoid)
+        trace = out.traces.query("scaling == @sc and repeat == 1").sort_values("step")
+        np.testing.assert_allclose(trace["loss"], runs[sc][0], rtol=1e-10)
+        assert trace["align_initial"].iloc[0] == pytest.approx(1.0)
+        G, r, _ = _autograd_gradient(data.X, y, W0, a, gamma, torch.sigmoid)
+        u1 = _u1(G)
+        assert trace["align_Xy"].iloc[0] == pytest.approx(_cos(u1, (data.X_B.T @ y).numpy()), abs=1e-9)
+        assert trace["align_residue"].iloc[0] == pytest.approx(_cos(u1, data.X_B.numpy().T @ r), abs=1e-9)
+        moved = out.moved.query("scaling == @sc and repeat == 1").iloc[0]
+        assert moved["step"] == steps
+        assert moved["mean_principal_angle"] == pytest.approx(_degrees(runs[sc][1][0], runs[sc][1][-1])[0], abs=1e-6)
+    end = out.angles.query("repeat == 1 and step == @steps").iloc[0]
+    principal, neuron = _degrees(runs["mf"][1][-1], runs["ntk"][1][-1])
+    assert end["mean_principal_angle"] == pytest.approx(principal, abs=1e-6)
+    assert end["mean_neuron_angle"] == pytest.approx(neuron, abs=1e-6)
+    assert out.angles.query("step == 0")["mean_principal_angle"].eq(0.0).all()
+
+
+def test_spike_size_runs_and_the_spike_free_control_against_autograd():
+    n, d, m, steps = 16, 7, 9, 2
+    nus = [0.0, 0.5]
+    out = mf_vs_ntk.spike_size_runs(n, d, m, nus=nus, repeats=2, activation="tanh", steps=steps, seed=1)
+    assert len(out.traces) == len(nus) * 2 * (steps + 1)
+    assert list(zip(out.spike_free["nu"], out.spike_free["repeat"])) == [(0.0, 0), (0.0, 1), (0.5, 0), (0.5, 1)]
+    data, _, y, W0, a = gd.single_index_draw(n, d, m, nu=0.5, seed=1001)
+    gamma = 1.0 / m  # MF
+    losses, _ = _descend(data.X, y, W0, a, gamma, 1.0 / gamma, steps, torch.tanh)
+    trace = out.traces.query("nu == 0.5 and repeat == 1").sort_values("step")
+    np.testing.assert_allclose(trace["loss"], losses, rtol=1e-10)
+    G, r, _ = _autograd_gradient(data.X, y, W0, a, gamma, torch.tanh)
+    assert trace["align_q"].iloc[0] == pytest.approx(_cos(_u1(G), data.q.numpy()), abs=1e-9)
+    # the control: the same network and labels on X_B, the spike removed
+    G, r, _ = _autograd_gradient(data.X_B, y, W0, a, gamma, torch.tanh)
+    u1, res = _u1(G), data.X_B.numpy().T @ r
+    expected = _cos(u1, data.q.numpy()) - _cos(u1, res)
+    assert out.spike_free.query("nu == 0.5 and repeat == 1")["lead"].item() == pytest.approx(expected, abs=1e-9)
+
+
+def test_initial_leads_on_a_hand_worked_table():
+    rows = [(0.0, 0, 0, 0.1, 0.3), (0.0, 1, 0, 0.2, 0.6), (0.0, 2, 0, 0.5, 0.4),  # leads -0.2, -0.4, 0.1
+            (1.0, 0, 0, 0.8, 0.5), (1.0, 1, 0, 0.9, 0.4),  # leads 0.3, 0.5
+            (0.0, 0, 1, 0.9, 0.0), (1.0, 0, 1, 0.0, 0.9)]  # later steps: ignored
+    table = pd.DataFrame(rows, columns=["nu", "repeat", "step", "align_q", "align_residue"])
+    leads = mf_vs_ntk.initial_leads(table.iloc[::-1])
+    assert list(leads.index) == [0.0, 1.0]
+    np.testing.assert_allclose(leads.to_numpy(), [-0.2, 0.4])
+    with pytest.raises(ValueError, match="align_q"):
+        mf_vs_ntk.initial_leads(table.drop(columns="align_q"))
+
+
+def test_direction_switches_on_hand_worked_runs():
+    switching = pd.DataFrame({"step": range(5), "align_residue": [0.9, 0.8, 0.1, 0.1, 0.1],
+                              "align_q": [0.1, 0.2, 0.9, 0.9, 0.9], "loss": [1.0, 0.5, 0.6, 0.3, 0.2]})
+    staying = switching.assign(align_q=0.0, loss=1.0)
+    table = pd.concat([switching.assign(nu=0.5, repeat=0), staying.assign(nu=0.0, repeat=0)]).sample(frac=1,
+                                                                                                     random_state=0)
+    out = mf_vs_ntk.direction_switches(table)
+    assert list(zip(out["nu"], out["repeat"])) == [(0.0, 0), (0.5, 0)]
+    assert list(out["switched"]) == [False, True]
+    hit = out.iloc[1]
+    assert hit["switch_step"] == 2
+    assert (hit["loss_before"], hit["loss_at"], hit["loss_after"]) == (0.5, 0.6, 0.3)
+    assert hit["loss_jump"] == pytest.approx(1.2)
+    backward = mf_vs_ntk.direction_switches(table, source="align_q", target="align_residue")
+    assert not backward["switched"].any()
