@@ -248,3 +248,65 @@ def test_nc_falls_pooled_judges_the_seed_average():
     assert both.loc["shuffled", "final"] == pytest.approx(0.95)
     with pytest.raises(ValueError):
         summaries.nc_falls_pooled([], 2.0)
+
+
+def _projected_gd_on_classifier(H, T, rho, lam, lr, steps, seed=0, row_sum_scale=1.0):
+    """Projected gradient descent on a unit-Frobenius C x p classifier V with rho updated by its own
+    gradient, written out in numpy (no autograd): returns V_0, V_T and sum_t log(1 + lr <G_t, V_t>).
+    `row_sum_scale` scales the initial row sum against the centred part."""
+    rng = np.random.default_rng(seed)
+    N, C = T.shape
+    V = rng.standard_normal((C, H.shape[1]))
+    V = V - V.mean(0) + row_sum_scale * V.mean(0)
+    V /= np.linalg.norm(V)
+    V0, log_scale = V.copy(), 0.0
+    for _ in range(steps):
+        R = rho * H @ V.T - T  # N x C residuals
+        G = 2 * rho / N * R.T @ H  # dL/dV for a free matrix V
+        g_rho = 2 / N * np.sum(R * (H @ V.T)) + 2 * lam * rho
+        radial = np.sum(G * V)
+        log_scale += math.log(1 + lr * radial)
+        V = V - lr * (G - radial * V)
+        V /= np.linalg.norm(V)
+        rho -= lr * g_rho
+    return V0, V, log_scale
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_row_sum_shrinks_at_least_as_the_classifier_is_rescaled_for_any_labels(shuffle):
+    rng = np.random.default_rng(3)
+    C, p, N = 4, 10, 60
+    y = np.arange(N) % C
+    means = rng.standard_normal((C, p))
+    H = np.abs(means[y] + 0.3 * rng.standard_normal((N, p)))  # non-negative, like ReLU features
+    labels = rng.permutation(y) if shuffle else y
+    T = collapse.centred_one_hot(torch.as_tensor(labels), C).numpy()
+    V0, V, log_scale = _projected_gd_on_classifier(H, T, rho=0.3, lam=1e-2, lr=0.05, steps=300)
+    excess = collapse.row_sum_excess(torch.as_tensor(V0), torch.as_tensor(V), log_scale)
+    direct = math.log(np.linalg.norm(V.sum(0)) / np.linalg.norm(V0.sum(0))) - log_scale
+    assert excess == pytest.approx(direct, abs=1e-12)
+    assert excess <= 1e-12  # the label-free contraction by the feature moment only adds to the shrinking
+    if not shuffle:  # the fit grows rho, and the steps shrink the classifier as a whole
+        assert log_scale < -0.5
+        # one row feels the labels: the same bound fails for it
+        assert collapse.row_sum_excess(torch.as_tensor(V0), torch.as_tensor(V), log_scale, rows=[0]) > 0.1
+    # with vanishing features the contraction is nil and the bound is an equality
+    V0, V, log_scale = _projected_gd_on_classifier(1e-4 * H, T, rho=0.3, lam=1e-2, lr=0.05, steps=300)
+    assert collapse.row_sum_excess(torch.as_tensor(V0), torch.as_tensor(V), log_scale) == pytest.approx(0, abs=1e-6)
+
+
+def test_row_sum_bound_needs_centred_targets():
+    """With one-hot targets (rows sum to 1) the row sum is pulled away from 0 and the bound fails."""
+    rng = np.random.default_rng(4)
+    C, p, N = 3, 8, 45
+    y = np.arange(N) % C
+    H = np.abs(rng.standard_normal((C, p))[y] + 0.2 * rng.standard_normal((N, p)))
+    T = np.eye(C)[y]
+    V0, V, log_scale = _projected_gd_on_classifier(H, T, rho=0.3, lam=1e-2, lr=0.05, steps=300, row_sum_scale=1e-3)
+    assert collapse.row_sum_excess(torch.as_tensor(V0), torch.as_tensor(V), log_scale) > 0.1
+
+
+def test_row_sum_excess_rejects_a_zero_row_sum():
+    W = torch.tensor([[1.0, 0.0], [-1.0, 0.0]])
+    with pytest.raises(ValueError, match="non-zero"):
+        collapse.row_sum_excess(W, W, 0.0)

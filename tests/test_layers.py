@@ -108,9 +108,7 @@ def import_cycles(paths, package_dir: Path = PACKAGE) -> list[list[str]]:
     return out
 
 
-@pytest.mark.parametrize("sub", [pytest.param(s, marks=pytest.mark.xfail(
-    strict=True, reason="lowrank/square: stacked.py <-> training.py, Part III's to untie")) if s == "square" else s
-    for s in LAYER])
+@pytest.mark.parametrize("sub", list(LAYER))
 def test_no_module_imports_itself_back(sub):
     """No import circle (imports inside functions included): inside `lowrank/book`, the build, the
     paper-scale build, the run folders and the ledger meet in modules they all import (`keys`,

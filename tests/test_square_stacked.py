@@ -6,7 +6,7 @@ import torch
 
 from lowrank.core import datasets
 from lowrank.core.nets import normalized
-from lowrank.square import stacked, training
+from lowrank.square import pages, stacked, training
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def test_stacked_flags_a_diverged_member_and_rejects_bad_input(base):
 
 
 def test_page_setup_train_final_stacks_mlps_and_loops_otherwise(base):
-    setup = training.page_setup("digits", [1, 2], arch="mlp", arch_kwargs={"widths": [10]}, input_shape=[64],
+    setup = pages.page_setup("digits", [1, 2], arch="mlp", arch_kwargs={"widths": [10]}, input_shape=[64],
                                 max_train=40, max_test=30, epochs=15, lr=0.2, rho_lr=2.0, dtype="float64", nc=False)
     flipped = datasets.Dataset(setup.data.x_train, -setup.data.y_train, setup.data.x_test, setup.data.y_test, 2, "flip")
     members = [dict(rho_init=1.0, seed=0, lam=1e-3), dict(rho_init=2.0, seed=1, lam=0.0, data=flipped)]

@@ -1,5 +1,5 @@
 """Time scales of the square-loss mechanisms (lowrank.square.timescales) and the pages' set-up
-(lowrank.square.training.page_setup), against independent computations."""
+(lowrank.square.pages.page_setup), against independent computations."""
 
 import math
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from lowrank.square import timescales, training
+from lowrank.square import pages, timescales, training
 
 
 def _simulate_rho(mu, M, lam, eta, rho0, steps):
@@ -79,7 +79,7 @@ def test_steps_per_epoch():
 
 
 def test_page_setup_trains_as_train_network_and_reads_the_initial_state():
-    setup = training.page_setup("digits", [1, 2], arch="mlp", arch_kwargs={"widths": [16]}, input_shape=[64],
+    setup = pages.page_setup("digits", [1, 2], arch="mlp", arch_kwargs={"widths": [16]}, input_shape=[64],
                                 max_train=40, max_test=20, epochs=3, lr=0.1, rho_lr=0, batch_size=0, log_every=1,
                                 nc=False, dtype="float64")
     direct = training.load_task("digits", [1, 2], max_train=40, max_test=20, shape=[64])
@@ -93,7 +93,7 @@ def test_page_setup_trains_as_train_network_and_reads_the_initial_state():
     assert row["M"] == pytest.approx(ref.history.M.iloc[0], rel=1e-12)
     assert setup.steps() == 3 and setup.steps(batch_size=16) == 9
     with pytest.raises(ValueError, match="unknown training options"):
-        training.page_setup("digits", [1, 2], arch="mlp", max_train=40, epoch=3)
+        pages.page_setup("digits", [1, 2], arch="mlp", max_train=40, epoch=3)
 
 
 def test_shuffle_labels_permutes_training_labels_only():
@@ -106,7 +106,7 @@ def test_shuffle_labels_permutes_training_labels_only():
 
 
 def _trained_pair(classes, lam=1e-3, epochs=5):
-    setup = training.page_setup("digits", classes, arch="mlp", arch_kwargs={"widths": [12, 10]}, input_shape=[64],
+    setup = pages.page_setup("digits", classes, arch="mlp", arch_kwargs={"widths": [12, 10]}, input_shape=[64],
                                 max_train=30, max_test=10, epochs=epochs, lr=0.1, rho_lr=1.0, log_every=epochs,
                                 nc=False, dtype="float64", num_outputs=1 if len(classes) == 2 else len(classes))
     return setup, setup.train(rho_init=3.0, seed=1, lam=lam, progress=False).model

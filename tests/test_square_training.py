@@ -183,3 +183,29 @@ def test_summaries_against_hand_computed_tables():
     assert summaries.rank_update_correlation(layers, reverse=True) == pytest.approx(-1.0)
     one = layers[layers.layer == 1].dropna()
     assert stats.spearmanr(one["rank_spectral"], one.update_norm).statistic == pytest.approx(1.0)
+
+
+def test_classifier_log_scale_is_the_rescaling_of_the_classifier_by_each_step():
+    """`classifier_log_scale` after one and after two full-batch steps, against autograd's gradient in
+    V_L at the state before each step (`classifier_gradient`) and a copy of the network stepped by hand."""
+    data = training.load_task("digits", [0, 1, 2], max_train=45, max_test=15)
+    lr, rho_lr, lam = 0.1, 1.0, 1e-2
+    run = training.train_network(data, arch="mlp", arch_kwargs={"widths": [12]}, rho_init=2.0, seed=5, epochs=2,
+                                 lr=lr, rho_lr=rho_lr, lam=lam, dtype="float64", progress=False, nc=False)
+    model = normalized.make("mlp", data.x_train.shape[1:], num_outputs=3, rho_init=2.0, seed=5, widths=[12]).double()
+    expected = 0.0
+    for epoch in (1, 2):
+        G = training.classifier_gradient(model, data, lam)
+        expected += math.log(1 + lr * float((G * model.classifier()).sum()))
+        assert run.history.set_index("epoch").classifier_log_scale[epoch] == pytest.approx(expected, rel=1e-10)
+        opt = torch.optim.SGD([{"params": [model.rho], "lr": rho_lr},
+                               {"params": [p for n, p in model.named_parameters() if n != "rho"], "lr": lr}])
+        x, t = data.x_train.double(), training.train_targets(data.y_train, 3)[0]
+        opt.zero_grad()
+        (((model(x) - t) ** 2).sum(1).mean() + lam * model.rho**2).backward()
+        opt.step()
+        model.project_()
+    assert run.history.classifier_log_scale.iloc[0] == 0.0
+    momentum = training.train_network(data, arch="mlp", arch_kwargs={"widths": [12]}, epochs=1, lr=lr, momentum=0.5,
+                                      dtype="float64", progress=False, nc=False)
+    assert math.isnan(momentum.history.classifier_log_scale.iloc[-1])  # the bound's step is not SGD with momentum

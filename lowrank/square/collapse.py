@@ -34,6 +34,29 @@ produces against the class-specific part; both measure the paper's `V_L^c . mu_G
 not already small for random W as the cosine is in high dimension), `classifier_row_norm_dev`
 (`max_c | ||W_c||^2 / ||W||_F^2 - 1/C |`, Eq. 43's `||V_L^c||^2 = 1/C` at unit `||V_L||_F`), `tr_sigma_w`, `tr_sigma_b`,
 `num_classes`.
+
+Centred targets and the classifier's row sum (`row_sum_excess`). With targets that sum to zero over
+the outputs (`centred_one_hot`, and `(1, -1)` for C = 2), write the classifier `V` (C x p, unit
+Frobenius norm) as its centred part `P V` (`P = I - 11^T/C`) plus its row sum `s = sum_c V_c`. The
+loss splits exactly as
+
+    (1/N) sum_n ||rho P V h_n - t_n||^2 + (rho^2 / C) (1/N) sum_n (s . h_n)^2 + lam rho^2,
+
+so the labels act on `P V` only: the gradient in `s` is `2 rho^2 Sigma s` with the uncentred feature
+moment `Sigma = (1/N) sum_n h_n h_n^T`, whatever the labels. A projected gradient step (no momentum)
+moves `V` by `-lr (G - <G, V> V)` and puts it back on the unit sphere, so
+
+    s_{t+1} = ((1 + lr <G, V>) s_t - 2 lr rho^2 Sigma s_t) / ||V - lr (G - <G, V> V)||,
+
+and as long as `2 lr rho^2 ||Sigma|| <= 2 (1 + lr <G, V>)` (a stable step) `||s_{t+1}|| <= (1 + lr <G, V>)
+||s_t||`: the row sum shrinks at least by the factor that rescales the whole of `V`, plus a label-free
+contraction by `Sigma`. Summed over the run, `log(||s_T|| / ||s_0||) <= sum_t log(1 + lr_t <G_t, V_t>)`
+(`training.SquareRun.history["classifier_log_scale"]`), for true labels, shuffled labels and any lam.
+Where the labels enter is `<G, V> = -2 rho (mu - rho M)` (`= -2 lam rho^2` at the rho of Eq. 7): how far
+`s` falls depends on how large rho stays, not on the labels directly. For C = 2 the classifier ETF
+(`cos(V_1, V_2) = -1`) is `s = 0` and the row-norm deviation is `|(V_1 - V_2) . s| / 2`, so both are
+consequences of this contraction; for C > 2 the mean pairwise inner product of the rows is
+`(||s||^2 - 1) / (C (C - 1))`, which is `-1 / (C (C - 1))` (the simplex value at equal norms) only at `s = 0`.
 """
 
 from __future__ import annotations
@@ -54,6 +77,7 @@ __all__ = [
     "margins",
     "margin_stats",
     "uncentred_means_cosine",
+    "row_sum_excess",
 ]
 
 NC_KEYS = (
@@ -350,3 +374,20 @@ def uncentred_means_cosine(H, y) -> float:
     a, b = H[idx == 0].mean(0), H[idx == 1].mean(0)
     denom = a.norm() * b.norm()
     return float(a @ b / denom) if denom > 0 else float("nan")
+
+
+def row_sum_excess(W_initial, W_final, log_scale: float, rows=None) -> float:
+    """`log(||s_T|| / ||s_0||) - log_scale`, with `s = sum_c W_c / ||W||_F` the classifier's row sum of
+    `W_initial` (C x p, before training) and `W_final` (after), and `log_scale` the run's
+    `sum_t log(1 + lr_t <G_t, V_t>)` (see the module docstring). With centred targets this is <= 0 up to
+    round-off for any labels; it is 0 when the label-free contraction by the feature moment is negligible.
+    `rows` (a list of row indices) replaces the row sum by the norm of those rows, which do feel the
+    labels (the bound's negative control)."""
+    norms = []
+    for W in (W_initial, W_final):
+        W = as_tensor(W, "W", min_ndim=2).to(torch.float64)
+        W = W / W.norm()
+        norms.append(float(W.sum(0).norm() if rows is None else W[list(rows)].norm()))
+    if not all(n > 0 for n in norms):
+        raise ValueError("the row sum (or the rows) of W_initial and W_final must be non-zero")
+    return math.log(norms[1] / norms[0]) - float(log_scale)

@@ -37,7 +37,7 @@ from lowrank.core.datasets import DEFAULT_DATA_ROOT, Dataset
 from lowrank.core.device import get_device
 
 __all__ = ["TrainingDiverged", "SquareConfig", "SquareRun", "prepare", "load_task", "train_targets", "cosine_lr",
-           "evaluate", "train_square", "train_network", "shuffle_labels", "PageSetup", "page_setup",
+           "evaluate", "train_square", "train_network", "shuffle_labels",
            "rho_stationary_point", "classifier_gradient", "per_sample_gradient_ranks"]
 
 
@@ -386,6 +386,7 @@ class _State:
     pending_rho: tuple | None = None  # (row index, rho at that row): its rho_dot comes from the next step
     update_sums: list = field(default_factory=list)  # per layer, sum of ||dV_k|| / lr since the last row
     update_steps: int = 0
+    classifier_log_scale: float = 0.0  # sum over steps of log(1 + lr <dL/dV_L, V_L>) (`_classifier_scale`)
 
 
 def _step(state: _State, config: SquareConfig, xb, tb, cur_lr: float, track: bool) -> tuple[torch.Tensor, float]:
@@ -398,6 +399,7 @@ def _step(state: _State, config: SquareConfig, xb, tb, cur_lr: float, track: boo
     opt.zero_grad(set_to_none=True)
     loss = ((model(xb) - tb) ** 2).reshape(xb.shape[0], -1).sum(1).mean() + config.lam * model.rho**2
     loss.backward()
+    state.classifier_log_scale += _classifier_scale(model, config, cur_lr)
     opt.step()
     if config.project:
         model.project_()
@@ -415,6 +417,19 @@ def _step(state: _State, config: SquareConfig, xb, tb, cur_lr: float, track: boo
                                  for s, a, b in zip(state.update_sums, model.directions(), before)]
         state.update_steps += 1
     return loss.detach(), rho_after
+
+
+def _classifier_scale(model, config: SquareConfig, cur_lr: float) -> float:
+    """`log(1 + lr <G, V_L>)` of the step about to be taken, `G = dL/dV_L` (the loss's gradient in the
+    classifier direction, a free C x p matrix): the factor by which a projected step (no momentum) rescales
+    the whole of `V_L` at unit Frobenius norm, every row alike. `f = rho V_L h` is bilinear in (rho, V_L),
+    so `<G, V_L> = rho dL_data/drho = rho (rho.grad - 2 lam rho)`. NaN where the step is not of that form
+    (momentum, no projection, an unnormalised last layer) or the factor is not positive."""
+    if config.momentum or not config.project or not model.normalize_last:
+        return float("nan")
+    rho = float(model.rho.detach())
+    factor = 1.0 + cur_lr * rho * (float(model.rho.grad) - 2 * config.lam * rho)
+    return math.log(factor) if factor > 0 else float("nan")
 
 
 def _fill_rho_dot(state: _State, rows: list, rho_after: float, step_lr: float, target_sq: float) -> None:
@@ -460,7 +475,8 @@ def _log(state: _State, config: SquareConfig, data: _Data, tables: dict, epoch: 
                          eval_batch_size=config.eval_batch_size)
     if row is None:
         return None
-    row = {"epoch": epoch, "step": state.step, "lr": _lr_at(config, state.step, total_steps), **row}
+    row = {"epoch": epoch, "step": state.step, "lr": _lr_at(config, state.step, total_steps), **row,
+           "classifier_log_scale": state.classifier_log_scale}
     tables["history"].append(row)
     if epoch in config.margin_epochs:
         tables["margins"].extend({"epoch": epoch, "sample": i, "margin": float(v)}
@@ -494,8 +510,11 @@ def train_square(model, ds: Dataset, config: SquareConfig | None = None, *, devi
     `lemma4_rhs = c - rho (rho_dot_step / 2 + mu)` with `c` the mean squared target (1 for ±1 labels),
     which Lemma 4 says equals the loss. rho is kept non-negative, as a norm: when a step takes it
     below 0, rho and the last layer change sign together (the function and the loss are unchanged);
-    `config["rho_sign_flips"]` counts them. A NaN or infinite loss raises `TrainingDiverged`
-    (`on_nan="raise"`) or ends training with `SquareRun.stopped` set (`on_nan="stop"`).
+    `config["rho_sign_flips"]` counts them. `classifier_log_scale` is the sum over the steps so far of
+    `log(1 + lr <dL/dV_L, V_L>)`, the log of the factor by which the projected steps have rescaled the
+    classifier direction as a whole (`collapse.row_sum_excess` reads it; NaN with momentum). A NaN or
+    infinite loss raises `TrainingDiverged` (`on_nan="raise"`) or ends training with `SquareRun.stopped`
+    set (`on_nan="stop"`).
     """
     config = SquareConfig(**options) if config is None else dataclasses.replace(config, **options)
     if not hasattr(model, "outputs_and_features"):
@@ -575,103 +594,6 @@ def shuffle_labels(data: Dataset, seed: int) -> Dataset:
     perm = torch.randperm(len(data.y_train), generator=torch.Generator().manual_seed(int(seed)))
     return Dataset(data.x_train, data.y_train[perm], data.x_test, data.y_test, data.num_classes,
                    f"{data.name} (training labels shuffled)")
-
-
-@dataclass
-class PageSetup:
-    """What every Part III page sets up once: the task, the network and the training options shared by its
-    runs. `train(...)` trains one run with overrides; `initial_row(...)` evaluates the untrained network
-    (the margin statistics a regime is computed from, before any training)."""
-
-    data: Dataset
-    arch: str
-    arch_kwargs: dict
-    options: dict  # SquareConfig fields (and num_outputs) shared by the page's runs
-
-    def _options(self, overrides: dict) -> dict:
-        opts = {**self.options, **overrides}
-        for key in ("rho_lr", "batch_size"):  # the pages' "0: default" convention
-            if key in opts and not opts[key]:
-                opts[key] = None
-        return opts
-
-    def build(self, *, rho_init: float, seed: int, data: Dataset | None = None, num_outputs: int | None = None):
-        """The untrained network of a run (`normalized.make`), as `train_network` builds it."""
-        from lowrank.core.nets import normalized
-
-        data = self.data if data is None else data
-        binary = bool(((data.y_train == 1) | (data.y_train == -1)).all())
-        outs = num_outputs or self.options.get("num_outputs") or (1 if binary else data.num_classes)
-        return normalized.make(self.arch, data.x_train.shape[1:], num_outputs=outs, rho_init=rho_init, seed=seed,
-                               **self.arch_kwargs)
-
-    def initial_row(self, *, rho_init: float, seed: int, lam: float, data: Dataset | None = None) -> dict:
-        """`evaluate`'s row (rho, mu, M, rho_eq, ...) of the untrained network of a run, in the run's dtype."""
-        data = self.data if data is None else data
-        opts = self._options({})
-        model = self.build(rho_init=rho_init, seed=seed, data=data)
-        dtype = SquareConfig(epochs=1, lr=1.0, dtype=opts.get("dtype", torch.float32)).dtype
-        model = model.to(dtype=dtype)
-        row, _ = evaluate(model, _to_device(model, data, torch.device("cpu"), dtype), lam, nc=False)
-        if row is None:
-            raise TrainingDiverged("the untrained network's outputs are not finite")
-        return row
-
-    def steps(self, epochs: int | None = None, batch_size: int | None = None) -> int:
-        """Optimiser steps of a run of `epochs` epochs (default: the page's) with minibatches `batch_size`."""
-        from lowrank.square import timescales
-
-        epochs = self.options["epochs"] if epochs is None else epochs
-        bs = self.options.get("batch_size") if batch_size is None else batch_size
-        return int(epochs) * timescales.steps_per_epoch(len(self.data.x_train), bs or None)
-
-    def train_final(self, members, **overrides) -> pd.DataFrame:
-        """Train many runs of the page and return their final rows (`evaluate`'s statistics and `diverged`),
-        one per member in order, with the member's own fields. `members`: dicts with `rho_init`, `seed`,
-        `lam` and optionally `data` (e.g. corrupted labels). MLPs trained by full-batch gradient descent
-        are trained together (`lowrank.square.stacked.train_stacked`, the same arithmetic as one run at a
-        time); any other set-up runs one `train` after the other."""
-        from lowrank.square import stacked
-
-        opts = self._options(overrides)
-        members = [dict(m) for m in members]
-        datas = [m.pop("data", None) or self.data for m in members]
-        if self.arch == "mlp" and not opts.get("batch_size"):
-            models = [self.build(rho_init=m["rho_init"], seed=m["seed"], data=d) for m, d in zip(members, datas)]
-            keys = ("epochs", "lr", "rho_lr", "momentum", "schedule", "min_lr", "dtype")
-            table = stacked.train_stacked(models, datas, [m["lam"] for m in members],
-                                          **{k: opts[k] for k in keys if k in opts})
-        else:
-            rows = []
-            for m, d in zip(members, datas):
-                opts_m = {**opts, "log_every": opts["epochs"], "on_nan": "stop"}
-                run = train_network(d, arch=self.arch, arch_kwargs=self.arch_kwargs, rho_init=m["rho_init"],
-                                    seed=m["seed"], lam=m["lam"], progress=False, **{k: v for k, v in opts_m.items()
-                                                                                       if k != "lam"})
-                rows.append({**run.final.to_dict(), "diverged": run.stopped is not None})
-            table = pd.DataFrame(rows)
-        return pd.concat([pd.DataFrame(members), table.drop(columns=["rho_init", "seed", "lam"], errors="ignore")], axis=1)
-
-    def train(self, *, rho_init: float, seed: int, data: Dataset | None = None, desc: str | None = None,
-              progress: bool = True, **overrides) -> SquareRun:
-        """`train_network` on the page's task (or `data`) with the page's options, `overrides` on top."""
-        return train_network(self.data if data is None else data, arch=self.arch, arch_kwargs=self.arch_kwargs,
-                             rho_init=rho_init, seed=seed, desc=desc, progress=progress, **self._options(overrides))
-
-
-def page_setup(dataset: str, classes, *, arch: str, arch_kwargs: dict | None = None, data_root: str = DEFAULT_DATA_ROOT,
-               max_train: int = 0, max_test: int = 0, input_shape=(), seed: int = 0, num_samples: int | None = None,
-               **options) -> PageSetup:
-    """The set-up of a Part III page from its parameters: `load_task` with the pages' conventions (0: all
-    samples, an empty `input_shape`: the data's own; `num_samples` only for MNIST-1D) and the training
-    options every run of the page shares (`SquareConfig` fields, `num_outputs`; `rho_lr` or `batch_size`
-    0: the default). Returns a `PageSetup`."""
-    data = load_task(dataset, classes, data_root, max_train or None, max_test or None, shape=list(input_shape) or None,
-                     seed=seed, num_samples=num_samples if dataset == "mnist1d" else None)
-    unknown = set(options) - {f.name for f in dataclasses.fields(SquareConfig)} - {"num_outputs"}
-    if unknown:
-        raise ValueError(f"unknown training options {sorted(unknown)} (see SquareConfig)")
-    return PageSetup(data, arch, dict(arch_kwargs or {}), dict(options))
 
 
 def _model_data(model, ds: Dataset) -> _Data:
