@@ -64,3 +64,28 @@ def test_truncated_idx_file_is_rejected(tmp_path):
         datasets._read_idx(path)
     with pytest.raises(ValueError, match="dataset='imagenet'"):
         datasets.load("imagenet")
+
+
+@pytest.mark.parametrize("num_samples, seed", [(400, 42), (250, 7)])
+def test_mnist1d_generator_equals_the_package_bit_for_bit(num_samples, seed):
+    # the batched generator against the package's own make_dataset (one signal at a time): same
+    # random draws, same floating-point operations, hence equal arrays, not merely close ones
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    args = get_dataset_args()
+    args.num_samples, args.seed = num_samples, seed
+    ours, package = datasets._make_mnist1d(args), make_dataset(args)
+    for key in ("x", "x_test", "y", "y_test"):
+        assert ours[key].dtype == package[key].dtype and ours[key].shape == package[key].shape, key
+        assert np.array_equal(ours[key], package[key]), key
+    d = datasets.mnist1d(num_samples=num_samples, seed=seed, standardize=False)
+    assert np.array_equal(d.x_train.numpy(), package["x"].astype(np.float32))
+
+
+def test_mnist1d_generator_refuses_a_shuffled_sequence():
+    from mnist1d.data import get_dataset_args
+
+    args = get_dataset_args()
+    args.shuffle_seq = True
+    with pytest.raises(ValueError, match="shuffle_seq"):
+        datasets._make_mnist1d(args)

@@ -152,15 +152,71 @@ def digits(test_fraction: float = 0.2, seed: int = 0, standardize: bool = True) 
 
 def mnist1d(num_samples: int = 5000, seed: int = 42, standardize: bool = True) -> Dataset:
     """MNIST-1D (Greydanus) generated locally: 40-dimensional signals, 10 classes, 80/20 split."""
-    from mnist1d.data import get_dataset_args, make_dataset
+    from mnist1d.data import get_dataset_args
 
     args = get_dataset_args()
     args.num_samples, args.seed = int(num_samples), int(seed)
-    d = make_dataset(args)
+    d = _make_mnist1d(args)  # the package's make_dataset, bit for bit, in a tenth of the time
     x_tr, x_te = d["x"].astype(np.float64), d["x_test"].astype(np.float64)
     if standardize:
         x_tr, x_te = _standardize(x_tr, x_te)
     return _pack(x_tr, d["y"], x_te, d["y_test"], 10, "mnist1d")
+
+
+def _interp_rows(scale, rows, new_scale):
+    """Each row of `rows` (sampled at `scale`) linearly interpolated at `new_scale`, by `np.interp`
+    row by row: what scipy's `interp1d(kind="linear")` does with one signal (with a 2-D array it takes
+    another path, which rounds differently)."""
+    return np.stack([np.interp(new_scale, scale, r) for r in rows])
+
+
+def _make_mnist1d(args) -> dict:
+    """`mnist1d.data.make_dataset(args)` with the same random draws in the same order and the same
+    floating-point operations, element for element, but the arithmetic done on all signals at once
+    (the package transforms one signal at a time through scipy's `interp1d` and `gaussian_filter`:
+    about 10 s for 20,000 signals, against about 1 s here). Returns `x`, `y`, `x_test`, `y_test` equal to the
+    package's, bit for bit (tests/test_datasets_mnist1d.py); `args.shuffle_seq` is not supported."""
+    from mnist1d.data import get_templates
+    from mnist1d.utils import set_seed
+    from scipy.ndimage import gaussian_filter1d
+
+    if args.shuffle_seq:
+        raise ValueError("shuffle_seq is not supported")
+    templates = get_templates()
+    set_seed(args.seed)
+    per_class = args.num_samples // len(templates["y"])
+    labels = np.repeat(np.arange(len(templates["y"])), per_class)
+    n, length = len(labels), args.template_len + args.padding[-1]
+    low, high = args.padding
+    pads, scale_draws, shifts, shear_draws = (np.empty(n, dtype=np.int64), np.empty(n), np.empty(n, dtype=np.int64),
+                                              np.empty(n))
+    corr, iid = np.empty((n, length)), np.empty((n, length))
+    for i in range(n):  # the package's draws, one signal after the other (transform's order)
+        pads[i] = low + int(np.random.rand() * (high - low + 1))
+        scale_draws[i] = np.random.rand()
+        shifts[i] = np.random.choice(args.max_translation)
+        corr[i] = args.corr_noise_scale * np.random.randn(length)
+        iid[i] = args.iid_noise_scale * np.random.randn(length)
+        shear_draws[i] = np.random.rand()
+    x = np.empty((n, length))
+    new_scale = np.linspace(0, 1, length)
+    eps = 1e-8  # transform's default
+    for p in np.unique(pads):  # pad, then dilate to `length` samples
+        rows = np.flatnonzero(pads == p)
+        padded = np.concatenate([templates["x"][labels[rows]] + eps, np.zeros((len(rows), p))], axis=1)
+        x[rows] = _interp_rows(np.linspace(0, 1, padded.shape[1]), padded, new_scale)
+    x *= np.array([1 + args.scale_coeff * (r - 0.5) for r in scale_draws])[:, None]  # scale
+    x = x[np.arange(n)[:, None], (np.arange(length)[None, :] - shifts[:, None]) % length]  # translate
+    mask = x != 0
+    x = mask * x + (1 - mask) * gaussian_filter1d(corr, 2, axis=1)  # correlated noise where the signal is 0
+    x = x + iid
+    x = x - (args.shear_scale * (shear_draws - 0.5))[:, None] * np.linspace(-0.5, 0.5, length)[None, :]  # shear
+    x = _interp_rows(new_scale, x, np.linspace(0, 1, args.final_seq_length))  # subsample
+    shuffle = np.random.permutation(n)
+    xs, ys = x[shuffle], templates["y"][labels][shuffle]
+    xs = (xs - xs.mean()) / xs.std()
+    split = int(n * args.train_split)
+    return {"x": xs[:split], "x_test": xs[split:], "y": ys[:split], "y_test": ys[split:]}
 
 
 _MNIST_FILES = {
