@@ -261,6 +261,13 @@ def test_rank_experiment_trains_the_grid_together_and_records_both_thresholds():
     assert final["fitted"].tolist() == (final["train_acc"] >= 0.5).tolist()
     with pytest.raises(ValueError, match="coarse_eps"):
         ranks.rank_experiment(**(kw | {"coarse_eps": 1e-3}))
+    # evaluating only at the start and the end trains the same networks: the same final table
+    dense = ranks.rank_experiment(**(kw | {"epochs": 3}))
+    assert dense["avg"]["train_acc"].notna().all()
+    for options, epochs in (({"eval_every": 3}, [0, 3]), ({"eval_every": 3, "eval_initial": False}, [3])):
+        sparse = ranks.rank_experiment(**(kw | {"epochs": 3}), **options)
+        pd.testing.assert_frame_equal(sparse["final"], dense["final"])
+        assert sorted(sparse["avg"].dropna(subset=["train_acc"])["epoch"].unique().tolist()) == epochs
 
 
 def test_pooled_trend_claim_outcomes_follow_regime_and_controls():

@@ -226,6 +226,8 @@ class TrainConfig:
         `rank_frobenius@<eps>` (e.g. `rank_frobenius@0.01`) from the same singular values.
     eval_every : train / test loss and accuracy at epoch 0, every `eval_every` epochs and after the
         last (NaN in between); ranks, norms and distances after every epoch.
+    eval_initial : whether epoch 0 (the initialisation) is evaluated; False leaves its losses and
+        accuracies NaN. Evaluation only reads the networks: neither option changes the training.
     eval_batch : samples per member per evaluation chunk (default about 8192 / K).
     augment : `augment(x, generator)` transforms each member's training batch, or None.
     mixed_precision : training forward / backward in bfloat16 autocast; weights, optimiser, loss
@@ -250,6 +252,7 @@ class TrainConfig:
     eps: float = 1e-3
     extra_eps: tuple = ()
     eval_every: int = 1
+    eval_initial: bool = True
     eval_batch: int | None = field(default=None, metadata={"identity": False})
     augment: Callable | None = None
     mixed_precision: bool = False
@@ -422,7 +425,7 @@ def _stop(state: EnsembleState, runs, cfg: TrainConfig, k: int, epoch: int, why:
 def _monitor(ctx: dict, state: EnsembleState, epoch: int, lr_now: np.ndarray):
     """Evaluate (when due), stop members whose loss or weights are not finite, append the rows."""
     cfg, runs, K, seconds = ctx["cfg"], ctx["runs"], len(state.alive), ctx["seconds"]
-    evaluated = epoch % cfg.eval_every == 0 or epoch == cfg.epochs
+    evaluated = (epoch % cfg.eval_every == 0 and (epoch > 0 or cfg.eval_initial)) or epoch == cfg.epochs
     tr_loss = tr_acc = te_loss = te_acc = np.full(K, math.nan)
     if evaluated:
         t0 = time.perf_counter()

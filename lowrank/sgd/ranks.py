@@ -269,7 +269,7 @@ def rank_experiment(*, model: str, dataset: str, grid, epochs: int, eps: float, 
                     min_train_acc: float, milestones=(), lr_decay: float = 0.1, data_root=None,
                     cnn_width: float = 1.0, vit_dim: int = 512, vit_depth: int = 6, augment: bool = False,
                     rotation: str = "uniform", table: pd.DataFrame | None = None,
-                    regime_only: bool = False) -> RankExperiment:
+                    regime_only: bool = False, eval_every: int = 1, eval_initial: bool = True) -> RankExperiment:
     """Train every run of `grid` (`experiment_grid`: batch size, lr, weight decay, momentum, seed), one
     batched ensemble per batch size (seeds, learning rates, weight decays and momenta trained
     together), and return the tables the rank-versus-hyperparameter pages read.
@@ -283,6 +283,10 @@ def rank_experiment(*, model: str, dataset: str, grid, epochs: int, eps: float, 
     table : a monitor table trained elsewhere (a sweep's `collected.csv`): read, not trained; the grid
         is read from it (a table without the coarse-threshold ranks gets NaN there).
     regime_only : return only `regime` and `coarse_column`, before (without) any training.
+    eval_every, eval_initial : train / test loss and accuracy every `eval_every` epochs, after the last,
+        and at initialisation unless `eval_initial` is False (`lowrank.core.train.TrainConfig`); NaN in
+        the other epochs' rows. Evaluation reads the networks and changes nothing in training: a page
+        that reads only `final` may pass `eval_every=epochs, eval_initial=False`.
     Other arguments as `rank_sweep`.
     """
     from lowrank.core import datasets
@@ -307,7 +311,8 @@ def rank_experiment(*, model: str, dataset: str, grid, epochs: int, eps: float, 
     else:
         result = rank_sweep(model=model, dataset=dataset, data_root=data_root, grid=grid, epochs=epochs, cnn_width=cnn_width,
                             vit_dim=vit_dim, vit_depth=vit_depth, augment=augment, rotation=rotation, milestones=milestones, lr_decay=lr_decay, eps=eps,
-                            extra_eps=(coarse_eps,), loss="ce", layers=authors_layers, progress=False)
+                            extra_eps=(coarse_eps,), loss="ce", layers=authors_layers, progress=False, eval_every=eval_every,
+                            eval_initial=eval_initial)
     for frame in (result["avg"], result["final"]):
         if coarse not in frame.columns:
             frame[coarse] = np.nan
