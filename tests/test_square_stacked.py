@@ -62,3 +62,24 @@ def test_page_setup_train_final_stacks_mlps_and_loops_otherwise(base):
     looped = setup.train_final(members, batch_size=8)  # minibatches: one run after the other
     single = setup.train(rho_init=1.0, seed=0, lam=1e-3, batch_size=8, progress=False).final
     assert looped.rho[0] == pytest.approx(single.rho, rel=1e-12) and not looped.diverged.any()
+
+
+@pytest.mark.parametrize("classes", [[1, 2], [0, 1, 2]])
+def test_train_pooled_rows_equal_the_single_runs_first_and_last_rows(classes):
+    # the NC page's pooled seeds: stacked members (trained, shuffled labels, lambda = 0 on one split)
+    # against train_square one run at a time, NC metrics under true and shuffled labels included
+    setup = pages.page_setup("digits", classes, arch="mlp", arch_kwargs={"widths": [12, 10]}, input_shape=[64],
+                             max_train=60, max_test=30, num_outputs=len(classes), epochs=20, lr=0.1, rho_lr=2.0,
+                             log_every=5, nc=True, nc_convention="paper", nc_shuffled=True, dtype="float64")
+    members = [dict(rho_init=3.0, seed=4, lam=1e-3), dict(rho_init=3.0, seed=4, lam=0.0),
+               dict(rho_init=2.0, seed=5, lam=1e-3, data=training.shuffle_labels(setup.data, 9))]
+    pooled = setup.train_pooled(members)
+    assert len(pooled) == 3
+    for m, got in zip(members, pooled):
+        single = setup.train(rho_init=m["rho_init"], seed=m["seed"], lam=m["lam"], data=m.get("data"), progress=False,
+                             log_every=20).history
+        assert got.epoch.tolist() == [0, 20] and single.epoch.tolist() == [0, 20]
+        columns = [c for c in single.columns if c.startswith(("nc", "shuffled_nc")) or c in ("rho", "mu", "loss", "train_error")]
+        assert any(c.startswith("shuffled_nc") for c in columns) and len(columns) > 8
+        for c in columns:
+            np.testing.assert_allclose(got[c].to_numpy(float), single[c].to_numpy(float), rtol=1e-8, atol=1e-12, err_msg=c)

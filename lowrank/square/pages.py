@@ -90,6 +90,31 @@ class PageSetup:
             table = pd.DataFrame(rows)
         return pd.concat([pd.DataFrame(members), table.drop(columns=["rho_init", "seed", "lam"], errors="ignore")], axis=1)
 
+    def train_pooled(self, members, **overrides) -> list[pd.DataFrame]:
+        """The first and last rows of many runs' histories (e.g. the further seeds a claim averages over):
+        one two-row DataFrame per member in order, `evaluate`'s row at epoch 0 and after the last epoch,
+        with the page's options (`nc`, `nc_convention`, `nc_shuffled`). `members` as `train_final`'s. MLPs
+        trained by full-batch gradient descent on the same training inputs are trained together
+        (`stacked.train_stacked`, the arithmetic of one run at a time); any other set-up runs one `train`
+        after the other. A run that diverges raises `TrainingDiverged`, as `train` does."""
+        opts = self._options(overrides)
+        members = [dict(m) for m in members]
+        datas = [m.pop("data", None) or self.data for m in members]
+        if self.arch != "mlp" or opts.get("batch_size") or not all(torch.equal(d.x_train, datas[0].x_train) for d in datas):
+            return [self.train(rho_init=m["rho_init"], seed=m["seed"], data=d, lam=m["lam"], progress=False,
+                               **{**overrides, "log_every": opts["epochs"]}).history for m, d in zip(members, datas)]
+        config = SquareConfig(**{k: v for k, v in opts.items() if k != "num_outputs"})
+        models = [self.build(rho_init=m["rho_init"], seed=m["seed"], data=d) for m, d in zip(members, datas)]
+        table = stacked.train_stacked(models, datas, [m["lam"] for m in members], epochs=config.epochs, lr=config.lr,
+                                      rho_lr=config.rho_lr, momentum=config.momentum, schedule=config.schedule,
+                                      min_lr=config.min_lr, dtype=config.dtype, nc=config.nc,
+                                      nc_convention=config.nc_convention, record_initial=True,
+                                      shuffled_label_seeds=[m["seed"] for m in members] if config.nc_shuffled else None)
+        if table.diverged.any():
+            raise TrainingDiverged(f"members {table.index[table.diverged].tolist()} of {len(members)} diverged")
+        n = len(members)
+        return [table.iloc[[k, n + k]].reset_index(drop=True) for k in range(n)]
+
     def train(self, *, rho_init: float, seed: int, data: Dataset | None = None, desc: str | None = None,
               progress: bool = True, **overrides) -> SquareRun:
         """`train_network` on the page's task (or `data`) with the page's options, `overrides` on top."""

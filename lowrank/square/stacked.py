@@ -14,6 +14,7 @@ the number of epochs; each has its own initialisation (its `NormalizedNet`), tra
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pandas as pd
@@ -62,7 +63,9 @@ def _check(models, datasets):
 
 
 def train_stacked(models, datasets, lams, *, epochs: int, lr: float, rho_lr: float | None = None,
-                  momentum: float = 0.0, schedule: str = "constant", min_lr: float = 0.0, dtype="float64") -> pd.DataFrame:
+                  momentum: float = 0.0, schedule: str = "constant", min_lr: float = 0.0, dtype="float64",
+                  nc: bool = False, nc_convention: str = "papyan", shuffled_label_seeds=None,
+                  record_initial: bool = False) -> pd.DataFrame:
     """Train the `models` (weight-normalised MLPs of equal shapes) at once by full-batch gradient descent.
 
     Parameters
@@ -71,12 +74,19 @@ def train_stacked(models, datasets, lams, *, epochs: int, lr: float, rho_lr: flo
     datasets : one `Dataset` per member, sharing `x_train` (labels, and the test set, may differ).
     lams : one lambda per member (penalty `lam * rho^2`).
     epochs, lr, rho_lr, momentum, schedule, min_lr, dtype : as `training.SquareConfig` (full batches).
+    nc, nc_convention : `training.evaluate`'s neural-collapse columns, as `SquareConfig`'s.
+    shuffled_label_seeds : one seed per member, or None: with `nc`, the NC metrics also under the
+        training labels permuted as `train_square` permutes them with `nc_shuffled` and that `seed`
+        (columns `shuffled_...`).
+    record_initial : also evaluate every member before training.
 
     Returns
     -------
     DataFrame, one row per member in order: `training.evaluate`'s statistics of the trained model
     (rho, mu, M, train_error, test_error, ...), `diverged` (True when its loss or parameters stopped
-    being finite; its statistics are then NaN) and `rho_sign_flips`.
+    being finite; its statistics are then NaN) and `rho_sign_flips`. With `record_initial`, first one
+    row per member of the untrained networks, then those of the trained ones, and a column `epoch`
+    (0, then `epochs`).
     """
     _check(models, datasets)
     lams = [float(v) for v in lams]
@@ -87,6 +97,19 @@ def train_stacked(models, datasets, lams, *, epochs: int, lr: float, rho_lr: flo
     dtype = config.dtype
     single = models[0].num_outputs == 1
     data = [training._to_device(m.to(dtype), d, torch.device("cpu"), dtype) for m, d in zip(models, datasets)]
+    if shuffled_label_seeds is not None:
+        if len(shuffled_label_seeds) != len(models):
+            raise ValueError("shuffled_label_seeds must hold one seed per model")
+        for d, s in zip(data, shuffled_label_seeds):  # as train_square with nc_shuffled
+            perm = torch.randperm(d.n, generator=torch.Generator().manual_seed(int(s) + 1))
+            d.labels_shuffled = d.labels_train[perm]
+    evaluate = functools.partial(training.evaluate, nc=nc, nc_convention=nc_convention,
+                                 eval_batch_size=config.eval_batch_size)
+    initial = []
+    if record_initial:
+        for m, d, lam_k in zip(models, data, lams):
+            row = evaluate(m, d, lam_k)[0]
+            initial.append({**(row or {}), "diverged": row is None, "rho_sign_flips": 0, "epoch": 0})
     x, n = data[0].x_train, data[0].n
     targets = torch.stack([d.targets for d in data])
     lam = torch.tensor(lams, dtype=dtype)
@@ -127,6 +150,7 @@ def train_stacked(models, datasets, lams, *, epochs: int, lr: float, rho_lr: flo
             m.head.v.copy_(head[k])
             m.rho.copy_(rho[k])
             finite = bool(alive[k]) and all(bool(torch.isfinite(p).all()) for p in m.parameters())
-            row = training.evaluate(m, d, lams[k], nc=False)[0] if finite else None
-            rows.append({**(row or {}), "diverged": row is None, "rho_sign_flips": int(flips[k])})
-    return pd.DataFrame(rows)
+            row = evaluate(m, d, lams[k])[0] if finite else None
+            rows.append({**(row or {}), "diverged": row is None, "rho_sign_flips": int(flips[k])}
+                        | ({"epoch": epochs} if record_initial else {}))
+    return pd.DataFrame(initial + rows)
