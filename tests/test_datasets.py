@@ -80,6 +80,9 @@ def test_mnist1d_generator_equals_the_package_bit_for_bit(num_samples, seed):
         assert np.array_equal(ours[key], package[key]), key
     d = datasets.mnist1d(num_samples=num_samples, seed=seed, standardize=False)
     assert np.array_equal(d.x_train.numpy(), package["x"].astype(np.float32))
+    d.y_train[:] = -1  # generated once per process: a caller's writes must not reach the next load
+    again = datasets.mnist1d(num_samples=num_samples, seed=seed, standardize=False)
+    assert np.array_equal(again.y_train.numpy(), package["y"])
 
 
 def test_mnist1d_generator_refuses_a_shuffled_sequence():
