@@ -182,8 +182,8 @@ def _make_mnist1d(args) -> dict:
     """`mnist1d.data.make_dataset(args)` with the same random draws in the same order and the same
     floating-point operations, element for element, but the arithmetic done on all signals at once
     (the package transforms one signal at a time through scipy's `interp1d` and `gaussian_filter`:
-    about 10 s for 20,000 signals, against about 1 s here). Returns `x`, `y`, `x_test`, `y_test` equal to the
-    package's, bit for bit (tests/test_datasets_mnist1d.py); `args.shuffle_seq` is not supported."""
+    about 10 s for 20,000 signals, against about 1 s here). Returns `x`, `y`, `x_test`, `y_test`
+    equal to the package's, bit for bit (tests/test_datasets.py); `args.shuffle_seq` is not supported."""
     from mnist1d.data import get_templates
     from mnist1d.utils import set_seed
     from scipy.ndimage import gaussian_filter1d

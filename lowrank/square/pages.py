@@ -1,7 +1,8 @@
 """The set-up every Part III page shares: its task, its network and the training options of its runs
-(`page_setup`), and the two ways a page trains (`PageSetup.train`: one logged run, `train_square`;
-`PageSetup.train_final`: many runs' final rows, small full-batch MLPs stacked along a member axis by
-`lowrank.square.stacked`). It sits above `training` and `stacked`, which never import it.
+(`page_setup`), and the ways a page trains (`PageSetup.train`: one logged run, `train_square`;
+`PageSetup.train_final`: many runs' final rows, and `PageSetup.train_pooled`: their first and last
+rows, small full-batch MLPs stacked along a member axis by `lowrank.square.stacked`). It sits above
+`training` and `stacked`, which never import it.
 """
 
 from __future__ import annotations
@@ -110,9 +111,9 @@ class PageSetup:
                                       min_lr=config.min_lr, dtype=config.dtype, nc=config.nc,
                                       nc_convention=config.nc_convention, record_initial=True,
                                       shuffled_label_seeds=[m["seed"] for m in members] if config.nc_shuffled else None)
-        if table.diverged.any():
-            raise TrainingDiverged(f"members {table.index[table.diverged].tolist()} of {len(members)} diverged")
         n = len(members)
+        if table.diverged.any():
+            raise TrainingDiverged(f"members {sorted({int(i) % n for i in table.index[table.diverged]})} of {n} diverged")
         return [table.iloc[[k, n + k]].reset_index(drop=True) for k in range(n)]
 
     def train(self, *, rho_init: float, seed: int, data: Dataset | None = None, desc: str | None = None,
