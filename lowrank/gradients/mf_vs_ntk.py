@@ -46,6 +46,7 @@ __all__ = [
 ]
 
 DRAW_SEED_STRIDE = 1000  # draw k uses seed + 1000 k: the sub-seeds seed .. seed + 4 of two draws never meet
+TRACE_TOP_K = 1  # the figures read u1(G_t) and s1 only; a second pair in a flat bulk costs most of a step
 
 
 def draw_seed(seed: int, draw: int) -> int:
@@ -126,7 +127,7 @@ def scaling_runs(n: int, d: int, m: int, *, repeats: int, activation: str, steps
             data.X, y, W0, a, activation=activation, steps=steps, X_B=data.X_B, normalization=normalization,
             references={"q": data.q, "Xy": data.X_B.T @ y, "omega": omega}, scalings=scalings,
             snapshot_steps=range(0, steps + 1, snapshot_every), lr_factor=lr_factor,
-            product_precision=product_precision)
+            product_precision=product_precision, top_k=TRACE_TOP_K)
         for sc, run in runs.items():
             traces.append(run.trace.assign(scaling=sc, repeat=k))
             moved.append({"scaling": sc, "repeat": k, "step": max(run.W), **weight_angles(run.W[0], run.W[max(run.W)])})
@@ -172,7 +173,7 @@ def spike_size_runs(n: int, d: int, m: int, *, nus: Sequence[float], repeats: in
         run = train_weight_normalized(data.X, y, W0, a, activation=activation, gamma=gamma, steps=steps,
                                       lr=lr_factor / gamma, X_B=data.X_B, references={"q": data.q},
                                       normalization=normalization, snapshot_steps=[],
-                                      product_precision=product_precision)
+                                      product_precision=product_precision, top_k=TRACE_TOP_K)
         traces.append(run.trace.assign(nu=nu, repeat=k))
     return SpikeRuns(pd.concat(traces, ignore_index=True), pd.DataFrame(spike_free))
 
