@@ -9,6 +9,7 @@ errors) and the published notebooks and figures beside the HTML.
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 import subprocess
@@ -46,10 +47,8 @@ def longest_first(names, recorded: Path = PAGE_SECONDS) -> list[str]:
     seconds recorded by the last `.ci/run`, else first of all (unknown cost)."""
     known = {}
     if recorded.is_file():
-        for line in recorded.read_text(encoding="utf-8").splitlines()[1:]:
-            if line.strip():
-                name, secs = line.rsplit(",", 1)
-                known[name] = float(secs)
+        with recorded.open(newline="", encoding="utf-8") as f:
+            known = {row["page"]: float(row["seconds"]) for row in csv.DictReader(f)}
     expected = {n: executed_seconds(n) for n in names}
     return sorted(names, key=lambda n: -(expected[n] if expected[n] is not None else known.get(n, float("inf"))))
 
