@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -126,7 +127,9 @@ def build_html(rebuild_all: bool = False, *, output: Path = REPO_ROOT, extra: tu
     if rebuild_all:
         cmd.append("--all")
     print("building HTML:", " ".join(cmd[1:]), flush=True)
-    result = subprocess.run(cmd, cwd=REPO_ROOT)
+    # A fixed hash seed: the Sphinx configuration holds sets (myst's extensions), whose order, and so
+    # Sphinx's configuration hash, changed from run to run and made every warm build rewrite every page.
+    result = subprocess.run(cmd, cwd=REPO_ROOT, env={**os.environ, "PYTHONHASHSEED": "0"})
     if result.returncode != 0:
         raise SystemExit(f"jupyter-book failed (exit {result.returncode}); see the warnings above")
     html = Path(output) / "_build" / "html"
