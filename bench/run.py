@@ -61,35 +61,50 @@ def bench_decomposition(repeats):
     bench_part_one_work(repeats)
 
 
-def bench_part_one_work(repeats):
-    """What bounds the paper scale of Part I on this CPU: one n x d x m product, and the two units of
-    work the slowest page (mf_vs_ntk) repeats, at the paper's size, in the notebooks' one thread."""
-    from lowrank.core.nets import gamma_m
-    from lowrank.gradients import dynamics
-
-    torch.set_num_threads(1)
-    X, W = torch.randn(750, 1000, dtype=torch.float64), torch.randn(1250, 1000, dtype=torch.float64)
-    t_mm = median_time(lambda: X @ W.T, repeats)
-    row("one 750 x 1000 x 1250 float64 product, one thread, seconds (GFLOP/s)", f"{t_mm:.3f} "
-        f"({2 * 750 * 1000 * 1250 / t_mm / 1e9:.1f})")
-    t_draw = median_time(lambda: dynamics.initial_alignments(750, 1000, 1250, scaling="ntk"), repeats)
-    data, _, y, W0, a = dynamics.single_index_draw(750, 1000, 1250, nu=0.0, seed=0)
-    steps = 10
-    t_run = median_time(lambda: dynamics.train_weight_normalized(
-        data.X, y, W0, a, activation="sigmoid", gamma=gamma_m(1250, "mf"), steps=steps, X_B=data.X_B,
-        snapshot_steps=[0]), repeats)
-    t_step = t_run / (steps + 1)
-    row("  Fig. 4: one draw (data, one product, top-2 singular pairs of G = A^T B), seconds", f"{t_draw:.3f}")
-    row("  Figs. 5-6: one weight-normalised step (two products, warm-started top-2 pairs), seconds",
-        f"{t_step:.3f} ({t_step / t_mm:.1f} products)")
+def mf_vs_ntk_work(repeats) -> dict:
+    """What bounds mf_vs_ntk at paper scale on this CPU, measured as the paper build runs it (all cores,
+    the paper file's `product_precision`): one n x d x m product, one Fig. 4 draw, one training step.
+    The floor is the page's products alone at the measured product time: nothing else done."""
     from lowrank.book import rules
+    from lowrank.core.nets import gamma_m
+    from lowrank.gradients import dynamics, mf_vs_ntk
 
     p = rules.resolve_parameters("gradients/mf_vs_ntk", scale="paper")
+    n, d, m, precision = p["n"], p["d"], p["m"], p.get("product_precision", "float64")
+    threads = os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    dtype = dynamics.PRODUCT_PRECISIONS[precision]
+    X, W = torch.randn(n, d, dtype=dtype), torch.randn(m, d, dtype=dtype)
+    t_mm = median_time(lambda: X @ W.T, repeats)
+    t_draw = median_time(lambda: dynamics.initial_alignments(n, d, m, scaling="ntk", product_precision=precision),
+                         repeats)
+    data, _, y, W0, a = dynamics.single_index_draw(n, d, m, nu=0.0, seed=0)
+    steps = 10
+    t_run = median_time(lambda: dynamics.train_weight_normalized(
+        data.X, y, W0, a, activation="sigmoid", gamma=gamma_m(m, "mf"), steps=steps, X_B=data.X_B,
+        snapshot_steps=[0], product_precision=precision, top_k=mf_vs_ntk.TRACE_TOP_K), repeats)
     draws = 2 * p["init_repeats"]
     train_steps = (2 + len(p["spike_nus"])) * p["train_repeats"] * (p["steps"] + 1)
-    row(f"  mf_vs_ntk's paper file: {draws} draws + {train_steps} steps, at these times, seconds (a floor: "
-        f"the page's own bookkeeping and figures come on top)", f"{draws * t_draw + train_steps * t_step:.0f}",
-        f"<= {PAPER_TARGET_S}", "yes" if draws * t_draw + train_steps * t_step <= PAPER_TARGET_S else "no")
+    products = draws + 2 * train_steps
+    return {"n": n, "d": d, "m": m, "precision": precision, "threads": threads, "product_s": t_mm,
+            "draw_s": t_draw, "step_s": t_run / (steps + 1), "draws": draws, "train_steps": train_steps,
+            "products": products, "floor_s": products * t_mm,
+            "estimate_s": draws * t_draw + train_steps * t_run / (steps + 1)}
+
+
+def bench_part_one_work(repeats):
+    w = mf_vs_ntk_work(repeats)
+    row(f"one {w['n']} x {w['d']} x {w['m']} {w['precision']} product, {w['threads']} threads, seconds (GFLOP/s)",
+        f"{w['product_s']:.4f} ({2 * w['n'] * w['d'] * w['m'] / w['product_s'] / 1e9:.1f})")
+    row("  Fig. 4: one draw (data, one product, top-2 singular pairs of G = A^T B), seconds", f"{w['draw_s']:.3f}")
+    row("  Figs. 5-6: one weight-normalised step (two products, tracked top pairs), seconds",
+        f"{w['step_s']:.3f} ({w['step_s'] / w['product_s']:.1f} products)")
+    row(f"  mf_vs_ntk's paper file: {w['draws']} draws + {w['train_steps']} steps = {w['products']} products; "
+        f"the products alone (the floor), seconds", f"{w['floor_s']:.0f}", f"<= {PAPER_TARGET_S}",
+        "yes" if w["floor_s"] <= PAPER_TARGET_S else "no")
+    row("  the same at the measured draw and step times, seconds (the page's bookkeeping and figures come on top)",
+        f"{w['estimate_s']:.0f} ({w['estimate_s'] / w['floor_s']:.1f}x the floor)", f"<= {PAPER_TARGET_S}",
+        "yes" if w["estimate_s"] <= PAPER_TARGET_S else "no")
     torch.set_num_threads(os.cpu_count() or 1)
 
 
@@ -299,7 +314,7 @@ def bench_ci(build_dir: Path, readme: Path = ROOT / "README.md", page_seconds: P
 
 
 PAPER_TABLE_START, PAPER_TABLE_END = "<!-- paper-scale timings: bench/run.py --only paper -->", "<!-- end -->"
-PAPER_TARGET_S, PART_I_TARGET_S = 180, 900  # issue 19: each Part I notebook, and all nine together, on 2 cores
+PAPER_TARGET_S, PART_I_TARGET_S = 180, 900  # issue 32: each Part I notebook, and all that can run together, on 2 cores
 
 
 def bench_paper():
@@ -321,14 +336,28 @@ def bench_paper():
         row(f"notebook {name} at paper scale (stored result, {where}), seconds", f"{p['wall_s']:.0f}", target, meets)
         if name.startswith("gradients/"):
             part_one.append(p["wall_s"])
+    table = paper_results.timing_table()
+    stored = paper_results.paper_results("gradients/mf_vs_ntk")
+    if stored is not None and not stored["stale"]:  # the one page with a floor: its products alone
+        w = mf_vs_ntk_work(3)
+        wall = stored["provenance"]["wall_s"]
+        table += (f"\n\n`gradients/mf_vs_ntk`'s floor on this machine: its {w['products']} products of "
+                  f"{w['n']} x {w['d']} x {w['m']} in {w['precision']} on {w['threads']} threads take "
+                  f"{w['floor_s']:.0f} s alone ({w['product_s']:.4f} s each, measured by this bench run, "
+                  f"{time.strftime('%Y-%m-%d')}); the stored run took {wall / w['floor_s']:.1f}x the floor.")
     readme = ROOT / "README.md"
     text = readme.read_text()
     start, end = text.index(PAPER_TABLE_START) + len(PAPER_TABLE_START), text.index(PAPER_TABLE_END)
-    readme.write_text(text[:start] + "\n" + paper_results.timing_table() + "\n" + text[end:])
+    readme.write_text(text[:start] + "\n" + table + "\n" + text[end:])
     if part_one:
+        from lowrank.book import paper_build, rules
+
+        runnable = [n for n in notebooks.list_notebooks() if n.startswith("gradients/") and paper_build.missing_data(
+            n, rules.resolve_parameters(n, scale="paper")) is None]  # the others need a data set not fetched here
         total = sum(part_one)
         row(f"Part I at paper scale, {len(part_one)} stored notebooks together, seconds", f"{total:.0f}",
-            f"<= {PART_I_TARGET_S} (all nine)", "yes" if total <= PART_I_TARGET_S and len(part_one) == 9 else "no")
+            f"<= {PART_I_TARGET_S} (all {len(runnable)} with their data here)",
+            "yes" if total <= PART_I_TARGET_S and len(part_one) == len(runnable) else "no")
 
 
 def bench_book():

@@ -325,6 +325,22 @@ def test_public_functions_refuse_bad_input(sandbox, i):
     assert written(sandbox) == []
 
 
+def test_as_tensor_finiteness_is_decided_entry_by_entry_when_the_sum_overflows():
+    import torch
+
+    from lowrank.core.validation import as_tensor
+
+    huge = np.array([[1e308, 1e308], [1e308, -1.0]])  # finite entries whose sum overflows
+    assert torch.equal(as_tensor(huge, "M"), torch.from_numpy(huge))
+    for bad in ([np.inf, 1.0], [np.nan, 1.0], [np.inf, -np.inf], [1e308, 1e308, np.nan]):
+        with pytest.raises(ValueError, match="M contains NaN or infinite entries"):
+            as_tensor(np.array(bad), "M")
+    with pytest.raises(ValueError, match="beyond the range of torch.float32"):
+        as_tensor(huge, "M", dtype=torch.float32)
+    same = torch.ones(3, dtype=torch.float32)
+    assert as_tensor(same, "v", dtype=None) is not None and as_tensor(same, "v", dtype=None).dtype == torch.float32
+
+
 @pytest.mark.slow
 def test_collect_refuses_a_changed_run_folder(sandbox, capsys):
     spec = spec_file(sandbox, FUNCTION)

@@ -194,6 +194,22 @@ def test_training_trace_records_alignments_and_a_falling_loss():
     assert tr["align_residue"].iloc[0] == pytest.approx(abs(float(U[:, 0] @ res)) / float(res.norm()), abs=1e-10)
 
 
+def test_tracked_singular_pairs_equal_each_step_s_svd():
+    """The leading pairs are tracked from step to step (top_singular_from): every step's s1, s2 and
+    u1 alignment equal those of an SVD of that step's gradient, rebuilt from the stored W_t."""
+    p = small_problem(activation="tanh")
+    D = p.data
+    run = gd.train_weight_normalized(D.X, p.y, p.W, p.a, activation="tanh", gamma=p.gamma, steps=12,
+                                     lr=1.0 / p.gamma, X_B=D.X_B, references={"q": D.q}, top_k=2)
+    for t, W in run.W.items():
+        G, _ = gd.gradient_matrix(D.X, W, p.a, p.y, activation="tanh", gamma=p.gamma)
+        U, s, _ = torch.linalg.svd(G, full_matrices=False)
+        row = run.trace.iloc[t]
+        assert row["s1"] == pytest.approx(float(s[0]), rel=1e-10), t
+        assert row["s2"] == pytest.approx(float(s[1]), rel=0, abs=2e-9 * float(s[0])), t  # value_tol * s1
+        assert row["align_q"] == pytest.approx(abs(float(U[:, 0] @ D.q)), abs=1e-9), t
+
+
 def test_projected_normalisation_keeps_unit_rows():
     p = small_problem()
     run = gd.train_weight_normalized(p.data.X, p.y, p.W, p.a, activation="tanh", gamma=p.gamma, steps=2,

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.func import grad
 
-from lowrank.core import data, nets
+from lowrank.core import data, nets, spectral
 from lowrank.gradients import convolution, decomposition, rule_of_thumb
 
 
@@ -115,6 +115,22 @@ def test_dominant_spike_on_the_papers_regimes():
         p = decomposition.spiked_problem(150, 200, 250, alpha=0.0, nu=nu, activation="softplus", seed=0)
         dec = decomposition.decompose_problem(p)
         assert rule_of_thumb.dominant_spike_of_problem(dec, p.data).label == expected
+
+
+def test_dominant_spike_reads_leading_triplets_computed_once():
+    p = decomposition.spiked_problem(150, 300, 250, alpha=0.0, nu=0.75, activation="softplus", seed=1)
+    dec = decomposition.decompose_problem(p, dense=False)
+    alone = rule_of_thumb.dominant_spike_of_problem(dec, p.data)
+    shared = rule_of_thumb.dominant_spike_of_problem(dec, p.data, top=dec.top("G", 8))
+    assert shared.label == alone.label and shared.outliers == alone.outliers
+    assert shared[1:] == pytest.approx(alone[1:], rel=1e-9, abs=1e-12)
+    # too few triplets to count outliers: computed afresh, same answer
+    short = rule_of_thumb.dominant_spike_of_problem(dec, p.data, top=dec.top("G", 3))
+    assert short == alone
+    # the triplets given are the ones read: those of another matrix change the numbers
+    other = spectral.top_singular(torch.randn(300, 250, generator=torch.Generator().manual_seed(2),
+                                              dtype=torch.float64), 8)
+    assert rule_of_thumb.dominant_spike_of_problem(dec, p.data, top=other).align_q != pytest.approx(alone.align_q)
 
 
 @pytest.mark.parametrize(

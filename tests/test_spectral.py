@@ -168,6 +168,10 @@ def test_leading_spectrum_is_the_svd_s_leading_values(p, q):
     np.testing.assert_allclose(list(row.values()), s[:8], rtol=0, atol=1e-12 * s[0])
     assert spectral.leading_spectrum(A.T @ B, 8) == pytest.approx(row, rel=0, abs=1e-12 * s[0])
     assert list(spectral.leading_spectrum(A.T @ B, 2, prefix="s")) == ["s1", "s2"]
+    top = spectral.top_singular_of_product(A, B, 8)  # computed once, read without a second SVD
+    assert spectral.leading_spectrum(top) == row and list(spectral.leading_spectrum(top, 3)) == ["sv_1", "sv_2", "sv_3"]
+    with pytest.raises(ValueError, match="k must be given"):
+        spectral.leading_spectrum(A.T @ B)
     with pytest.raises(ValueError, match="k must be"):
         spectral.leading_spectrum((A, B), min(p, q) + 1)
 
@@ -271,3 +275,26 @@ def test_complex_input_is_refused():
         spectral.numerical_rank(np.eye(3) * 1j)
     with pytest.raises(TypeError, match="M is complex"):
         spectral.singular_values(torch.eye(3, dtype=torch.complex64))
+
+
+def test_top_singular_from_tracks_a_moving_matrix_to_the_svd():
+    rng = np.random.default_rng(3)
+    d, m = 300, 350
+    spikes = sum(c * np.outer(rng.standard_normal(d), rng.standard_normal(m)) for c in (8.0, 5.0, 3.0))
+    M0 = spikes / np.sqrt(d * m) + rng.standard_normal((d, m)) / np.sqrt(m)
+    M1 = M0 + 1e-3 * rng.standard_normal((d, m))  # the next step of a run: a small move
+    start = spectral.top_singular(M0, 6).U
+    top = spectral.top_singular_from(M1, 2, start)
+    U, s, Vh = np.linalg.svd(M1)
+    assert top is not None and top.U.shape == (d, 6)
+    np.testing.assert_allclose(top.s[:2].numpy(), s[:2], rtol=0, atol=1e-11 * s[0])
+    np.testing.assert_allclose(np.abs(np.sum(top.U[:, :2].numpy() * U[:, :2], axis=0)), 1.0, atol=1e-9)
+    np.testing.assert_allclose(np.abs(np.sum(top.Vh[:2].numpy() * Vh[:2], axis=1)), 1.0, atol=1e-9)
+    # a start inside an invariant subspace away from the top: the probe column finds the leading pairs,
+    # not the start's own pairs (with too few iterations: None, for the fallback)
+    far = torch.from_numpy(U[:, 50:56].copy())
+    assert spectral.top_singular_from(M1, 2, far, max_iter=2) is None
+    found = spectral.top_singular_from(M1, 2, far)
+    assert found is not None and np.allclose(found.s[:2].numpy(), s[:2], rtol=0, atol=1e-11 * s[0])
+    with pytest.raises(ValueError, match="start must be"):
+        spectral.top_singular_from(M1, 2, start[:, :2])

@@ -9,7 +9,9 @@ errors) and the published notebooks and figures beside the HTML.
 
 from __future__ import annotations
 
+import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -46,10 +48,8 @@ def longest_first(names, recorded: Path = PAGE_SECONDS) -> list[str]:
     seconds recorded by the last `.ci/run`, else first of all (unknown cost)."""
     known = {}
     if recorded.is_file():
-        for line in recorded.read_text(encoding="utf-8").splitlines()[1:]:
-            if line.strip():
-                name, secs = line.rsplit(",", 1)
-                known[name] = float(secs)
+        with recorded.open(newline="", encoding="utf-8") as f:
+            known = {row["page"]: float(row["seconds"]) for row in csv.DictReader(f)}
     expected = {n: executed_seconds(n) for n in names}
     return sorted(names, key=lambda n: -(expected[n] if expected[n] is not None else known.get(n, float("inf"))))
 
@@ -127,7 +127,9 @@ def build_html(rebuild_all: bool = False, *, output: Path = REPO_ROOT, extra: tu
     if rebuild_all:
         cmd.append("--all")
     print("building HTML:", " ".join(cmd[1:]), flush=True)
-    result = subprocess.run(cmd, cwd=REPO_ROOT)
+    # A fixed hash seed: the Sphinx configuration holds sets (myst's extensions), whose order, and so
+    # Sphinx's configuration hash, changed from run to run and made every warm build rewrite every page.
+    result = subprocess.run(cmd, cwd=REPO_ROOT, env={**os.environ, "PYTHONHASHSEED": "0"})
     if result.returncode != 0:
         raise SystemExit(f"jupyter-book failed (exit {result.returncode}); see the warnings above")
     html = Path(output) / "_build" / "html"

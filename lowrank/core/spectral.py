@@ -34,6 +34,7 @@ __all__ = [
     "top_singular",
     "top_singular_value",
     "top_singular_of_product",
+    "top_singular_from",
     "leading_spectrum",
 ]
 
@@ -416,16 +417,66 @@ def top_singular_of_product(A, B, k: int = 1, *, v0=None) -> TopSingular:
     return _arpack(op, shape, k, v0, A.dtype, "A^T B")
 
 
-def leading_spectrum(M, k: int, *, prefix: str = "sv_") -> dict:
+def top_singular_from(M, k: int, start, *, tol: float = 1e-12, value_tol: float = 1e-9,
+                      max_iter: int = 20) -> TopSingular | None:
+    """The `k` leading singular triplets of `M` (d x m), by block subspace iteration from `start`.
+
+    `start` is a d x p block (p > k), e.g. the left vectors this function or `top_singular(M_prev, p)`
+    returned for a nearby matrix: along a training run the gradient moves little per step, so a few
+    iterations of `Q <- orth(M M^T Q)` with a Rayleigh-Ritz step converge, each four products of `M`
+    with a thin block (BLAS-3) instead of ARPACK's many matrix-vector products. One fixed pseudo-random
+    column joins the block, so that a direction the start misses (a start inside an invariant subspace,
+    or a new leading direction) grows like in the power method. Convergence, after at least two
+    iterations: the leading pair has the residual `||M v_1 - s_1 u_1|| <= tol * s_1` (so `s_1` is
+    exact to `tol * s_1` and `u_1` to `tol` over the gap `1 - s_2 / s_1`), and the values `s_2..s_k`
+    moved by at most `value_tol * s_1` in the last iteration (a value inside a flat bulk, `s_2 ~ s_3`,
+    creeps up slowly: it is then known to about `value_tol * s_1`). Singular vectors beyond the first are
+    returned as they stand: inside a flat bulk only their span is determined. Returns the p leading
+    Ritz triplets (pass `.U` as the next start), or None when `max_iter` iterations do not converge
+    (the caller falls back to `top_singular`).
+    """
+    M = _matrix(M, dtype=None)
+    if M.ndim != 2:
+        raise ValueError(f"M must be a matrix, got shape {tuple(M.shape)}")
+    start = as_tensor(start, "start", min_ndim=2).to(M.dtype)
+    k = _check_k(k, min(M.shape))
+    p = start.shape[1]
+    if start.shape[0] != M.shape[0] or not k < p < min(M.shape):
+        raise ValueError(f"start must be a {M.shape[0]} x p block with {k} < p < {min(M.shape)}, got {tuple(start.shape)}")
+    probe = torch.randn(M.shape[0], 1, generator=torch.Generator().manual_seed(0), dtype=M.dtype)
+    Q = torch.linalg.qr(torch.cat([start, probe], 1)).Q
+    previous = None
+    for _ in range(max_iter):
+        Q = torch.linalg.qr(M @ (M.T @ Q)).Q
+        Ub, s, Vh = torch.linalg.svd(Q.T @ M, full_matrices=False)  # Rayleigh-Ritz on span(Q)
+        U = Q @ Ub
+        if s[0] == 0:
+            return None
+        residual = float(torch.linalg.vector_norm(M @ Vh[0] - U[:, 0] * s[0]))
+        moved = float((s[1:k] - previous[1:k]).abs().max()) if previous is not None and k > 1 else 0.0
+        if previous is not None and residual <= tol * float(s[0]) and moved <= value_tol * float(s[0]):
+            return TopSingular(U[:, :p], s[:p], Vh[:p])
+        previous, Q = s, U
+    return None
+
+
+def leading_spectrum(M, k: int | None = None, *, prefix: str = "sv_") -> dict:
     """The `k` leading singular values of a matrix as one table row: `{"sv_1": s_1, ..., "sv_k": s_k}`,
     descending, Python floats in the matrix's units.
 
-    `M` is a matrix (`top_singular`) or a pair `(A, B)` standing for `A^T B` (`top_singular_of_product`:
-    the product is never formed), e.g. a gradient in product form. `k` is fixed by the caller (a table
-    keeps the same columns for every row) and at most the matrix's smaller side.
+    `M` is a matrix (`top_singular`), a pair `(A, B)` standing for `A^T B` (`top_singular_of_product`:
+    the product is never formed), e.g. a gradient in product form, or a `TopSingular` already computed
+    (its values are read, none recomputed). `k` is fixed by the caller (a table keeps the same columns for
+    every row) and at most the matrix's smaller side; for a `TopSingular` it defaults to all its values.
     """
-    top = top_singular_of_product(*M, k) if isinstance(M, tuple) else top_singular(M, k)
-    return {f"{prefix}{i + 1}": float(v) for i, v in enumerate(top.s)}
+    if isinstance(M, TopSingular):
+        k = len(M.s) if k is None else _check_k(k, len(M.s))
+        top = M
+    elif k is None:
+        raise ValueError("k must be given for a matrix or a product")
+    else:
+        top = top_singular_of_product(*M, k) if isinstance(M, tuple) else top_singular(M, k)
+    return {f"{prefix}{i + 1}": float(v) for i, v in enumerate(top.s[:k])}
 
 
 def top_singular_value(M) -> float:

@@ -39,7 +39,7 @@ def as_tensor(x, name: str, *, dtype="float64", min_ndim: int = 0, allow_empty=F
         raise ValueError(f"{name} must have at least {min_ndim} dimensions, got shape {tuple(t.shape)}")
     if not allow_empty and t.numel() == 0:
         raise ValueError(f"{name} is empty (shape {tuple(t.shape)})")
-    if t.is_floating_point() and not torch.isfinite(t).all():  # judged in the input's own precision
+    if t.is_floating_point() and not _all_finite(t):  # judged in the input's own precision
         raise ValueError(f"{name} contains NaN or infinite entries")
     if dtype is not None:
         target = dtype
@@ -49,11 +49,22 @@ def as_tensor(x, name: str, *, dtype="float64", min_ndim: int = 0, allow_empty=F
         target = torch.float32  # no half-precision SVD / eigensolver on the CPU
     else:
         target = t.dtype
+    if t.dtype == target:
+        return t  # nothing converted: the check above covered it
     converted = t.to(target)
-    if not torch.isfinite(converted).all():  # finite before, not after: the cast overflowed
+    if not _all_finite(converted):  # finite before, not after: the cast overflowed
         raise ValueError(f"{name} has entries beyond the range of {target} (largest {torch.finfo(target).max:.3g}); "
                          f"pass dtype=torch.float64 or rescale it")
     return converted
+
+
+def _all_finite(t) -> bool:
+    """Every entry of the float tensor `t` finite. A finite sum proves it in one pass without a mask (a
+    NaN or an infinity makes the sum NaN or infinite); only a sum that is not finite, which a sum of
+    huge finite entries can also be, is decided entry by entry."""
+    import torch
+
+    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 
 
 def cut(text: str, limit: int = 300) -> str:

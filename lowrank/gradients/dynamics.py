@@ -13,7 +13,9 @@ The helpers of Part I's pages beyond the decomposition itself (`lowrank.gradient
   (MF and NTK from one initialisation, with the principal angles between their weights) and
   `initial_alignments` (Fig. 4's alignments of the initial gradient).
 
-Every function works in float64 on the CPU tensors `lowrank.core.data` produces.
+Every function works in float64 on the CPU tensors `lowrank.core.data` produces; Section 3.4's two
+n x d x m products per step may be taken in float32 (`product_precision`), where a test shows the
+page's verdicts unchanged (tests/test_dynamics_precision.py).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from lowrank.gradients.decomposition import Decomposition, decompose_problem, lo
 from lowrank.gradients.rule_of_thumb import residue_alignment
 from lowrank.core.nets import activation as get_activation
 from lowrank.core.nets import gamma_m, normalize_rows, outer_weights, sphere_rows
-from lowrank.core.spectral import alignment, principal_angles, top_singular, top_singular_of_product, top_singular_value
+from lowrank.core.spectral import (alignment, principal_angles, top_singular, top_singular_from, top_singular_of_product,
+                                   top_singular_value)
 
 __all__ = [
     "SlopeFit",
@@ -289,9 +292,23 @@ def median_gap_interval(groups: Mapping[str, object], target: str, *, level: flo
 # ----------------------------------------------------------------------------- training (Sec. 3.4)
 
 
-def gradient_matrix(X, W, a, y, *, activation: str, gamma: float, loss: str = "mse"):
+PRODUCT_PRECISIONS = {"float64": torch.float64, "float32": torch.float32}
+
+
+def _product(P, Q, precision: str):
+    """`P @ Q` computed in `precision` ("float64" or "float32") and returned in P's dtype."""
+    dtype = PRODUCT_PRECISIONS[precision]
+    if P.dtype == dtype:
+        return P @ Q
+    return (P.to(dtype) @ Q.to(dtype)).to(P.dtype)
+
+
+def gradient_matrix(X, W, a, y, *, activation: str, gamma: float, loss: str = "mse",
+                    product_precision: str = "float64"):
     """`(G, r)`: the transposed gradient `G = (gamma/n) X^T [(r a^T) o sigma'(X W^T)]` (d x m) of
-    the mean loss in W, in closed form (Prop. 2.1, lambda = 0), and the residue `r`."""
+    the mean loss in W, in closed form (Prop. 2.1, lambda = 0), and the residue `r`. Its two n x d x m
+    products `X W^T` and `X^T [...]` are taken in `product_precision` ("float64" or "float32"), the
+    rest in float64."""
     X = as_tensor(X, "X", min_ndim=2)
     W = as_tensor(W, "W", min_ndim=2)
     a = as_tensor(a, "a", min_ndim=1)
@@ -302,22 +319,23 @@ def gradient_matrix(X, W, a, y, *, activation: str, gamma: float, loss: str = "m
         if tuple(t.shape) != shape:
             raise ValueError(f"{name} must have shape {shape} (from X {n} x {d} and W {m} rows), got {tuple(t.shape)}")
     check_positive(gamma, "gamma")
-    G, r, _ = _gradient(X, W, a, y, activation, gamma, loss)
+    check_choice(product_precision, "product_precision", PRODUCT_PRECISIONS)
+    G, r, _ = _gradient(X, W, a, y, activation, gamma, loss, product_precision)
     return G, r
 
 
-def _gradient_factors(X, W, a, y, activation, gamma, loss):
+def _gradient_factors(X, W, a, y, activation, gamma, loss, precision="float64"):
     """`(A, B, r, f)` with the transposed gradient `G = A^T B`: `A = (gamma/n) X`, `B = (r a^T) o sigma'(X W^T)`."""
     act = get_activation(activation)
-    Z = X @ W.T
+    Z = _product(X, W.T, precision)
     f = gamma * act.f(Z) @ a
     r = loss_function(loss).residue(f, y)
     return (gamma / X.shape[0]) * X, r[:, None] * a[None, :] * act.df(Z), r, f
 
 
-def _gradient(X, W, a, y, activation, gamma, loss):
-    A, B, r, f = _gradient_factors(X, W, a, y, activation, gamma, loss)
-    return A.T @ B, r, f
+def _gradient(X, W, a, y, activation, gamma, loss, precision="float64"):
+    A, B, r, f = _gradient_factors(X, W, a, y, activation, gamma, loss, precision)
+    return _product(A.T, B, precision), r, f
 
 
 class TrainingRun(NamedTuple):
@@ -336,6 +354,7 @@ class TrainingRun(NamedTuple):
 
 
 NORMALIZATIONS = frozenset({"wn", "projected"})
+TRACKED_EXTRA = 4  # singular pairs tracked beyond top_k, so that the block iteration converges in a few steps
 
 
 @dataclass(frozen=True)
@@ -350,6 +369,7 @@ class DescentConfig:
     snapshot_steps : steps whose W_t is kept (default every step).
     normalization : "wn" (weight normalisation, V takes the step) or "projected" (a step in W, then
         the rows renormalised).
+    product_precision : "float64" or "float32", of the step's two n x d x m products (`gradient_matrix`).
     """
 
     activation: str
@@ -360,6 +380,7 @@ class DescentConfig:
     top_k: int = 2
     snapshot_steps: tuple | None = None
     normalization: str = "wn"
+    product_precision: str = "float64"
 
     def __post_init__(self):
         if not isinstance(self.steps, int) or self.steps < 0:
@@ -368,6 +389,7 @@ class DescentConfig:
         object.__setattr__(self, "lr", 1.0 / self.gamma if self.lr is None else self.lr)
         check_positive(self.lr, "lr")
         check_choice(self.normalization, "normalization", NORMALIZATIONS)
+        check_choice(self.product_precision, "product_precision", PRODUCT_PRECISIONS)
         get_activation(self.activation)
         loss_function(self.loss)
         if not isinstance(self.top_k, int) or self.top_k < 1:
@@ -442,7 +464,9 @@ def train_weight_normalized(X, y, W0, a, config: DescentConfig | None = None, *,
     parametrised as `w_j = v_j / ||v_j||` (Salimans and Kingma's weight normalisation with the
     gain fixed to 1) and V takes the gradient steps; with "projected" each step is taken in W and
     the rows are renormalised. At every step the gradient `G_t` with respect to W (the matrix the
-    decomposition is about) is recorded through its leading left singular vectors.
+    decomposition is about) is recorded through its leading left singular vectors, tracked from step
+    to step (`top_singular_from` on `top_k + TRACKED_EXTRA` pairs; `top_singular` at the first step
+    and whenever tracking does not converge).
 
     Parameters
     ----------
@@ -470,12 +494,17 @@ def train_weight_normalized(X, y, W0, a, config: DescentConfig | None = None, *,
 
     V = W0.clone()
     rows, Us, Ws = [], [], {}
-    u_init, start = None, None
+    u_init, block = None, None
+    small = min(X.shape[1], W0.shape[0])
+    width = top_k + TRACKED_EXTRA if top_k + TRACKED_EXTRA < small else top_k  # tracked pairs: top_k and a margin
     for t in range(steps + 1):
         W = normalize_rows(V)
-        G, r, fx = _gradient(X, W, a, y, activation, gamma, loss)
-        U, s, Vh = top_singular(G, top_k, v0=start)  # warm start: G moves little per step
-        start = U[:, 0] if G.shape[0] <= G.shape[1] else Vh[0]
+        G, r, fx = _gradient(X, W, a, y, activation, gamma, loss, cfg.product_precision)
+        top = top_singular_from(G, top_k, block) if block is not None else None  # G moves little per step
+        if top is None:
+            top = top_singular(G, width)
+        block = top.U if width > top_k else None
+        U, s = top.U, top.s
         u_init = U[:, 0] if u_init is None else u_init
         rows.append(_trace_row(t, float(lossf.value(fx, y).mean()), s, U[:, 0], u_init, refs, X_B, r, top_k))
         Us.append(U[:, :top_k].clone())
@@ -564,14 +593,17 @@ def single_index_draw(n: int, d: int, m: int, *, nu: float, seed: int, noise_std
 
 
 def initial_alignments(n: int, d: int, m: int, *, scaling: str, activation: str = "relu", loss: str = "mse",
-                       noise_std: float = 0.1, link: str = "sigmoid", seed: int = 0) -> dict:
+                       noise_std: float = 0.1, link: str = "sigmoid", seed: int = 0,
+                       product_precision: str = "float64") -> dict:
     """Fig. 4 for one draw: alignment of the initial gradient's u1 with `X^T y`, `X^T r` and omega.
 
     Isotropic data (`X = X_B`, rows N(0, I_d), no spike), `y = link(omega^T x) + noise` with omega
     uniform on the unit sphere, W_S and random signs a, `gamma_m` by `scaling`.
     Sub-seeds: X `seed`, omega `seed + 1`, noise `seed + 2`, W `seed + 3`, a `seed + 4`.
+    product_precision : of the n x d x m product `X W^T` (`gradient_matrix`).
     """
     check_choice(scaling, "scaling", {"mf", "ntk"})
+    check_choice(product_precision, "product_precision", PRODUCT_PRECISIONS)
     data = spiked_gaussian(n, d, 0.0, 0.0, seed)
     X = data.X_B
     omega = torch.randn(d, generator=generator(seed + 1), dtype=torch.float64)
@@ -579,7 +611,7 @@ def initial_alignments(n: int, d: int, m: int, *, scaling: str, activation: str 
     y = single_index_target(X, omega, noise_std=noise_std, seed=seed + 2, link=link)
     W = sphere_rows(m, d, seed + 3)
     a = outer_weights(m, seed + 4)
-    A, B, r, _ = _gradient_factors(X, W, a, y, activation, gamma_m(m, scaling), loss)
+    A, B, r, _ = _gradient_factors(X, W, a, y, activation, gamma_m(m, scaling), loss, product_precision)
     U, s, _ = top_singular_of_product(A, B, 2)  # G = A^T B is never formed
     u1 = U[:, 0]
     return {"align_Xy": alignment(u1, X.T @ y), "align_Xr": alignment(u1, X.T @ r),
@@ -587,14 +619,16 @@ def initial_alignments(n: int, d: int, m: int, *, scaling: str, activation: str 
             "r_y_corr": float(torch.nn.functional.cosine_similarity(r, -y, dim=0))}
 
 
-def initial_lead(X, y, W, a, *, activation: str, gamma: float, X_B, q, loss: str = "mse") -> float:
+def initial_lead(X, y, W, a, *, activation: str, gamma: float, X_B, q, loss: str = "mse",
+                 product_precision: str = "float64") -> float:
     """`|cos(u1, q)| - |cos(u1, X_B^T r)|` for the initial gradient on inputs `X` (> 0: u1 nearer the spike).
 
     X : n x d inputs the network sees (with the spike, or `X_B` alone for a spike-free control). X_B :
     the bulk part, which defines the residue direction `X_B^T r`. q : (d,) spike direction. The rest as
     in `gradient_matrix`.
     """
-    G, r = gradient_matrix(X, W, a, y, activation=activation, gamma=gamma, loss=loss)
+    G, r = gradient_matrix(X, W, a, y, activation=activation, gamma=gamma, loss=loss,
+                           product_precision=product_precision)
     X_B = as_tensor(X_B, "X_B", min_ndim=2)
     u1 = top_singular(G, 1)[0][:, 0]
     return alignment(u1, as_tensor(q, "q", min_ndim=1)) - alignment(u1, X_B.T @ r)

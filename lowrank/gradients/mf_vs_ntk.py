@@ -46,6 +46,7 @@ __all__ = [
 ]
 
 DRAW_SEED_STRIDE = 1000  # draw k uses seed + 1000 k: the sub-seeds seed .. seed + 4 of two draws never meet
+TRACE_TOP_K = 1  # the figures read u1(G_t) and s1 only; a second pair in a flat bulk costs most of a step
 
 
 def draw_seed(seed: int, draw: int) -> int:
@@ -61,14 +62,16 @@ def _check_repeats(repeats):
 
 
 def initial_alignment_table(n: int, d: int, m: int, *, repeats: int, activation: str = "relu",
-                            scalings: Sequence[str] = ("mf", "ntk"), noise_std: float = 0.1, seed: int = 0):
+                            scalings: Sequence[str] = ("mf", "ntk"), noise_std: float = 0.1, seed: int = 0,
+                            product_precision: str = "float64"):
     """Fig. 4: the initial gradient's alignments, one row per (scaling, draw).
 
     Parameters
     ----------
     n, d, m : samples, input dimension, width. repeats : independent draws of (X, omega, y, W, a).
     activation : of the network. scalings : `gamma_m` conventions ("mf", "ntk"). noise_std : of the
-    single-index target. seed : of draw 0 (`draw_seed`).
+    single-index target. seed : of draw 0 (`draw_seed`). product_precision : of each draw's n x d x m
+    product ("float64" or "float32", `dynamics.gradient_matrix`).
 
     Returns
     -------
@@ -81,7 +84,7 @@ def initial_alignment_table(n: int, d: int, m: int, *, repeats: int, activation:
     _check_repeats(repeats)
     return pd.DataFrame([{"scaling": sc, "repeat": k,
                           **initial_alignments(n, d, m, scaling=sc, activation=activation, noise_std=noise_std,
-                                               seed=draw_seed(seed, k))}
+                                               seed=draw_seed(seed, k), product_precision=product_precision)}
                          for sc, k in itertools.product(scalings, range(repeats))])
 
 
@@ -95,14 +98,15 @@ class ScalingRuns(NamedTuple):
 
 def scaling_runs(n: int, d: int, m: int, *, repeats: int, activation: str, steps: int, snapshot_every: int,
                  lr_factor: float = 1.0, normalization: str = "wn", noise_std: float = 0.1, seed: int = 0,
-                 scalings: Sequence[str] = ("mf", "ntk")) -> ScalingRuns:
+                 scalings: Sequence[str] = ("mf", "ntk"), product_precision: str = "float64") -> ScalingRuns:
     """Fig. 5: each scaling trained from one initialisation on one data set, for `repeats` draws.
 
     Draw `k` is `single_index_draw(n, d, m, nu=0, seed=draw_seed(seed, k))` (isotropic inputs, a
     single-index target); every scaling trains from its `W_0` with `train_weight_normalized`, step
     `lr_factor / gamma_m`, for `steps` full-batch steps, recording the alignment of u1(G_t) with
     `q`, `X_B^T y` and omega (`align_q`, `align_Xy`, `align_omega`), with `X_B^T r_t` and with u1(G_0).
-    W_t is kept every `snapshot_every` steps from 0.
+    W_t is kept every `snapshot_every` steps from 0. `product_precision` is that of each step's two
+    n x d x m products (`DescentConfig`).
 
     Returns
     -------
@@ -122,7 +126,8 @@ def scaling_runs(n: int, d: int, m: int, *, repeats: int, activation: str, steps
         runs, ang = scaling_comparison(
             data.X, y, W0, a, activation=activation, steps=steps, X_B=data.X_B, normalization=normalization,
             references={"q": data.q, "Xy": data.X_B.T @ y, "omega": omega}, scalings=scalings,
-            snapshot_steps=range(0, steps + 1, snapshot_every), lr_factor=lr_factor)
+            snapshot_steps=range(0, steps + 1, snapshot_every), lr_factor=lr_factor,
+            product_precision=product_precision, top_k=TRACE_TOP_K)
         for sc, run in runs.items():
             traces.append(run.trace.assign(scaling=sc, repeat=k))
             moved.append({"scaling": sc, "repeat": k, "step": max(run.W), **weight_angles(run.W[0], run.W[max(run.W)])})
@@ -140,13 +145,14 @@ class SpikeRuns(NamedTuple):
 
 def spike_size_runs(n: int, d: int, m: int, *, nus: Sequence[float], repeats: int, activation: str, steps: int,
                     lr_factor: float = 1.0, normalization: str = "wn", noise_std: float = 0.1, seed: int = 0,
-                    scaling: str = "mf") -> SpikeRuns:
+                    scaling: str = "mf", product_precision: str = "float64") -> SpikeRuns:
     """Fig. 6: training under one scaling for each spike size nu and draw, and the spike-free control.
 
     Draw `k` at spike size `nu` is `single_index_draw(n, d, m, nu=nu, seed=draw_seed(seed, k))` (the
     same bulk, target and network at every nu: only the spike `zeta = n^nu` changes). Each trains with
     `train_weight_normalized` (`gamma_m` of `scaling`, step `lr_factor / gamma_m`, no weight snapshots),
-    recording `align_q` and `align_residue` (|cos| of u1(G_t) with q and with `X_B^T r_t`).
+    recording `align_q` and `align_residue` (|cos| of u1(G_t) with q and with `X_B^T r_t`), its
+    n x d x m products in `product_precision` (`DescentConfig`).
 
     Returns
     -------
@@ -162,10 +168,12 @@ def spike_size_runs(n: int, d: int, m: int, *, nus: Sequence[float], repeats: in
     for nu, k in itertools.product(nus, range(repeats)):
         data, omega, y, W0, a = single_index_draw(n, d, m, nu=nu, seed=draw_seed(seed, k), noise_std=noise_std)
         spike_free.append({"nu": nu, "repeat": k, "lead": initial_lead(
-            data.X_B, y, W0, a, activation=activation, gamma=gamma, X_B=data.X_B, q=data.q)})
+            data.X_B, y, W0, a, activation=activation, gamma=gamma, X_B=data.X_B, q=data.q,
+            product_precision=product_precision)})
         run = train_weight_normalized(data.X, y, W0, a, activation=activation, gamma=gamma, steps=steps,
                                       lr=lr_factor / gamma, X_B=data.X_B, references={"q": data.q},
-                                      normalization=normalization, snapshot_steps=[])
+                                      normalization=normalization, snapshot_steps=[],
+                                      product_precision=product_precision, top_k=TRACE_TOP_K)
         traces.append(run.trace.assign(nu=nu, repeat=k))
     return SpikeRuns(pd.concat(traces, ignore_index=True), pd.DataFrame(spike_free))
 

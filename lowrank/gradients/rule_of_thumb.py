@@ -15,7 +15,7 @@ import numpy as np
 
 from lowrank.core.validation import as_tensor
 from lowrank.core.data import SpikedData
-from lowrank.core.spectral import alignment, count_outliers, top_singular
+from lowrank.core.spectral import TopSingular, alignment, count_outliers, top_singular
 from lowrank.gradients.decomposition import Decomposition
 
 __all__ = [
@@ -90,7 +90,8 @@ class DominantSpike(NamedTuple):
 
 
 def dominant_spike(G, residue_direction, q, *, gap: float = 1.5, max_outliers: int = 5,
-                   subspace_threshold: float = 0.5, min_ratio: float = 0.1) -> DominantSpike:
+                   subspace_threshold: float = 0.5, min_ratio: float = 0.1,
+                   top: TopSingular | None = None) -> DominantSpike:
     """Which spike dominates a gradient `G` (d x m), read off its spectrum and singular vectors.
 
     Parameters
@@ -98,7 +99,9 @@ def dominant_spike(G, residue_direction, q, *, gap: float = 1.5, max_outliers: i
     G : d x m gradient, or a `Decomposition` (its product form, no matrix formed). residue_direction : (d,), `X_B^T r`. q : (d,) spike direction.
     gap : the ratio `s_k / s_{k+1}` that separates an outlier (`count_outliers`); max_outliers : how
     many leading values are examined; subspace_threshold : share of a direction in `U_2` that counts
-    as "inside"; min_ratio : `s_2 / s_1` below which G counts as rank one.
+    as "inside"; min_ratio : `s_2 / s_1` below which G counts as rank one. top : G's leading triplets
+    already computed (e.g. for a spectrum of the same G), used when they number at least
+    `max_outliers + 1`: one iterative SVD instead of two.
 
     Returns
     -------
@@ -120,10 +123,10 @@ def dominant_spike(G, residue_direction, q, *, gap: float = 1.5, max_outliers: i
     """
     if isinstance(G, Decomposition):  # its product form: no d x m matrix is formed
         A, B = G.products["G"]
-        (rows, cols), top = (A.shape[1], B.shape[1]), G.top
+        (rows, cols), leading = (A.shape[1], B.shape[1]), G.top
     else:
         G = as_tensor(G, "G", min_ndim=2)
-        (rows, cols), top = G.shape, lambda _, k: top_singular(G, k)
+        (rows, cols), leading = G.shape, lambda _, k: top_singular(G, k)
     if not 0 < subspace_threshold <= 1:
         raise ValueError(f"subspace_threshold must be in (0, 1], got {subspace_threshold}")
     if not 0 <= min_ratio <= 1:
@@ -133,7 +136,11 @@ def dominant_spike(G, residue_direction, q, *, gap: float = 1.5, max_outliers: i
     if x.shape != (rows,) or q.shape != (rows,):
         raise ValueError(f"residue_direction and q must have G's {rows} rows, got "
                          f"{tuple(x.shape)} and {tuple(q.shape)}")
-    U, s, _ = top("G", min(max(max_outliers + 1, 2), rows, cols))
+    needed = min(max(max_outliers + 1, 2), rows, cols)
+    if top is not None and len(top.s) >= needed and top.U.shape[0] == rows:
+        U, s = top.U[:, :needed], top.s[:needed]
+    else:
+        U, s, _ = leading("G", needed)
     k = count_outliers(s, max_outliers=max_outliers, gap=gap)
     U2 = U[:, :2]
     a_res, a_q = alignment(U2[:, 0], x), alignment(U2[:, 0], q)
