@@ -63,12 +63,16 @@ _SCALE = {"scale": "ci", "executed": ROOT / "_build" / "executed"}  # set at con
 
 
 def provenance() -> dict:
-    """Commit (with `-dirty` when the tree has uncommitted changes), build date (UTC), scale."""
+    """Commit (with `-dirty` when the tree has uncommitted changes), the commit's date (UTC), scale.
+
+    The commit's date, not the build's: the footer lives in the Sphinx configuration, whose hash a
+    clock would change every minute, so that every warm build rewrote all pages."""
     commit = _git("rev-parse", "--short=10", "HEAD") or "unknown"
     if _git("status", "--porcelain", "--untracked-files=no"):
         commit += "-dirty"
-    return {"commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "scale": _SCALE["scale"]}
+    stamp = _git("log", "-1", "--format=%ct")
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(int(stamp))) if stamp.isdigit() else "an unknown date"
+    return {"commit": commit, "date": date, "scale": _SCALE["scale"]}
 
 
 def repository(app) -> tuple[str, str]:
@@ -86,7 +90,7 @@ def _config_inited(app, config):
     link = f'<a href="{html.escape(url)}/tree/{commit}">{html.escape(p["commit"])}</a>' if url and commit != "unknown" \
         else html.escape(p["commit"])
     config.html_theme_options["extra_footer"] = (
-        f'<p class="build-provenance">Built from commit {link} on {p["date"]}; every notebook executed at '
+        f'<p class="build-provenance">Built from commit {link} of {p["date"]}; every notebook executed at '
         f'<strong>{p["scale"]}</strong> scale (see <em>Rerun this page</em> on each page for the paper\'s).</p>')
 
 
