@@ -92,6 +92,39 @@ def test_principal_angles_match_scipy_and_resolve_tiny_angles():
     assert spectral.principal_angles(e1, np.eye(5)[:, [1]]).item() == pytest.approx(np.pi / 2)
 
 
+def test_principal_angles_of_tall_matrices_through_complements_match_planted_angles_and_scipy():
+    """N x k with N / 2 < k < N (the m x d weights of Fig. 5) go through the complements (N - k
+    columns): planted angles are recovered, the rest are 0, and scipy and the general path agree."""
+    rng = np.random.default_rng(5)
+    N, k = 30, 20
+    Q = np.linalg.qr(rng.standard_normal((N, N)))[0]
+    theta = np.sort(rng.uniform(1e-9, np.pi / 2, N - k))
+    theta[0] = 1e-9  # tiny angles stay resolved
+    basis_B = Q[:, :k].copy()
+    basis_B[:, : N - k] = np.cos(theta) * Q[:, : N - k] + np.sin(theta) * Q[:, k:]
+    A = Q[:, :k] @ rng.standard_normal((k, k))  # any basis of the same spaces
+    B = basis_B @ rng.standard_normal((k, k))
+    ours = spectral.principal_angles(A, B).numpy()
+    assert ours.shape == (k,)
+    np.testing.assert_allclose(ours, np.concatenate([np.zeros(k - (N - k)), theta]), rtol=1e-6, atol=1e-12)
+    # scipy takes the angles whose cosine is large from arccos, resolved to about sqrt(eps) only
+    np.testing.assert_allclose(ours, np.sort(scipy.linalg.subspace_angles(A, B)), atol=1e-7)
+    general = spectral._angles_between_bases(spectral.orthonormal_basis(A), spectral.orthonormal_basis(B))
+    np.testing.assert_allclose(ours, general.numpy(), atol=1e-12)
+    C = spectral.column_complement(A)
+    assert C.shape == (N, N - k)
+    np.testing.assert_allclose(C.T.numpy() @ C.numpy(), np.eye(N - k), atol=1e-12)
+    assert np.abs(A.T @ C.numpy()).max() < 1e-12 * np.abs(A).max()
+    # a rank-deficient matrix has no complement of dimension N - k: the general path (SVD bases) takes it
+    A_deficient = A.copy()
+    A_deficient[:, 1] = A_deficient[:, 0]
+    assert spectral.column_complement(A_deficient) is None
+    np.testing.assert_allclose(spectral.principal_angles(A_deficient, B).numpy(),
+                               np.sort(scipy.linalg.subspace_angles(A_deficient, B)), atol=1e-10)
+    with pytest.raises(ValueError, match="at least as many rows"):
+        spectral.column_complement(A.T)
+
+
 def test_conv_weight_as_matrix():
     w = torch.arange(2 * 3 * 5 * 5, dtype=torch.float64).reshape(2, 3, 5, 5)
     M = spectral.conv_weight_as_matrix(w)

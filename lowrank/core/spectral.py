@@ -27,6 +27,7 @@ __all__ = [
     "alignment",
     "principal_angles",
     "orthonormal_basis",
+    "column_complement",
     "conv_weight_as_matrix",
     "count_outliers",
     "leading_left_vectors",
@@ -277,7 +278,10 @@ def principal_angles(A, B) -> torch.Tensor:
     """Principal angles (radians, ascending) between the column spaces of `A` and `B`.
 
     Small angles come from the sines (Bjorck and Golub) so that angles near zero stay accurate;
-    the number of angles is the smaller of the two subspace dimensions.
+    the number of angles is the smaller of the two subspace dimensions. Two tall matrices of one
+    shape N x k with N / 2 < k < N and full column rank (e.g. m x d weights with m > d) take the shorter
+    road through the orthogonal complements (`column_complement`, N x (N - k)): two subspaces of one
+    dimension have the same nonzero angles as their complements, so the k - (N - k) others are 0.
     """
     A = _matrix(A, "A")
     B = _matrix(B, "B")
@@ -285,9 +289,43 @@ def principal_angles(A, B) -> torch.Tensor:
         raise ValueError("principal_angles takes two matrices, not batches")
     if A.shape[0] != B.shape[0]:
         raise ValueError(f"A and B must have the same number of rows, got {A.shape[0]} and {B.shape[0]}")
+    N, k = A.shape
+    if A.shape == B.shape and k < N < 2 * k:
+        CA, CB = column_complement(A), column_complement(B)
+        if CA is not None and CB is not None:
+            zeros = torch.zeros(k - CA.shape[1], dtype=A.dtype)
+            return torch.cat([zeros, _angles_between_bases(CA, CB)])
     QA, QB = _orthonormal_basis(A, "A"), _orthonormal_basis(B, "B")
     if QA.shape[1] < QB.shape[1]:
         QA, QB = QB, QA
+    return _angles_between_bases(QA, QB)
+
+
+COMPLEMENT_MIN_RCOND = 1e-8  # a far better condition than the numerical-rank cut (~ N eps) of orthonormal_basis
+
+
+def column_complement(A) -> torch.Tensor | None:
+    """An orthonormal basis (N x (N - k)) of the orthogonal complement of the column space of `A`
+    (N x k, k <= N), from a Householder QR of `A`: the last N - k columns of its Q. Returns None when
+    `A` is not clearly of full column rank (LAPACK's estimate of the reciprocal condition number of R
+    below `COMPLEMENT_MIN_RCOND`), where the complement's dimension would be in doubt."""
+    from scipy.linalg.lapack import dtrcon
+
+    A = _matrix(A, "A")
+    N, k = A.shape
+    if k > N:
+        raise ValueError(f"A must have at least as many rows as columns, got {tuple(A.shape)}")
+    h, tau = torch.geqrf(A)
+    rcond, info = dtrcon(np.triu(h[:k].numpy()), norm="1")
+    if info != 0 or not rcond >= COMPLEMENT_MIN_RCOND:
+        return None
+    tail = torch.zeros(N, N - k, dtype=A.dtype)
+    tail[k:] = torch.eye(N - k, dtype=A.dtype)
+    return torch.ormqr(h, tau, tail)  # Q's last N - k columns
+
+
+def _angles_between_bases(QA, QB) -> torch.Tensor:
+    """Principal angles (ascending) between span(QA) and span(QB), orthonormal columns, QA the wider."""
     cosines = torch.linalg.svdvals(QA.T @ QB).clamp(max=1.0)  # descending
     residual = QB - QA @ (QA.T @ QB)
     sines = torch.linalg.svdvals(residual).clamp(max=1.0).flip(0)  # ascending
