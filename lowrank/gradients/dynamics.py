@@ -55,6 +55,8 @@ __all__ = [
     "weight_angles",
     "scaling_comparison",
     "initial_alignments",
+    "initial_alignments_by_scaling",
+    "snapshot_angles",
     "single_index_draw",
     "direction_switch",
     "initial_lead",
@@ -324,10 +326,11 @@ def gradient_matrix(X, W, a, y, *, activation: str, gamma: float, loss: str = "m
     return G, r
 
 
-def _gradient_factors(X, W, a, y, activation, gamma, loss, precision="float64"):
-    """`(A, B, r, f)` with the transposed gradient `G = A^T B`: `A = (gamma/n) X`, `B = (r a^T) o sigma'(X W^T)`."""
+def _gradient_factors(X, W, a, y, activation, gamma, loss, precision="float64", Z=None):
+    """`(A, B, r, f)` with the transposed gradient `G = A^T B`: `A = (gamma/n) X`, `B = (r a^T) o sigma'(X W^T)`.
+    `Z`: the pre-activations `X W^T` when already computed (they do not depend on gamma)."""
     act = get_activation(activation)
-    Z = _product(X, W.T, precision)
+    Z = _product(X, W.T, precision) if Z is None else Z
     f = gamma * act.f(Z) @ a
     r = loss_function(loss).residue(f, y)
     return (gamma / X.shape[0]) * X, r[:, None] * a[None, :] * act.df(Z), r, f
@@ -558,16 +561,22 @@ def scaling_comparison(X, y, W0, a, *, activation: str, steps: int, snapshot_ste
         gamma = gamma_m(W0.shape[0], sc)
         runs[sc] = train_weight_normalized(X, y, W0, a, activation=activation, gamma=gamma, lr=lr_factor / gamma,
                                            steps=steps, snapshot_steps=snapshot_steps, **kwargs)
+    angles = snapshot_angles(runs[scalings[0]].W, runs[scalings[1]].W) if len(scalings) >= 2 else pd.DataFrame()
+    return runs, angles
+
+
+def snapshot_angles(A: Mapping[int, torch.Tensor], B: Mapping[int, torch.Tensor]):
+    """`weight_angles` between two runs' weights at every step both kept (`TrainingRun.W` of each):
+    a DataFrame with `step` and the three angles, in degrees (all 0 at a step where they are equal)."""
+    import pandas as pd
+
     rows = []
-    if len(scalings) >= 2:
-        A, B = runs[scalings[0]].W, runs[scalings[1]].W
-        for t in sorted(set(A) & set(B)):
-            if t == 0 and torch.equal(A[t], B[t]):
-                rows.append({"step": 0, "mean_principal_angle": 0.0, "max_principal_angle": 0.0,
-                             "mean_neuron_angle": 0.0})
-                continue
-            rows.append({"step": t, **weight_angles(A[t], B[t])})
-    return runs, pd.DataFrame(rows)
+    for t in sorted(set(A) & set(B)):
+        if torch.equal(A[t], B[t]):
+            rows.append({"step": t, "mean_principal_angle": 0.0, "max_principal_angle": 0.0, "mean_neuron_angle": 0.0})
+            continue
+        rows.append({"step": t, **weight_angles(A[t], B[t])})
+    return pd.DataFrame(rows)
 
 
 def single_index_draw(n: int, d: int, m: int, *, nu: float, seed: int, noise_std: float = 0.1,
@@ -602,7 +611,19 @@ def initial_alignments(n: int, d: int, m: int, *, scaling: str, activation: str 
     Sub-seeds: X `seed`, omega `seed + 1`, noise `seed + 2`, W `seed + 3`, a `seed + 4`.
     product_precision : of the n x d x m product `X W^T` (`gradient_matrix`).
     """
-    check_choice(scaling, "scaling", {"mf", "ntk"})
+    return initial_alignments_by_scaling(n, d, m, scalings=(scaling,), activation=activation, loss=loss,
+                                         noise_std=noise_std, link=link, seed=seed,
+                                         product_precision=product_precision)[scaling]
+
+
+def initial_alignments_by_scaling(n: int, d: int, m: int, *, scalings=("mf", "ntk"), activation: str = "relu",
+                                  loss: str = "mse", noise_std: float = 0.1, link: str = "sigmoid", seed: int = 0,
+                                  product_precision: str = "float64") -> dict:
+    """`initial_alignments` of one draw under each scaling: `{scaling: row}`. The draw (X, omega, y, W,
+    a) and the pre-activations `X W^T` are made once and shared, as `initial_alignments` would make the
+    same ones for each scaling; only gamma_m, and with it the output and the residue, differs."""
+    for sc in scalings:
+        check_choice(sc, "scaling", {"mf", "ntk"})
     check_choice(product_precision, "product_precision", PRODUCT_PRECISIONS)
     data = spiked_gaussian(n, d, 0.0, 0.0, seed)
     X = data.X_B
@@ -611,12 +632,16 @@ def initial_alignments(n: int, d: int, m: int, *, scaling: str, activation: str 
     y = single_index_target(X, omega, noise_std=noise_std, seed=seed + 2, link=link)
     W = sphere_rows(m, d, seed + 3)
     a = outer_weights(m, seed + 4)
-    A, B, r, _ = _gradient_factors(X, W, a, y, activation, gamma_m(m, scaling), loss, product_precision)
-    U, s, _ = top_singular_of_product(A, B, 2)  # G = A^T B is never formed
-    u1 = U[:, 0]
-    return {"align_Xy": alignment(u1, X.T @ y), "align_Xr": alignment(u1, X.T @ r),
-            "align_omega": alignment(u1, omega), "s1_over_s2": float(s[0] / s[1]),
-            "r_y_corr": float(torch.nn.functional.cosine_similarity(r, -y, dim=0))}
+    Z = _product(X, W.T, product_precision)
+    rows = {}
+    for sc in scalings:
+        A, B, r, _ = _gradient_factors(X, W, a, y, activation, gamma_m(m, sc), loss, product_precision, Z=Z)
+        U, s, _ = top_singular_of_product(A, B, 2)  # G = A^T B is never formed
+        u1 = U[:, 0]
+        rows[sc] = {"align_Xy": alignment(u1, X.T @ y), "align_Xr": alignment(u1, X.T @ r),
+                    "align_omega": alignment(u1, omega), "s1_over_s2": float(s[0] / s[1]),
+                    "r_y_corr": float(torch.nn.functional.cosine_similarity(r, -y, dim=0))}
+    return rows
 
 
 def initial_lead(X, y, W, a, *, activation: str, gamma: float, X_B, q, loss: str = "mse",

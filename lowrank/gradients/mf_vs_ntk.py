@@ -14,21 +14,25 @@ draws and stacks the results, so that the page computes a figure's quantity in o
   (`direction_switch` for every run) read the tables `spike_size_runs` returns.
 
 Draw `k` of every figure uses the seed `seed + DRAW_SEED_STRIDE * k` (`single_index_draw` and
-`initial_alignments` derive their sub-seeds from it).
+`initial_alignments` derive their sub-seeds from it), so the draws are independent tasks: with
+`workers > 1` they run in that many worker processes (one torch thread each) and the tables are the
+same as with `workers=1` under one thread.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import NamedTuple, Sequence
 
+from lowrank.core import device
 from lowrank.core.nets import gamma_m
 from lowrank.gradients.dynamics import (
     direction_switch,
-    initial_alignments,
+    initial_alignments_by_scaling,
     initial_lead,
-    scaling_comparison,
     single_index_draw,
+    snapshot_angles,
     train_weight_normalized,
     weight_angles,
 )
@@ -61,9 +65,37 @@ def _check_repeats(repeats):
         raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
 
 
+def _check_workers(workers):
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"workers must be a positive integer, got {workers!r}")
+
+
+_POOLS: dict = {}  # workers -> a process pool kept for the session (a page calls it once per figure)
+
+
+def _start_worker():
+    device.reproducible(cpu_threads=1)  # two workers on two cores: one thread each
+
+
+def _map(function, tasks, workers: int) -> list:
+    """`[function(task) for task in tasks]`, in this process (`workers=1`) or spread over `workers`
+    spawned processes with one torch thread each; the results come back in the order of `tasks`."""
+    tasks = list(tasks)
+    if workers == 1 or len(tasks) < 2:
+        return [function(task) for task in tasks]
+    pool = _POOLS.get(workers)
+    if pool is None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        pool = _POOLS[workers] = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                                     initializer=_start_worker)
+    return list(pool.map(function, tasks, chunksize=max(1, len(tasks) // (8 * workers))))
+
+
 def initial_alignment_table(n: int, d: int, m: int, *, repeats: int, activation: str = "relu",
                             scalings: Sequence[str] = ("mf", "ntk"), noise_std: float = 0.1, seed: int = 0,
-                            product_precision: str = "float64"):
+                            product_precision: str = "float64", workers: int = 1):
     """Fig. 4: the initial gradient's alignments, one row per (scaling, draw).
 
     Parameters
@@ -71,7 +103,7 @@ def initial_alignment_table(n: int, d: int, m: int, *, repeats: int, activation:
     n, d, m : samples, input dimension, width. repeats : independent draws of (X, omega, y, W, a).
     activation : of the network. scalings : `gamma_m` conventions ("mf", "ntk"). noise_std : of the
     single-index target. seed : of draw 0 (`draw_seed`). product_precision : of each draw's n x d x m
-    product ("float64" or "float32", `dynamics.gradient_matrix`).
+    product ("float64" or "float32", `dynamics.gradient_matrix`). workers : processes for the draws.
 
     Returns
     -------
@@ -82,10 +114,16 @@ def initial_alignment_table(n: int, d: int, m: int, *, repeats: int, activation:
     import pandas as pd
 
     _check_repeats(repeats)
-    return pd.DataFrame([{"scaling": sc, "repeat": k,
-                          **initial_alignments(n, d, m, scaling=sc, activation=activation, noise_std=noise_std,
-                                               seed=draw_seed(seed, k), product_precision=product_precision)}
+    _check_workers(workers)
+    draws = _map(functools.partial(_initial_draw, n=n, d=d, m=m, scalings=tuple(scalings), activation=activation,
+                                   noise_std=noise_std, seed=seed, product_precision=product_precision),
+                 range(repeats), workers)
+    return pd.DataFrame([{"scaling": sc, "repeat": k, **draws[k][sc]}
                          for sc, k in itertools.product(scalings, range(repeats))])
+
+
+def _initial_draw(k, *, seed, **settings):
+    return initial_alignments_by_scaling(seed=draw_seed(seed, k), **settings)
 
 
 class ScalingRuns(NamedTuple):
@@ -98,7 +136,8 @@ class ScalingRuns(NamedTuple):
 
 def scaling_runs(n: int, d: int, m: int, *, repeats: int, activation: str, steps: int, snapshot_every: int,
                  lr_factor: float = 1.0, normalization: str = "wn", noise_std: float = 0.1, seed: int = 0,
-                 scalings: Sequence[str] = ("mf", "ntk"), product_precision: str = "float64") -> ScalingRuns:
+                 scalings: Sequence[str] = ("mf", "ntk"), product_precision: str = "float64",
+                 workers: int = 1) -> ScalingRuns:
     """Fig. 5: each scaling trained from one initialisation on one data set, for `repeats` draws.
 
     Draw `k` is `single_index_draw(n, d, m, nu=0, seed=draw_seed(seed, k))` (isotropic inputs, a
@@ -106,7 +145,7 @@ def scaling_runs(n: int, d: int, m: int, *, repeats: int, activation: str, steps
     `lr_factor / gamma_m`, for `steps` full-batch steps, recording the alignment of u1(G_t) with
     `q`, `X_B^T y` and omega (`align_q`, `align_Xy`, `align_omega`), with `X_B^T r_t` and with u1(G_0).
     W_t is kept every `snapshot_every` steps from 0. `product_precision` is that of each step's two
-    n x d x m products (`DescentConfig`).
+    n x d x m products (`DescentConfig`). workers : processes for the (draw, scaling) runs.
 
     Returns
     -------
@@ -120,20 +159,37 @@ def scaling_runs(n: int, d: int, m: int, *, repeats: int, activation: str, steps
     _check_repeats(repeats)
     if not isinstance(snapshot_every, int) or snapshot_every < 1:
         raise ValueError(f"snapshot_every must be a positive integer, got {snapshot_every!r}")
+    _check_workers(workers)
+    tasks = list(itertools.product(range(repeats), scalings))
+    done = _map(functools.partial(_scaling_run, n=n, d=d, m=m, activation=activation, steps=steps,
+                                  snapshot_every=snapshot_every, lr_factor=lr_factor, normalization=normalization,
+                                  noise_std=noise_std, seed=seed, product_precision=product_precision),
+                tasks, workers)
+    runs = dict(zip(tasks, done))
     traces, angles, moved = [], [], []
     for k in range(repeats):
-        data, omega, y, W0, a = single_index_draw(n, d, m, nu=0.0, seed=draw_seed(seed, k), noise_std=noise_std)
-        runs, ang = scaling_comparison(
-            data.X, y, W0, a, activation=activation, steps=steps, X_B=data.X_B, normalization=normalization,
-            references={"q": data.q, "Xy": data.X_B.T @ y, "omega": omega}, scalings=scalings,
-            snapshot_steps=range(0, steps + 1, snapshot_every), lr_factor=lr_factor,
-            product_precision=product_precision, top_k=TRACE_TOP_K)
-        for sc, run in runs.items():
+        for sc in scalings:
+            run = runs[k, sc]
             traces.append(run.trace.assign(scaling=sc, repeat=k))
             moved.append({"scaling": sc, "repeat": k, "step": max(run.W), **weight_angles(run.W[0], run.W[max(run.W)])})
-        angles.append(ang.assign(repeat=k))
-    return ScalingRuns(pd.concat(traces, ignore_index=True), pd.concat(angles, ignore_index=True),
+        if len(scalings) >= 2:
+            angles.append(snapshot_angles(runs[k, scalings[0]].W, runs[k, scalings[1]].W).assign(repeat=k))
+    return ScalingRuns(pd.concat(traces, ignore_index=True),
+                       pd.concat(angles, ignore_index=True) if angles else pd.DataFrame(),
                        pd.DataFrame(moved))
+
+
+def _scaling_run(task, *, n, d, m, activation, steps, snapshot_every, lr_factor, normalization, noise_std, seed,
+                 product_precision):
+    """Draw `k` trained under one scaling (`dynamics.scaling_comparison` for one of its scalings)."""
+    k, scaling = task
+    data, omega, y, W0, a = single_index_draw(n, d, m, nu=0.0, seed=draw_seed(seed, k), noise_std=noise_std)
+    gamma = gamma_m(m, scaling)
+    return train_weight_normalized(data.X, y, W0, a, activation=activation, gamma=gamma, lr=lr_factor / gamma,
+                                   steps=steps, X_B=data.X_B,
+                                   references={"q": data.q, "Xy": data.X_B.T @ y, "omega": omega},
+                                   normalization=normalization, snapshot_steps=range(0, steps + 1, snapshot_every),
+                                   product_precision=product_precision, top_k=TRACE_TOP_K)
 
 
 class SpikeRuns(NamedTuple):
@@ -145,14 +201,14 @@ class SpikeRuns(NamedTuple):
 
 def spike_size_runs(n: int, d: int, m: int, *, nus: Sequence[float], repeats: int, activation: str, steps: int,
                     lr_factor: float = 1.0, normalization: str = "wn", noise_std: float = 0.1, seed: int = 0,
-                    scaling: str = "mf", product_precision: str = "float64") -> SpikeRuns:
+                    scaling: str = "mf", product_precision: str = "float64", workers: int = 1) -> SpikeRuns:
     """Fig. 6: training under one scaling for each spike size nu and draw, and the spike-free control.
 
     Draw `k` at spike size `nu` is `single_index_draw(n, d, m, nu=nu, seed=draw_seed(seed, k))` (the
     same bulk, target and network at every nu: only the spike `zeta = n^nu` changes). Each trains with
     `train_weight_normalized` (`gamma_m` of `scaling`, step `lr_factor / gamma_m`, no weight snapshots),
     recording `align_q` and `align_residue` (|cos| of u1(G_t) with q and with `X_B^T r_t`), its
-    n x d x m products in `product_precision` (`DescentConfig`).
+    n x d x m products in `product_precision` (`DescentConfig`). workers : processes for the (nu, draw) runs.
 
     Returns
     -------
@@ -163,19 +219,31 @@ def spike_size_runs(n: int, d: int, m: int, *, nus: Sequence[float], repeats: in
     import pandas as pd
 
     _check_repeats(repeats)
-    gamma = gamma_m(m, scaling)
-    traces, spike_free = [], []
-    for nu, k in itertools.product(nus, range(repeats)):
-        data, omega, y, W0, a = single_index_draw(n, d, m, nu=nu, seed=draw_seed(seed, k), noise_std=noise_std)
-        spike_free.append({"nu": nu, "repeat": k, "lead": initial_lead(
-            data.X_B, y, W0, a, activation=activation, gamma=gamma, X_B=data.X_B, q=data.q,
-            product_precision=product_precision)})
-        run = train_weight_normalized(data.X, y, W0, a, activation=activation, gamma=gamma, steps=steps,
-                                      lr=lr_factor / gamma, X_B=data.X_B, references={"q": data.q},
-                                      normalization=normalization, snapshot_steps=[],
-                                      product_precision=product_precision, top_k=TRACE_TOP_K)
-        traces.append(run.trace.assign(nu=nu, repeat=k))
+    _check_workers(workers)
+    gamma_m(m, scaling)  # a bad scaling fails here, before any work
+    tasks = list(itertools.product(nus, range(repeats)))
+    done = _map(functools.partial(_spike_run, n=n, d=d, m=m, activation=activation, steps=steps, lr_factor=lr_factor,
+                                  normalization=normalization, noise_std=noise_std, seed=seed, scaling=scaling,
+                                  product_precision=product_precision),
+                tasks, workers)
+    traces = [run.trace.assign(nu=nu, repeat=k) for (nu, k), (run, _) in zip(tasks, done)]
+    spike_free = [{"nu": nu, "repeat": k, "lead": lead} for (nu, k), (_, lead) in zip(tasks, done)]
     return SpikeRuns(pd.concat(traces, ignore_index=True), pd.DataFrame(spike_free))
+
+
+def _spike_run(task, *, n, d, m, activation, steps, lr_factor, normalization, noise_std, seed, scaling,
+               product_precision):
+    """Draw `k` at spike size `nu`: its training run (no snapshots) and the spike-free `initial_lead`."""
+    nu, k = task
+    gamma = gamma_m(m, scaling)
+    data, omega, y, W0, a = single_index_draw(n, d, m, nu=nu, seed=draw_seed(seed, k), noise_std=noise_std)
+    lead = initial_lead(data.X_B, y, W0, a, activation=activation, gamma=gamma, X_B=data.X_B, q=data.q,
+                        product_precision=product_precision)
+    run = train_weight_normalized(data.X, y, W0, a, activation=activation, gamma=gamma, steps=steps,
+                                  lr=lr_factor / gamma, X_B=data.X_B, references={"q": data.q},
+                                  normalization=normalization, snapshot_steps=[],
+                                  product_precision=product_precision, top_k=TRACE_TOP_K)
+    return run._replace(U=run.U[:0]), lead  # the page reads the trace: the vectors need not travel back
 
 
 def initial_leads(traces, *, by: str = "nu"):
