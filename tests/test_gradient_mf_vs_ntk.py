@@ -158,3 +158,31 @@ def test_direction_switches_on_hand_worked_runs():
     assert hit["loss_jump"] == pytest.approx(1.2)
     backward = mf_vs_ntk.direction_switches(table, source="align_q", target="align_residue")
     assert not backward["switched"].any()
+
+
+def test_tables_do_not_depend_on_the_number_of_workers():
+    """Each draw is seeded by its index: two worker processes (one thread each) give the tables of one
+    process under one thread, value for value; and Fig. 4's shared draw is `initial_alignments`' own."""
+    n, d, m = 14, 8, 11
+    settings = dict(product_precision="float32", seed=2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        tables = {w: (mf_vs_ntk.initial_alignment_table(n, d, m, repeats=3, activation="relu", workers=w, **settings),
+                      *mf_vs_ntk.scaling_runs(n, d, m, repeats=2, activation="sigmoid", steps=5, snapshot_every=2,
+                                              workers=w, **settings),
+                      *mf_vs_ntk.spike_size_runs(n, d, m, nus=[0.0, 0.5], repeats=2, activation="tanh", steps=5,
+                                                 workers=w, **settings))
+                  for w in (1, 2)}
+    finally:
+        torch.set_num_threads(threads)
+    for one, two in zip(tables[1], tables[2]):
+        pd.testing.assert_frame_equal(one, two, check_exact=True)
+    init = tables[1][0]
+    for sc in ("mf", "ntk"):
+        alone = gd.initial_alignments(n, d, m, scaling=sc, activation="relu", seed=mf_vs_ntk.draw_seed(2, 1),
+                                      product_precision="float32")
+        assert init.query("scaling == @sc and repeat == 1").iloc[0][list(alone)].to_dict() == alone
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="workers"):
+            mf_vs_ntk.initial_alignment_table(n, d, m, repeats=1, workers=bad)
