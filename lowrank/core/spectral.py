@@ -481,6 +481,13 @@ def top_singular_from(M, k: int, start, *, tol: float = 1e-12, value_tol: float 
     p = start.shape[1]
     if start.shape[0] != M.shape[0] or not k < p < min(M.shape):
         raise ValueError(f"start must be a {M.shape[0]} x p block with {k} < p < {min(M.shape)}, got {tuple(start.shape)}")
+    return _top_singular_from(M, k, start, tol, value_tol, max_iter)
+
+
+def _top_singular_from(M, k, start, tol=1e-12, value_tol=1e-9, max_iter=20):
+    """`top_singular_from` without the checks of its inputs (a training loop's tracked gradient, whose
+    caller checks what it passes; a non-finite M gives non-finite values, never an error)."""
+    p = start.shape[1]
     probe = torch.randn(M.shape[0], 1, generator=torch.Generator().manual_seed(0), dtype=M.dtype)
     Q = torch.linalg.qr(torch.cat([start, probe], 1)).Q
     previous = None

@@ -34,7 +34,7 @@ from lowrank.gradients.decomposition import Decomposition, decompose_problem, lo
 from lowrank.gradients.rule_of_thumb import residue_alignment
 from lowrank.core.nets import activation as get_activation
 from lowrank.core.nets import gamma_m, normalize_rows, outer_weights, sphere_rows
-from lowrank.core.spectral import (alignment, principal_angles, top_singular, top_singular_from, top_singular_of_product,
+from lowrank.core.spectral import (_top_singular_from, alignment, principal_angles, top_singular, top_singular_of_product,
                                    top_singular_value)
 
 __all__ = [
@@ -337,8 +337,10 @@ def _gradient_factors(X, W, a, y, activation, gamma, loss, precision="float64", 
 
 
 def _gradient(X, W, a, y, activation, gamma, loss, precision="float64"):
+    """`(G, r, f)`; G (d x m) is the transpose of the contiguous m x d `B^T A`, the layout of W, so that
+    the step on W (`_normalized_step`) reads it in order."""
     A, B, r, f = _gradient_factors(X, W, a, y, activation, gamma, loss, precision)
-    return _product(A.T, B, precision), r, f
+    return _product(B.T, A, precision).T, r, f
 
 
 class TrainingRun(NamedTuple):
@@ -501,9 +503,11 @@ def train_weight_normalized(X, y, W0, a, config: DescentConfig | None = None, *,
     small = min(X.shape[1], W0.shape[0])
     width = top_k + TRACKED_EXTRA if top_k + TRACKED_EXTRA < small else top_k  # tracked pairs: top_k and a margin
     for t in range(steps + 1):
-        W = normalize_rows(V)
+        W = V / V.norm(dim=1, keepdim=True)  # `normalize_rows`: V is checked finite below, its rows never vanish
         G, r, fx = _gradient(X, W, a, y, activation, gamma, loss, cfg.product_precision)
-        top = top_singular_from(G, top_k, block) if block is not None else None  # G moves little per step
+        top = _top_singular_from(G, top_k, block) if block is not None else None  # G moves little per step
+        if top is not None and not bool(torch.isfinite(top.s).all()):
+            raise FloatingPointError(f"the gradient stopped being finite at step {t} (lr={lr:g})")
         if top is None:
             top = top_singular(G, width)
         block = top.U if width > top_k else None
