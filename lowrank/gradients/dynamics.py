@@ -298,11 +298,18 @@ PRODUCT_PRECISIONS = {"float64": torch.float64, "float32": torch.float32}
 
 
 def _product(P, Q, precision: str):
-    """`P @ Q` computed in `precision` ("float64" or "float32") and returned in P's dtype."""
+    """`P @ Q` computed in `precision` ("float64" or "float32") and returned in float64; an operand
+    already in `precision` (`_fixed_operands`) is taken as it is."""
     dtype = PRODUCT_PRECISIONS[precision]
-    if P.dtype == dtype:
-        return P @ Q
-    return (P.to(dtype) @ Q.to(dtype)).to(P.dtype)
+    return (P.to(dtype) @ Q.to(dtype)).to(torch.float64)
+
+
+def _fixed_operands(X, gamma, precision: str):
+    """What the gradient's products take from X at every step: `(X, A, A)` in the products' precision,
+    in float64 and in the products' precision again, with `A = (gamma/n) X`; made once per run."""
+    dtype = PRODUCT_PRECISIONS[precision]
+    A = (gamma / X.shape[0]) * X
+    return X.to(dtype), A, A.to(dtype)
 
 
 def gradient_matrix(X, W, a, y, *, activation: str, gamma: float, loss: str = "mse",
@@ -326,21 +333,24 @@ def gradient_matrix(X, W, a, y, *, activation: str, gamma: float, loss: str = "m
     return G, r
 
 
-def _gradient_factors(X, W, a, y, activation, gamma, loss, precision="float64", Z=None):
+def _gradient_factors(X, W, a, y, activation, gamma, loss, precision="float64", Z=None, fixed=None):
     """`(A, B, r, f)` with the transposed gradient `G = A^T B`: `A = (gamma/n) X`, `B = (r a^T) o sigma'(X W^T)`.
-    `Z`: the pre-activations `X W^T` when already computed (they do not depend on gamma)."""
+    `Z`: the pre-activations `X W^T` when already computed (they do not depend on gamma); `fixed`: the
+    run's `_fixed_operands(X, gamma, precision)`."""
     act = get_activation(activation)
-    Z = _product(X, W.T, precision) if Z is None else Z
+    X_p, A, _ = _fixed_operands(X, gamma, precision) if fixed is None else fixed
+    Z = _product(X_p, W.T, precision) if Z is None else Z
     f = gamma * act.f(Z) @ a
     r = loss_function(loss).residue(f, y)
-    return (gamma / X.shape[0]) * X, r[:, None] * a[None, :] * act.df(Z), r, f
+    return A, r[:, None] * a[None, :] * act.df(Z), r, f
 
 
-def _gradient(X, W, a, y, activation, gamma, loss, precision="float64"):
+def _gradient(X, W, a, y, activation, gamma, loss, precision="float64", fixed=None):
     """`(G, r, f)`; G (d x m) is the transpose of the contiguous m x d `B^T A`, the layout of W, so that
-    the step on W (`_normalized_step`) reads it in order."""
-    A, B, r, f = _gradient_factors(X, W, a, y, activation, gamma, loss, precision)
-    return _product(B.T, A, precision).T, r, f
+    the step on W (`_normalized_step`) reads it in order. `fixed` as in `_gradient_factors`."""
+    fixed = _fixed_operands(X, gamma, precision) if fixed is None else fixed
+    _, B, r, f = _gradient_factors(X, W, a, y, activation, gamma, loss, precision, fixed=fixed)
+    return _product(B.T, fixed[2], precision).T, r, f
 
 
 class TrainingRun(NamedTuple):
@@ -451,13 +461,14 @@ def _trace_row(t, loss, s, u1, u_init, refs, X_B, r, top_k) -> dict:
     return row
 
 
-def _normalized_step(V, W, grad_W, lr, normalization):
+def _normalized_step(V, W, grad_W, lr, normalization, norms):
     """One step on the unit-norm rows: weight normalisation (`w_j = v_j / ||v_j||`, V takes the
-    step, the gradient's radial part removed) or a step in W followed by renormalisation."""
+    step, the gradient's radial part removed) or a step in W followed by renormalisation. `norms`:
+    V's row norms. Updates V in place: `V - lr * (grad_W - radial) / norms`, operation for operation."""
     if normalization == "wn":
-        norms = V.norm(dim=1, keepdim=True)
-        radial = (grad_W * W).sum(1, keepdim=True) * W
-        return V - lr * (grad_W - radial) / norms
+        step = (grad_W * W).sum(1, keepdim=True) * W  # the radial part
+        torch.sub(grad_W, step, out=step)
+        return V.sub_(step.mul_(lr).div_(norms))
     return normalize_rows(W - lr * grad_W)
 
 
@@ -502,9 +513,11 @@ def train_weight_normalized(X, y, W0, a, config: DescentConfig | None = None, *,
     u_init, block = None, None
     small = min(X.shape[1], W0.shape[0])
     width = top_k + TRACKED_EXTRA if top_k + TRACKED_EXTRA < small else top_k  # tracked pairs: top_k and a margin
+    fixed = _fixed_operands(X, gamma, cfg.product_precision)
+    norms = V.norm(dim=1, keepdim=True)
     for t in range(steps + 1):
-        W = V / V.norm(dim=1, keepdim=True)  # `normalize_rows`: V is checked finite below, its rows never vanish
-        G, r, fx = _gradient(X, W, a, y, activation, gamma, loss, cfg.product_precision)
+        W = V / norms  # `normalize_rows`, without checking V again (below)
+        G, r, fx = _gradient(X, W, a, y, activation, gamma, loss, cfg.product_precision, fixed)
         top = _top_singular_from(G, top_k, block) if block is not None else None  # G moves little per step
         if top is not None and not bool(torch.isfinite(top.s).all()):
             raise FloatingPointError(f"the gradient stopped being finite at step {t} (lr={lr:g})")
@@ -519,8 +532,9 @@ def train_weight_normalized(X, y, W0, a, config: DescentConfig | None = None, *,
             Ws[t] = W.clone()
         if t == steps:
             break
-        V = _normalized_step(V, W, G.T, lr, normalization)
-        if not torch.isfinite(V).all():
+        V = _normalized_step(V, W, G.T, lr, normalization, norms)
+        norms = V.norm(dim=1, keepdim=True)
+        if not torch.isfinite(norms).all() or not bool((norms > 0).all()):  # a row not finite, or vanished
             raise FloatingPointError(f"training diverged at step {t + 1} (lr={lr:g})")
     return TrainingRun(pd.DataFrame(rows), torch.stack(Us), Ws)
 
