@@ -444,3 +444,9 @@ def test_a_descent_config_gives_the_run_its_keywords_give():
         gd.train_weight_normalized(p.data.X, p.y, p.W, p.a, cfg, step=3)
     with pytest.raises(ValueError, match="loss"):
         gd.DescentConfig(activation="tanh", gamma=1.0, steps=1, loss="hinge")
+
+
+def test_training_stops_when_the_weights_stop_being_finite():
+    data, omega, y, W, a = gd.single_index_draw(20, 6, 8, nu=0.0, seed=1)
+    with pytest.raises(FloatingPointError, match="diverged at step 1"):
+        gd.train_weight_normalized(data.X, y, W, a, activation="tanh", gamma=1.0, lr=1e308, steps=3)
