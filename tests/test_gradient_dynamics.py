@@ -11,7 +11,7 @@ import torch
 from lowrank.gradients import dynamics as gd
 from lowrank.gradients import decomposition, rule_of_thumb
 from lowrank.core.data import spiked_gaussian
-from lowrank.core.nets import gamma_m, normalize_rows, sphere_rows, two_layer_forward
+from lowrank.core.nets import ACTIVATIONS, activation, gamma_m, normalize_rows, sphere_rows, two_layer_forward
 
 
 def small_problem(seed=0, n=40, d=30, m=50, nu=0.25, activation="tanh"):
@@ -450,3 +450,10 @@ def test_training_stops_when_the_weights_stop_being_finite():
     data, omega, y, W, a = gd.single_index_draw(20, 6, 8, nu=0.0, seed=1)
     with pytest.raises(FloatingPointError, match="diverged at step 1"):
         gd.train_weight_normalized(data.X, y, W, a, activation="tanh", gamma=1.0, lr=1e308, steps=3)
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_values_and_slopes_are_the_activations_own_value_for_value(name):
+    Z = torch.randn(40, 30, generator=torch.Generator().manual_seed(2), dtype=torch.float64) * 3
+    value, slope = gd._values_and_slopes(name, Z)
+    assert torch.equal(value, activation(name).f(Z)) and torch.equal(slope, activation(name).df(Z))

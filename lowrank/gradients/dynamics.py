@@ -337,12 +337,25 @@ def _gradient_factors(X, W, a, y, activation, gamma, loss, precision="float64", 
     """`(A, B, r, f)` with the transposed gradient `G = A^T B`: `A = (gamma/n) X`, `B = (r a^T) o sigma'(X W^T)`.
     `Z`: the pre-activations `X W^T` when already computed (they do not depend on gamma); `fixed`: the
     run's `_fixed_operands(X, gamma, precision)`."""
-    act = get_activation(activation)
     X_p, A, _ = _fixed_operands(X, gamma, precision) if fixed is None else fixed
     Z = _product(X_p, W.T, precision) if Z is None else Z
-    f = gamma * act.f(Z) @ a
+    value, slope = _values_and_slopes(activation, Z)
+    f = gamma * value @ a
     r = loss_function(loss).residue(f, y)
-    return A, r[:, None] * a[None, :] * act.df(Z), r, f
+    return A, r[:, None] * a[None, :] * slope, r, f
+
+
+def _values_and_slopes(activation: str, Z):
+    """`(sigma(Z), sigma'(Z))` as the activation's `f` and `df` compute them, value for value; tanh's and
+    the sigmoid's derivatives are written in their values (`1 - tanh^2`, `s (1 - s)`), which are then
+    computed once instead of two or three times (tested equal to `df`)."""
+    act = get_activation(activation)
+    value = act.f(Z)
+    if activation == "tanh":
+        return value, 1 - value**2
+    if activation == "sigmoid":
+        return value, value * (1 - value)
+    return value, act.df(Z)
 
 
 def _gradient(X, W, a, y, activation, gamma, loss, precision="float64", fixed=None):
