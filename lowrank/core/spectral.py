@@ -461,8 +461,8 @@ def top_singular_from(M, k: int, start, *, tol: float = 1e-12, value_tol: float 
 
     `start` is a d x p block (p > k), e.g. the left vectors this function or `top_singular(M_prev, p)`
     returned for a nearby matrix: along a training run the gradient moves little per step, so a few
-    iterations of `Q <- orth(M M^T Q)` with a Rayleigh-Ritz step converge, each four products of `M`
-    with a thin block (BLAS-3) instead of ARPACK's many matrix-vector products. One fixed pseudo-random
+    iterations of `Q <- orth(M M^T Q)` with a Rayleigh-Ritz step converge, each two products of `M`
+    with a thin block (BLAS-3; the Ritz pairs give `M^T Q` for free) instead of ARPACK's many matrix-vector products. One fixed pseudo-random
     column joins the block, so that a direction the start misses (a start inside an invariant subspace,
     or a new leading direction) grows like in the power method. Convergence, after at least two
     iterations: the leading pair has the residual `||M v_1 - s_1 u_1|| <= tol * s_1` (so `s_1` is
@@ -490,18 +490,20 @@ def _top_singular_from(M, k, start, tol=1e-12, value_tol=1e-9, max_iter=20):
     p = start.shape[1]
     probe = torch.randn(M.shape[0], 1, generator=torch.Generator().manual_seed(0), dtype=M.dtype)
     Q = torch.linalg.qr(torch.cat([start, probe], 1)).Q
+    power = M @ (M.T @ Q)
     previous = None
     for _ in range(max_iter):
-        Q = torch.linalg.qr(M @ (M.T @ Q)).Q
+        Q = torch.linalg.qr(power).Q
         Ub, s, Vh = torch.linalg.svd(Q.T @ M, full_matrices=False)  # Rayleigh-Ritz on span(Q)
         U = Q @ Ub
         if s[0] == 0:
             return None
-        residual = float(torch.linalg.vector_norm(M @ Vh[0] - U[:, 0] * s[0]))
+        MV = M @ Vh.T  # M v_i for every Ritz pair: v_1's residual, and the next power step
+        residual = float(torch.linalg.vector_norm(MV[:, 0] - U[:, 0] * s[0]))
         moved = float((s[1:k] - previous[1:k]).abs().max()) if previous is not None and k > 1 else 0.0
         if previous is not None and residual <= tol * float(s[0]) and moved <= value_tol * float(s[0]):
             return TopSingular(U[:, :p], s[:p], Vh[:p])
-        previous, Q = s, U
+        previous, power = s, MV * s  # M M^T U = M V S, since M^T U = M^T Q Ub = V S: two passes over M per iteration
     return None
 
 
