@@ -83,14 +83,31 @@ def _map(function, tasks, workers: int) -> list:
     tasks = list(tasks)
     if workers == 1 or len(tasks) < 2:
         return [function(task) for task in tasks]
-    pool = _POOLS.get(workers)
-    if pool is None:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+    import os
 
-        pool = _POOLS[workers] = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                                     initializer=_start_worker)
-    return list(pool.map(function, tasks, chunksize=max(1, len(tasks) // (8 * workers))))
+    saved = {name: os.environ.get(name) for name in _ONE_THREAD}
+    os.environ.update(_ONE_THREAD)  # the workers start at the first submission, with one BLAS thread each
+    try:
+        pool = _POOLS.get(workers)
+        if pool is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            pool = _POOLS[workers] = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                                         initializer=_start_worker)
+        results = pool.map(function, tasks, chunksize=max(1, len(tasks) // (8 * workers)))
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    return list(results)
+
+
+# NumPy's and SciPy's BLAS (ARPACK's products) read these when they load: without them each worker's
+# BLAS would start a thread per core, and two workers would oversubscribe the cores
+_ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def initial_alignment_table(n: int, d: int, m: int, *, repeats: int, activation: str = "relu",
