@@ -306,6 +306,11 @@ class _Data:
     def n(self) -> int:
         return self.x_train.shape[0]
 
+    def shuffle_labels(self, seed: int) -> None:
+        """Set `labels_shuffled`: the training labels under the permutation drawn from `seed + 1`."""
+        perm = torch.randperm(self.n, generator=torch.Generator().manual_seed(int(seed) + 1))
+        self.labels_shuffled = self.labels_train[perm.to(self.labels_train.device)]
+
     @property
     def target_sq(self) -> float:
         """c = mean ||t_n||^2 (1 for ±1 targets, C/(C-1) for centred one-hot)."""
@@ -523,8 +528,7 @@ def train_square(model, ds: Dataset, config: SquareConfig | None = None, *, devi
     model = model.to(device=device, dtype=config.dtype)
     data = _to_device(model, ds, device, config.dtype)
     if config.nc_shuffled:
-        perm = torch.randperm(data.n, generator=torch.Generator().manual_seed(config.seed + 1))
-        data.labels_shuffled = data.labels_train[perm.to(data.labels_train.device)]
+        data.shuffle_labels(config.seed)
     if config.batch_size and config.batch_size > data.n:
         raise ValueError(f"batch_size must be between 1 and N={data.n}, got {config.batch_size}")
     total_steps = config.epochs * math.ceil(data.n / (config.batch_size or data.n))
