@@ -3,11 +3,12 @@
 Each function repeats one of `lowrank.gradients.dynamics`' single-draw helpers over independent
 draws and stacks the results, so that the page computes a figure's quantity in one call:
 
-- Fig. 4, `initial_alignment_table`: `initial_alignments` (the initial gradient's `u1` against
-  `X^T y`, `X^T r` and omega) for each scaling and draw;
-- Fig. 5, `scaling_runs`: `scaling_comparison` (MF and NTK trained from one `W_0` on one data set,
-  `train_weight_normalized` with step `lr_factor / gamma_m`) for each draw: the traces, the angles
-  between the two scalings' weights, and how far each scaling's own weights moved from `W_0`;
+- Fig. 4, `initial_alignment_table`: `initial_alignments_by_scaling` (the initial gradient's `u1`
+  against `X^T y`, `X^T r` and omega, one draw under every scaling) for each draw;
+- Fig. 5, `scaling_runs`: what `scaling_comparison` does (MF and NTK trained from one `W_0` on one
+  data set, `train_weight_normalized` with step `lr_factor / gamma_m`, `snapshot_angles` between the
+  two) for each draw: the traces, the angles between the two scalings' weights, and how far each
+  scaling's own weights moved from `W_0`;
 - Fig. 6, `spike_size_runs`: `train_weight_normalized` under one scaling for each (spike size nu,
   draw), beside its control, `initial_lead` on the spike-free inputs `X_B`;
 - `initial_leads` (Theorems 3.1-3.2: which side each spike size starts on) and `direction_switches`
