@@ -184,17 +184,26 @@ def scaling_runs(n: int, d: int, m: int, *, repeats: int, activation: str, steps
                                   noise_std=noise_std, seed=seed, product_precision=product_precision),
                 tasks, workers)
     runs = dict(zip(tasks, done))
-    traces, angles, moved = [], [], []
-    for k in range(repeats):
-        for sc in scalings:
-            run = runs[k, sc]
-            traces.append(run.trace.assign(scaling=sc, repeat=k))
-            moved.append({"scaling": sc, "repeat": k, "step": max(run.W), **weight_angles(run.W[0], run.W[max(run.W)])})
-        if len(scalings) >= 2:
-            angles.append(snapshot_angles(runs[k, scalings[0]].W, runs[k, scalings[1]].W).assign(repeat=k))
+    # the angles are tasks too (a few hundred ms each at the paper's sizes): the two scalings' W at each
+    # common snapshot of each draw, then each run's last W against its W_0
+    between = [(k, t) for k in range(repeats) if len(scalings) >= 2
+               for t in sorted(set(runs[k, scalings[0]].W) & set(runs[k, scalings[1]].W))]
+    pairs = [({t: runs[k, scalings[0]].W[t]}, {t: runs[k, scalings[1]].W[t]}) for k, t in between]
+    pairs += [(runs[task].W[0], runs[task].W[max(runs[task].W)]) for task in tasks]
+    found = _map(_angles, pairs, workers)
+    angles = [rows.assign(repeat=k) for (k, _), rows in zip(between, found)]
+    moved = [{"scaling": sc, "repeat": k, "step": max(runs[k, sc].W), **row}
+             for (k, sc), row in zip(tasks, found[len(between):])]
+    traces = [runs[k, sc].trace.assign(scaling=sc, repeat=k) for k, sc in tasks]
     return ScalingRuns(pd.concat(traces, ignore_index=True),
                        pd.concat(angles, ignore_index=True) if angles else pd.DataFrame(),
                        pd.DataFrame(moved))
+
+
+def _angles(pair):
+    """`snapshot_angles` of two {step: W} maps, or `weight_angles` of two matrices."""
+    A, B = pair
+    return snapshot_angles(A, B) if isinstance(A, dict) else weight_angles(A, B)
 
 
 def _scaling_run(task, *, n, d, m, activation, steps, snapshot_every, lr_factor, normalization, noise_std, seed,
