@@ -9,7 +9,7 @@ The helpers of Part I's pages beyond the decomposition itself (`lowrank.gradient
 - training (Section 3.4): `gradient_matrix`, `train_weight_normalized` (gradient descent on
   weight-normalised rows with step `1/gamma_m`, recording the gradient's leading left singular
   vectors and their alignment with reference directions at every step; its settings are a
-  `DescentConfig`), `scaling_comparison`
+  `DescentConfig`), `scaling_run` (one scaling's run), `scaling_comparison`
   (MF and NTK from one initialisation, with the principal angles between their weights) and
   `initial_alignments` (Fig. 4's alignments of the initial gradient).
 
@@ -54,6 +54,7 @@ __all__ = [
     "train_weight_normalized",
     "weight_angles",
     "scaling_comparison",
+    "scaling_run",
     "initial_alignments",
     "initial_alignments_by_scaling",
     "snapshot_angles",
@@ -587,13 +588,18 @@ def scaling_comparison(X, y, W0, a, *, activation: str, steps: int, snapshot_ste
         if key in kwargs:
             raise ValueError(f"{key} is set per scaling; use lr_factor to scale the step 1/gamma_m")
     check_positive(lr_factor, "lr_factor")
-    runs = {}
-    for sc in scalings:
-        gamma = gamma_m(W0.shape[0], sc)
-        runs[sc] = train_weight_normalized(X, y, W0, a, activation=activation, gamma=gamma, lr=lr_factor / gamma,
-                                           steps=steps, snapshot_steps=snapshot_steps, **kwargs)
+    runs = {sc: scaling_run(X, y, W0, a, scaling=sc, activation=activation, steps=steps, lr_factor=lr_factor,
+                            snapshot_steps=snapshot_steps, **kwargs) for sc in scalings}
     angles = snapshot_angles(runs[scalings[0]].W, runs[scalings[1]].W) if len(scalings) >= 2 else pd.DataFrame()
     return runs, angles
+
+
+def scaling_run(X, y, W0, a, *, scaling: str, activation: str, steps: int, lr_factor: float = 1.0, **kwargs):
+    """`train_weight_normalized` under one scaling: `gamma_m(m, scaling)`, step `lr_factor / gamma_m`
+    (one of `scaling_comparison`'s runs). Extra keyword arguments go to `train_weight_normalized`."""
+    gamma = gamma_m(as_tensor(W0, "W0", min_ndim=2).shape[0], scaling)
+    return train_weight_normalized(X, y, W0, a, activation=activation, gamma=gamma, lr=lr_factor / gamma, steps=steps,
+                                   **kwargs)
 
 
 def snapshot_angles(A: Mapping[int, torch.Tensor], B: Mapping[int, torch.Tensor]):

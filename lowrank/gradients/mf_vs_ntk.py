@@ -32,6 +32,7 @@ from lowrank.gradients.dynamics import (
     direction_switch,
     initial_alignments_by_scaling,
     initial_lead,
+    scaling_run,
     single_index_draw,
     snapshot_angles,
     train_weight_normalized,
@@ -208,15 +209,13 @@ def _angles(pair):
 
 def _scaling_run(task, *, n, d, m, activation, steps, snapshot_every, lr_factor, normalization, noise_std, seed,
                  product_precision):
-    """Draw `k` trained under one scaling (`dynamics.scaling_comparison` for one of its scalings)."""
+    """Draw `k` trained under one scaling (one of `dynamics.scaling_comparison`'s runs)."""
     k, scaling = task
     data, omega, y, W0, a = single_index_draw(n, d, m, nu=0.0, seed=draw_seed(seed, k), noise_std=noise_std)
-    gamma = gamma_m(m, scaling)
-    return train_weight_normalized(data.X, y, W0, a, activation=activation, gamma=gamma, lr=lr_factor / gamma,
-                                   steps=steps, X_B=data.X_B,
-                                   references={"q": data.q, "Xy": data.X_B.T @ y, "omega": omega},
-                                   normalization=normalization, snapshot_steps=range(0, steps + 1, snapshot_every),
-                                   product_precision=product_precision, top_k=TRACE_TOP_K)
+    return scaling_run(data.X, y, W0, a, scaling=scaling, activation=activation, steps=steps, lr_factor=lr_factor,
+                       X_B=data.X_B, references={"q": data.q, "Xy": data.X_B.T @ y, "omega": omega},
+                       normalization=normalization, snapshot_steps=range(0, steps + 1, snapshot_every),
+                       product_precision=product_precision, top_k=TRACE_TOP_K)
 
 
 class SpikeRuns(NamedTuple):
