@@ -28,9 +28,9 @@ def _save(fig, tmp_path, monkeypatch, stem="f"):
     import pandas as pd
 
     monkeypatch.setenv("LOWRANK_FIGURE_DIR", str(tmp_path))
-    paths = plotting.save_figure(fig, stem, pd.DataFrame({"x": [1]}))
+    plotting.save_figure(fig, stem, pd.DataFrame({"x": [1]}))
     plt.close(fig)
-    return paths["svg"]
+    return tmp_path / f"{stem}.svg"
 
 
 def test_legibility_reads_width_and_smallest_font(tmp_path, monkeypatch):
@@ -51,6 +51,41 @@ def test_legibility_reads_width_and_smallest_font(tmp_path, monkeypatch):
     ax.set_title(r"$\|S_1\|_2$ against $\nu$")
     report = plotting.legibility(_save(fig, tmp_path, monkeypatch, "g"))
     assert report["problems"] == [] and report["min_font_pt"] >= plotting.MIN_FONT
+
+
+def test_save_figure_shows_the_written_png_once_in_a_kernel(tmp_path, monkeypatch):
+    """In a kernel the page shows the PNG file itself (drawn as the inline backend draws it: 100 px per
+    inch, tight box), then the download links; the figure is closed, so it is not drawn again."""
+    import base64
+
+    import pandas as pd
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+    from matplotlib_inline.backend_inline import InlineBackend
+    from IPython.core.pylabtools import print_figure
+
+    plotting.use_style()
+    monkeypatch.setenv("LOWRANK_FIGURE_DIR", str(tmp_path))
+    monkeypatch.setattr(InteractiveShell, "_instance", None)
+    InteractiveShell.instance()
+    try:
+        fig, ax = plt.subplots(figsize=(5, 3), layout="constrained")
+        ax.plot([0, 1], [0, 1], label="a line")
+        ax.set_xlabel("x (units)")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1))
+        inline = print_figure(fig, "png", **InlineBackend.instance().print_figure_kwargs)
+        with capture_output() as shown:
+            out = plotting.save_figure(fig, "f", pd.DataFrame({"x": [1]}))
+        assert fig.number not in plt.get_fignums()
+    finally:
+        InteractiveShell.clear_instance()
+    image, links = shown.outputs
+    assert out is None  # a cell ending in save_figure prints nothing more
+    png = (tmp_path / "f.png").read_bytes()
+    data = image.data["image/png"]
+    assert (base64.b64decode(data) if isinstance(data, str) else data) == png
+    assert png[16:24] == inline[16:24], "not the inline backend's pixel size"  # PNG header: width, height
+    assert "figure-downloads" in links.data["text/html"] and "f.svg" in links.data["text/html"]
 
 
 def test_panel_grid_wraps_rows_to_the_column_width():

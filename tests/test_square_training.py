@@ -209,3 +209,30 @@ def test_classifier_log_scale_is_the_rescaling_of_the_classifier_by_each_step():
     momentum = training.train_network(data, arch="mlp", arch_kwargs={"widths": [12]}, epochs=1, lr=lr, momentum=0.5,
                                       dtype="float64", progress=False, nc=False)
     assert math.isnan(momentum.history.classifier_log_scale.iloc[-1])  # the bound's step is not SGD with momentum
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_heavy_ball_equals_torch_sgd_bit_for_bit(momentum):
+    """HeavyBall against torch.optim.SGD: two groups with their own (changing) learning rates, a parameter
+    that gets no gradient, random gradients over several steps; every parameter equal to the last bit."""
+    gen = torch.Generator().manual_seed(3)
+    shapes = [(1,), (4, 3), (3,), (2, 5)]
+    ours = [torch.randn(s, generator=gen, dtype=torch.float64, requires_grad=True) for s in shapes]
+    theirs = [p.detach().clone().requires_grad_(True) for p in ours]
+    opt = training.HeavyBall([ours[:1], ours[1:]], momentum=momentum)
+    ref = torch.optim.SGD([{"params": theirs[:1]}, {"params": theirs[1:]}], lr=0.1, momentum=momentum)
+    for step in range(6):
+        lrs = (0.3 / (step + 1), 0.05 * (step + 1))
+        for g, lr in zip(ref.param_groups, lrs):
+            g["lr"] = lr
+        opt.zero_grad()
+        ref.zero_grad(set_to_none=True)
+        grads = [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
+        for i, (a, b, g) in enumerate(zip(ours, theirs, grads)):
+            if i != 2:  # parameter 2 gets no gradient
+                a.grad, b.grad = g.clone(), g.clone()
+        opt.step(lrs)
+        ref.step()
+        for a, b in zip(ours, theirs):
+            assert torch.equal(a, b)
+    assert ours[2].equal(theirs[2]) and (momentum == 0) == (not opt.buffers)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
@@ -26,7 +27,8 @@ def use_style():
     import seaborn as sns
 
     sns.set_theme(style="ticks", palette=PALETTE, context="notebook")
-    mpl.rcParams.update({"figure.dpi": 100, "savefig.dpi": 150, "axes.grid": True, "grid.alpha": 0.3,
+    # the written PNG is the one the page shows (save_figure), so it is drawn at the screen's 100 px per inch
+    mpl.rcParams.update({"figure.dpi": 100, "savefig.dpi": "figure", "axes.grid": True, "grid.alpha": 0.3,
                          "svg.hashsalt": "lowrank", "svg.fonttype": "none"})
 
 
@@ -43,36 +45,44 @@ def figure_dir() -> Path:
     return Path(os.environ.get("LOWRANK_FIGURE_DIR", "figures"))
 
 
-def save_figure(fig, stem: str, data) -> dict:
-    """Write `stem`.png, .svg and the figure's data as `stem`.csv (a pandas DataFrame), atomically.
+def save_figure(fig, stem: str, data) -> None:
+    """Write `stem`.png, .svg and the figure's data as `stem`.csv (a pandas DataFrame), atomically,
+    into `figure_dir()`.
 
-    Returns the written paths. Every figure of the book goes through here, so every figure has
-    its data next to it.
+    Every figure of the book goes through here, so every figure has its data next to it. Inside a
+    kernel it shows the written PNG and the download links, and closes the figure: the inline
+    backend would otherwise draw it a third time. It returns nothing, so that a cell ending in it
+    prints nothing more.
     """
     if not hasattr(data, "to_csv") or len(data) == 0:
         raise ValueError(f"figure {stem!r}: data must be a non-empty DataFrame")
     out = figure_dir()
     paths = {ext: out / f"{stem}.{ext}" for ext in ("png", "svg", "csv")}
     write_atomically(paths["csv"], save=lambda p: data.to_csv(p, index=False))
-    for ext in ("png", "svg"):
-        write_atomically(paths[ext], save=lambda p, ext=ext: fig.savefig(p, format=ext, bbox_inches="tight"))
-    _show_download_links(stem)
-    return paths
+    png = io.BytesIO()
+    fig.savefig(png, format="png", bbox_inches="tight")
+    write_atomically(paths["png"], png.getvalue())
+    write_atomically(paths["svg"], save=lambda p: fig.savefig(p, format="svg", bbox_inches="tight"))
+    _show_in_kernel(fig, stem, png.getvalue())
 
 
-def _show_download_links(stem: str) -> None:
-    """Inside a kernel, print links to the figure's data and vector image.
+def _show_in_kernel(fig, stem: str, png: bytes) -> None:
+    """Inside a kernel, show the figure as `png`, then links to its data and vector image.
 
     The book build sets LOWRANK_FIGURE_URL to where it publishes the figure folder, relative to
     the page; elsewhere the links point at the files themselves.
     """
     try:
         from IPython import get_ipython
-        from IPython.display import HTML, display
+        from IPython.display import HTML, Image, display
     except ImportError:
         return
     if get_ipython() is None:
         return
+    import matplotlib.pyplot as plt
+
+    display(Image(data=png, format="png"))
+    plt.close(fig)
     base = os.environ.get("LOWRANK_FIGURE_URL") or figure_dir().resolve().as_uri()
     links = " · ".join(f'<a href="{base}/{stem}.{ext}" download>{label}</a>'
                        for ext, label in (("csv", "data (CSV)"), ("svg", "figure (SVG)")))

@@ -101,8 +101,7 @@ def train_stacked(models, datasets, lams, *, epochs: int, lr: float, rho_lr: flo
         if len(shuffled_label_seeds) != len(models):
             raise ValueError("shuffled_label_seeds must hold one seed per model")
         for d, s in zip(data, shuffled_label_seeds):  # as train_square with nc_shuffled
-            perm = torch.randperm(d.n, generator=torch.Generator().manual_seed(int(s) + 1))
-            d.labels_shuffled = d.labels_train[perm]
+            d.shuffle_labels(s)
     evaluate = functools.partial(training.evaluate, nc=nc, nc_convention=nc_convention,
                                  eval_batch_size=config.eval_batch_size)
     initial = []
