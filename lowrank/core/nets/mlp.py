@@ -17,7 +17,8 @@ of `vmap(functional_call)`, which on two CPU cores spends most of a small MLP's 
 dispatch; it computes the same function (tested against each member's own `forward`).
 `stacked_layout(params)` gives the parameters as `forward_stacked` consumes them (biases `(K, out, 1)`,
 BatchNorm scales and shifts `(K*C,)`): training from leaves in that layout leaves the reshapes out of
-the autograd graph (a tenth of a small MLP's step on the CPU) and computes the same numbers.
+the autograd graph (a few to 30 % of a small MLP's forward and backward, measured on a loaded
+2-core CPU) and computes the same numbers, bit for bit.
 """
 
 from __future__ import annotations
