@@ -125,6 +125,43 @@ def test_mixed_precision_keeps_float32_weights_and_close_losses():
     assert last(mixed)["test_loss"].iloc[0] == pytest.approx(last(full)["test_loss"].iloc[0], rel=0.05)
 
 
+@pytest.mark.parametrize("kind, bias", [("MLP", True), ("MLP-BN", True), ("RES-BN", True), ("RES-BN", False)])
+def test_training_layout_gives_the_stacked_layouts_gradients_bit_for_bit(kind, bias):
+    """`_Forward.gradients` differentiates leaves in the MLPs' `stacked_layout` (biases (K, out, 1),
+    BatchNorm scales and shifts (K*C,)); its gradients, losses and running statistics equal, bit for
+    bit, those of leaves in the stacked layout reshaped inside the forward (the previous implementation)."""
+    from torch.func import stack_module_state
+
+    nets = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        nets.append(mlp.mlp(kind, 2, 8, 6, 3, bias=bias))
+    params, buffers = stack_module_state(nets)
+    params = {k: v.detach() for k, v in params.items()}
+    base = mlp.mlp(kind, 2, 8, 6, 3, bias=bias).to("meta").train()
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(3, 5, 6, generator=g), torch.randint(0, 3, (3, 5), generator=g)
+
+    before = {k: v.clone() for k, v in buffers.items()}
+    leaves = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    losses = train.member_losses(base.forward_stacked(leaves, before, x), y, "ce")
+    expected = torch.autograd.grad(losses.sum(), list(leaves.values()))
+
+    after = {k: v.clone() for k, v in buffers.items()}
+    grads, got = train._Forward(base, False, "ce", torch.device("cpu"), False).gradients(params, after, x, y)
+    assert torch.equal(got, losses.detach())
+    for name, e, a in zip(params, expected, grads):
+        assert a.shape == params[name].shape and torch.equal(a, e), name
+    assert all(torch.equal(before[k], after[k]) for k in buffers)
+    shaped = base.stacked_layout(params)
+    assert shaped["classifier.weight"] is params["classifier.weight"]
+    if bias:
+        assert shaped["classifier.bias"].shape == (3, 3, 1)
+    if kind.endswith("BN"):
+        bn = next(k for k in params if k.endswith(("n1.weight", "1.weight")) and params[k].ndim == 2)
+        assert shaped[bn].shape == (3 * 8,)
+
+
 def test_member_losses_equal_loss_value():
     g = torch.Generator().manual_seed(0)
     logits, y = torch.randn(3, 5, 4, generator=g), torch.randint(0, 4, (3, 5), generator=g)

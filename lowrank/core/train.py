@@ -345,24 +345,28 @@ class _Forward:
         if hasattr(base, "forward_stacked"):  # batched products, far less dispatch than vmap (nets.mlp)
             self.train = lambda p, b, x: base.forward_stacked(p, b, x)
             self.eval = lambda p, b, x: base.forward_stacked(p, b, x, shared=True)
+            self.layout = base.stacked_layout  # leaves shaped as the products use them: no reshape nodes
         else:
             def forward(p, b, x):
                 return functional_call(base, (p, b), (x,))
 
             self.train = vmap(forward, in_dims=(0, 0, 0), randomness="different" if has_dropout else "error")
             self.eval = vmap(forward, in_dims=(0, 0, None))
+            self.layout = None
 
     def gradients(self, params, buffers, x, y):
-        """Each member's gradient of its own batch loss, and the losses (K,)."""
+        """Each member's gradient of its own batch loss (shaped as `params`), and the losses (K,)."""
         # members are independent, so the gradient of the sum of their losses is each member's own
         # gradient; reverse-mode autograd through the batched forward is faster than vmap(grad(.)).
         names = list(params)
-        leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+        shaped = params if self.layout is None else self.layout(params)
+        leaves = {k: v.detach().requires_grad_(True) for k, v in shaped.items()}
         with torch.autocast(self.dev.type, dtype=torch.bfloat16, enabled=self.mixed_precision):
             logits = self.train(leaves, buffers, x)
         losses = member_losses(logits.float(), y, self.loss)
         grads = torch.autograd.grad(losses.sum(), [leaves[k] for k in names], allow_unused=True)
-        return [torch.zeros_like(params[k]) if g is None else g for k, g in zip(names, grads)], losses.detach()
+        return [torch.zeros_like(params[k]) if g is None else g.reshape(params[k].shape) for k, g in zip(names, grads)], \
+            losses.detach()
 
 
 def _evaluate(fwd: _Forward, state: EnsembleState, x, y, chunk: int):
