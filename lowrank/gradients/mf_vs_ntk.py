@@ -76,6 +76,11 @@ _POOLS: dict = {}  # workers -> a process pool kept for the session (a page call
 
 
 def _start_worker():
+    import signal
+
+    # an interrupt or the kernel's shutdown reaches the whole process group: the parent ends the pool,
+    # and the workers would each print a KeyboardInterrupt traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     device.reproducible(cpu_threads=1)  # two workers on two cores: one thread each
 
 
