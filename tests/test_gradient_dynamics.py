@@ -457,3 +457,35 @@ def test_values_and_slopes_are_the_activations_own_value_for_value(name):
     Z = torch.randn(40, 30, generator=torch.Generator().manual_seed(2), dtype=torch.float64) * 3
     value, slope = gd._values_and_slopes(name, Z)
     assert torch.equal(value, activation(name).f(Z)) and torch.equal(slope, activation(name).df(Z))
+
+
+def test_size_sweep_rows_against_dense_matrices_and_their_own_seeds():
+    """Each row is its own configuration's problem (seed + 10 * draw, n and m from the ratios), its
+    norms those of the dense terms by a full SVD; the table is the same for one and two workers."""
+    settings = dict(n_ratio=0.75, m_ratio=1.25, nus=[0.0, 0.375], activations=["tanh", "elu"], repeats=2, alpha=0.2,
+                    control_nu=1.0, control_repeats=1, seed=3)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one, two = (gd.size_sweep([16, 24], workers=w, **settings) for w in (1, 2))
+    finally:
+        torch.set_num_threads(threads)
+    import pandas as pd
+
+    pd.testing.assert_frame_equal(one, two, check_exact=True)
+    assert len(one) == 2 * 2 * 2 * 2 + 2 * 2 * 1 and one["control"].sum() == 4
+    assert list(one.iloc[0][["control", "nu", "activation", "d", "repeat"]]) == [False, 0.0, "tanh", 16, 0]
+    assert list(one.iloc[-1][["control", "nu", "activation", "d", "repeat"]]) == [True, 1.0, "elu", 24, 0]
+    row = one.query("nu == 0.375 and activation == 'elu' and d == 24 and repeat == 1").iloc[0]
+    assert (row["n"], row["m"]) == (18, 30)
+    problem = decomposition.spiked_problem(18, 24, 30, alpha=0.2, nu=0.375, activation="elu", seed=3 + 10 * 1)
+    dense = decomposition.decompose_problem(problem, dense=True)
+    for term in ("S1", "S12", "S2", "E", "G"):
+        assert row[f"norm_{term}"] == pytest.approx(np.linalg.norm(getattr(dense, term).numpy(), 2), rel=1e-8)
+    r, z = dense.r.numpy(), problem.data.z.numpy()
+    assert row["r_rms"] == pytest.approx(np.linalg.norm(r) / math.sqrt(18), rel=1e-12)
+    assert row["residue_alignment"] == pytest.approx(abs(z @ r) / (math.sqrt(18) * np.linalg.norm(r)), rel=1e-10)
+    assert row["beta_hat"] == pytest.approx(-2 * math.log(row["residue_alignment"]) / math.log(24), rel=1e-10)
+    for bad in (dict(repeats=0), dict(control_repeats=-1), dict(workers=0), dict(control_nu=None)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            gd.size_sweep([16], **{**settings, **bad})

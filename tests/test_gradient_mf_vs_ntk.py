@@ -186,19 +186,3 @@ def test_tables_do_not_depend_on_the_number_of_workers():
     for bad in (0, 1.5, True):
         with pytest.raises(ValueError, match="workers"):
             mf_vs_ntk.initial_alignment_table(n, d, m, repeats=1, workers=bad)
-
-
-def test_a_worker_ignores_the_interrupt_its_process_group_gets():
-    """Jupyter interrupts and shuts a kernel down through its process group: a worker leaves the
-    interrupt to the page's process (which ends the pool) instead of printing a traceback."""
-    import signal
-
-    import torch
-
-    before, threads = signal.getsignal(signal.SIGINT), torch.get_num_threads()
-    try:
-        mf_vs_ntk._start_worker()
-        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN and torch.get_num_threads() == 1
-    finally:
-        signal.signal(signal.SIGINT, before)
-        torch.set_num_threads(threads)

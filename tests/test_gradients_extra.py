@@ -188,3 +188,36 @@ def test_small_nu_split_by_hand():
     # cell 0: 0.5 > 2(0.1) + 0.2 = 0.4 -> S1; cell 1: 0.1 < 0.2 -> S12; cell 2: 0.4 <= 0.45 <= 0.5 -> neither
     assert split["predicted"].tolist() == ["S1", "S12", "neither"]  # nu = 0.3 is left out
     assert split["larger"].tolist() == ["S1", "S12", "S1"]  # a tie counts for S1
+
+
+def test_phase_grid_cells_against_their_own_problem_and_the_number_of_workers():
+    """Each row is its cell's problem (seeded by the cell's seed): the call, the rule at the cell's
+    beta_hat and the spectrum by a full SVD of the dense G; the table is the same for one and two workers."""
+    import numpy as np
+    import pandas as pd
+
+    n, d, m = 18, 24, 30
+    settings = dict(nus=[0.0, 0.75], alphas=[0.0, 0.5], seeds=[4, 9], activation="softplus", spectrum_top=6)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one, two = (rule_of_thumb.phase_grid(n, d, m, workers=w, **settings) for w in (1, 2))
+    finally:
+        torch.set_num_threads(threads)
+    pd.testing.assert_frame_equal(one, two, check_exact=True)
+    assert list(zip(one["nu"], one["alpha"], one["seed"])) == [(nu, al, s) for nu in (0.0, 0.75) for al in (0.0, 0.5)
+                                                               for s in (4, 9)]
+    assert "label" not in one and (one["agree"] == (one["measured"] == one["rule"])).all()
+    row = one.iloc[-3]  # nu = 0.75, alpha = 0, seed = 9
+    p = decomposition.spiked_problem(n, d, m, alpha=0.0, nu=0.75, activation="softplus", seed=9)
+    dense = decomposition.decompose_problem(p, dense=True)
+    s = np.linalg.svd(dense.G.numpy(), compute_uv=False)
+    np.testing.assert_allclose(row[[f"sv_{k}" for k in range(1, 7)]].to_numpy(float), s[:6], rtol=1e-8)
+    call = rule_of_thumb.dominant_spike_of_problem(dense, p.data)
+    beta = rule_of_thumb.residue_alignment_beta(p.data.z, dense.r, d)
+    assert row["measured"] == call.label and row["beta_hat"] == pytest.approx(beta, rel=1e-12)
+    assert row["rule"] == rule_of_thumb.rule_of_thumb(0.75, 0.0, beta)
+    for term in ("S1", "S12", "S2"):
+        assert row[f"norm_{term}"] == pytest.approx(np.linalg.norm(getattr(dense, term).numpy(), 2), rel=1e-8)
+    with pytest.raises(ValueError, match="workers"):
+        rule_of_thumb.phase_grid(n, d, m, workers=1.5, **settings)

@@ -21,6 +21,7 @@ page's verdicts unchanged (tests/test_dynamics_precision.py).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Mapping, NamedTuple
@@ -28,10 +29,11 @@ from typing import Mapping, NamedTuple
 import numpy as np
 import torch
 
+from lowrank.core.parallel import check_workers, map_tasks
 from lowrank.core.validation import as_tensor, check_choice, check_positive
 from lowrank.core.data import generator, single_index_target, spiked_gaussian
-from lowrank.gradients.decomposition import Decomposition, decompose_problem, loss_function
-from lowrank.gradients.rule_of_thumb import residue_alignment
+from lowrank.gradients.decomposition import Decomposition, decompose_problem, loss_function, spiked_problem
+from lowrank.gradients.rule_of_thumb import residue_alignment, residue_alignment_beta
 from lowrank.core.nets import activation as get_activation
 from lowrank.core.nets import gamma_m, normalize_rows, outer_weights, sphere_rows
 from lowrank.core.spectral import (_top_singular_from, alignment, principal_angles, top_singular, top_singular_of_product,
@@ -42,6 +44,7 @@ __all__ = [
     "loglog_slope",
     "exponent_fits",
     "term_norms",
+    "size_sweep",
     "rank_one_statistics",
     "sigma_perp",
     "sigma_perp_norm",
@@ -167,6 +170,60 @@ def term_norms(dec: Decomposition, *, data=None) -> dict:
     if data is not None:
         row["residue_alignment"] = residue_alignment(data.z, dec.r)
     return row
+
+
+SIZE_SEED_STRIDE = 10  # draw k of every size uses seed + 10 k: the same draw index at two sizes shares its seed
+
+
+def size_sweep(ds, *, n_ratio: float, m_ratio: float, nus, activations, repeats: int, alpha: float = 0.0,
+               loss: str = "mse", weights: str = "isotropic", scaling: str = "ntk", target_link: str = "tanh",
+               control_nu: float | None = None, control_repeats: int = 0, seed: int = 0, workers: int = 1):
+    """Prop. 4.1's size sweep (the page gradients/scaling): `term_norms` of one spiked problem per
+    (nu, activation, d, draw), the problem grown in proportion (`n = round(n_ratio d)`, `m = round(m_ratio d)`).
+
+    Parameters
+    ----------
+    ds : input dimensions. n_ratio, m_ratio : n / d and m / d. nus, activations : the spike sizes and
+    activations swept; repeats : draws per (nu, activation, d). alpha, loss, weights, scaling,
+    target_link : `decomposition.spiked_problem`'s. control_nu, control_repeats : the control sweep's
+    spike size and draws per (activation, d) (none when `control_repeats` is 0). seed : draw k uses
+    `seed + 10 k` (`SIZE_SEED_STRIDE`) at every size. workers : processes for the configurations
+    (`lowrank.core.parallel.map_tasks`); each configuration is seeded by its own draw index, so the
+    table does not depend on it.
+
+    Returns
+    -------
+    DataFrame, one row per configuration in the order (control, nu, activation, d, repeat), the main
+    sweep first: those five, `n`, `m`, the single-run `beta_hat` (`residue_alignment_beta`) and every
+    column of `term_norms` (with `residue_alignment`).
+    """
+    import itertools
+
+    import pandas as pd
+
+    check_workers(workers)
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+    if not isinstance(control_repeats, int) or isinstance(control_repeats, bool) or control_repeats < 0:
+        raise ValueError(f"control_repeats must be a non-negative integer, got {control_repeats!r}")
+    if control_repeats and control_nu is None:
+        raise ValueError("control_nu must be given when control_repeats > 0")
+    configs = [(False, *c) for c in itertools.product(nus, activations, ds, range(repeats))]
+    configs += [(True, *c) for c in itertools.product([control_nu], activations, ds, range(control_repeats))]
+    rows = map_tasks(functools.partial(_size_point, n_ratio=n_ratio, m_ratio=m_ratio, alpha=alpha, loss=loss,
+                                       weights=weights, scaling=scaling, target_link=target_link, seed=seed),
+                     configs, workers)
+    return pd.DataFrame(rows)
+
+
+def _size_point(config, *, n_ratio, m_ratio, alpha, loss, weights, scaling, target_link, seed) -> dict:
+    control, nu, act, d, rep = config
+    n, m = int(round(n_ratio * d)), int(round(m_ratio * d))
+    problem = spiked_problem(n, d, m, alpha=alpha, nu=nu, activation=act, loss=loss, weights=weights,
+                             scaling=scaling, target_link=target_link, seed=seed + SIZE_SEED_STRIDE * rep)
+    dec = decompose_problem(problem, dense=False)  # norms only: no d x m matrix formed
+    return {"control": control, "nu": nu, "activation": act, "d": d, "n": n, "m": m, "repeat": rep,
+            "beta_hat": residue_alignment_beta(problem.data.z, dec.r, d), **term_norms(dec, data=problem.data)}
 
 
 def rank_one_statistics(problem, *, spectrum: bool = False) -> tuple[torch.Tensor, dict]:

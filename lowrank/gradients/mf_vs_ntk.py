@@ -16,8 +16,8 @@ draws and stacks the results, so that the page computes a figure's quantity in o
 
 Draw `k` of every figure uses the seed `seed + DRAW_SEED_STRIDE * k` (`single_index_draw` and
 `initial_alignments` derive their sub-seeds from it), so the draws are independent tasks: with
-`workers > 1` they run in that many worker processes (one torch thread each) and the tables are the
-same as with `workers=1` under one thread.
+`workers > 1` they run in that many worker processes (`lowrank.core.parallel.map_tasks`, one thread
+each) and the tables are the same as with `workers=1` under one thread.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import functools
 import itertools
 from typing import NamedTuple, Sequence
 
-from lowrank.core import device
+from lowrank.core.parallel import check_workers, map_tasks
 from lowrank.core.nets import gamma_m
 from lowrank.gradients.dynamics import (
     direction_switch,
@@ -67,56 +67,6 @@ def _check_repeats(repeats):
         raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
 
 
-def _check_workers(workers):
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise ValueError(f"workers must be a positive integer, got {workers!r}")
-
-
-_POOLS: dict = {}  # workers -> a process pool kept for the session (a page calls it once per figure)
-
-
-def _start_worker():
-    import signal
-
-    # an interrupt or the kernel's shutdown reaches the whole process group: the parent ends the pool,
-    # and the workers would each print a KeyboardInterrupt traceback
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    device.reproducible(cpu_threads=1)  # two workers on two cores: one thread each
-
-
-def _map(function, tasks, workers: int) -> list:
-    """`[function(task) for task in tasks]`, in this process (`workers=1`) or spread over `workers`
-    spawned processes with one torch thread each; the results come back in the order of `tasks`."""
-    tasks = list(tasks)
-    if workers == 1 or len(tasks) < 2:
-        return [function(task) for task in tasks]
-    import os
-
-    saved = {name: os.environ.get(name) for name in _ONE_THREAD}
-    os.environ.update(_ONE_THREAD)  # the workers start at the first submission, with one BLAS thread each
-    try:
-        pool = _POOLS.get(workers)
-        if pool is None:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
-            pool = _POOLS[workers] = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                                         initializer=_start_worker)
-        results = pool.map(function, tasks, chunksize=max(1, len(tasks) // (8 * workers)))
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-    return list(results)
-
-
-# NumPy's and SciPy's BLAS (ARPACK's products) read these when they load: without them each worker's
-# BLAS would start a thread per core, and two workers would oversubscribe the cores
-_ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
 def initial_alignment_table(n: int, d: int, m: int, *, repeats: int, activation: str = "relu",
                             scalings: Sequence[str] = ("mf", "ntk"), noise_std: float = 0.1, seed: int = 0,
                             product_precision: str = "float64", workers: int = 1):
@@ -138,10 +88,10 @@ def initial_alignment_table(n: int, d: int, m: int, *, repeats: int, activation:
     import pandas as pd
 
     _check_repeats(repeats)
-    _check_workers(workers)
-    draws = _map(functools.partial(_initial_draw, n=n, d=d, m=m, scalings=tuple(scalings), activation=activation,
-                                   noise_std=noise_std, seed=seed, product_precision=product_precision),
-                 range(repeats), workers)
+    check_workers(workers)
+    draws = map_tasks(functools.partial(_initial_draw, n=n, d=d, m=m, scalings=tuple(scalings), activation=activation,
+                                       noise_std=noise_std, seed=seed, product_precision=product_precision),
+                     range(repeats), workers)
     return pd.DataFrame([{"scaling": sc, "repeat": k, **draws[k][sc]}
                          for sc, k in itertools.product(scalings, range(repeats))])
 
@@ -183,12 +133,12 @@ def scaling_runs(n: int, d: int, m: int, *, repeats: int, activation: str, steps
     _check_repeats(repeats)
     if not isinstance(snapshot_every, int) or snapshot_every < 1:
         raise ValueError(f"snapshot_every must be a positive integer, got {snapshot_every!r}")
-    _check_workers(workers)
+    check_workers(workers)
     tasks = list(itertools.product(range(repeats), scalings))
-    done = _map(functools.partial(_scaling_run, n=n, d=d, m=m, activation=activation, steps=steps,
-                                  snapshot_every=snapshot_every, lr_factor=lr_factor, normalization=normalization,
-                                  noise_std=noise_std, seed=seed, product_precision=product_precision),
-                tasks, workers)
+    done = map_tasks(functools.partial(_scaling_run, n=n, d=d, m=m, activation=activation, steps=steps,
+                                      snapshot_every=snapshot_every, lr_factor=lr_factor, normalization=normalization,
+                                      noise_std=noise_std, seed=seed, product_precision=product_precision),
+                    tasks, workers)
     runs = dict(zip(tasks, done))
     # the angles are tasks too (a few hundred ms each at the paper's sizes): the two scalings' W at each
     # common snapshot of each draw, then each run's last W against its W_0
@@ -196,7 +146,7 @@ def scaling_runs(n: int, d: int, m: int, *, repeats: int, activation: str, steps
                for t in sorted(set(runs[k, scalings[0]].W) & set(runs[k, scalings[1]].W))]
     pairs = [({t: runs[k, scalings[0]].W[t]}, {t: runs[k, scalings[1]].W[t]}) for k, t in between]
     pairs += [(runs[task].W[0], runs[task].W[max(runs[task].W)]) for task in tasks]
-    found = _map(_angles, pairs, workers)
+    found = map_tasks(_angles, pairs, workers)
     angles = [rows.assign(repeat=k) for (k, _), rows in zip(between, found)]
     moved = [{"scaling": sc, "repeat": k, "step": max(runs[k, sc].W), **row}
              for (k, sc), row in zip(tasks, found[len(between):])]
@@ -250,13 +200,13 @@ def spike_size_runs(n: int, d: int, m: int, *, nus: Sequence[float], repeats: in
     import pandas as pd
 
     _check_repeats(repeats)
-    _check_workers(workers)
+    check_workers(workers)
     gamma_m(m, scaling)  # a bad scaling fails here, before any work
     tasks = list(itertools.product(nus, range(repeats)))
-    done = _map(functools.partial(_spike_run, n=n, d=d, m=m, activation=activation, steps=steps, lr_factor=lr_factor,
-                                  normalization=normalization, noise_std=noise_std, seed=seed, scaling=scaling,
-                                  product_precision=product_precision),
-                tasks, workers)
+    done = map_tasks(functools.partial(_spike_run, n=n, d=d, m=m, activation=activation, steps=steps,
+                                      lr_factor=lr_factor, normalization=normalization, noise_std=noise_std,
+                                      seed=seed, scaling=scaling, product_precision=product_precision),
+                    tasks, workers)
     traces = [run.trace.assign(nu=nu, repeat=k) for (nu, k), (run, _) in zip(tasks, done)]
     spike_free = [{"nu": nu, "repeat": k, "lead": lead} for (nu, k), (_, lead) in zip(tasks, done)]
     return SpikeRuns(pd.concat(traces, ignore_index=True), pd.DataFrame(spike_free))

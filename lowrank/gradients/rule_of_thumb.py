@@ -3,20 +3,24 @@
 - the residue alignment `residue_alignment` and its exponent `residue_alignment_beta` (Assumption 6,
   the one estimate of beta in the package);
 - the measured dominant spike, read off G's spectrum and singular vectors (`dominant_spike`, `dominant_spike_of_problem`);
-- the prediction of the rule of thumb of Section 5 (`rule_of_thumb`, `rule_of_thumb_boundaries`).
+- the prediction of the rule of thumb of Section 5 (`rule_of_thumb`, `rule_of_thumb_boundaries`);
+- both over a grid of (nu, alpha, seed) cells (`phase_grid`, the page gradients/phase_diagram).
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from typing import NamedTuple
 
 import numpy as np
 
+from lowrank.core.parallel import check_workers, map_tasks
 from lowrank.core.validation import as_tensor
 from lowrank.core.data import SpikedData
-from lowrank.core.spectral import TopSingular, alignment, count_outliers, top_singular
-from lowrank.gradients.decomposition import Decomposition
+from lowrank.core.spectral import TopSingular, alignment, count_outliers, leading_spectrum, top_singular
+from lowrank.gradients.decomposition import Decomposition, decompose_problem, spiked_problem
 
 __all__ = [
     "residue_alignment",
@@ -27,6 +31,7 @@ __all__ = [
     "rule_of_thumb",
     "rule_of_thumb_boundaries",
     "dominant_spike_of_problem",
+    "phase_grid",
     "small_nu_split",
 ]
 
@@ -209,6 +214,49 @@ def rule_of_thumb_boundaries(beta: float) -> dict:
 def dominant_spike_of_problem(dec: Decomposition, data: SpikedData, **kwargs) -> DominantSpike:
     """`dominant_spike` of a decomposed spiked problem: residue direction `X_B^T r`, spike `q`."""
     return dominant_spike(dec, data.X_B.T @ dec.r, data.q, **kwargs)
+
+
+def phase_grid(n: int, d: int, m: int, *, nus, alphas, seeds, activation: str, scaling: str = "ntk",
+               gap: float = 1.5, min_ratio: float = 0.1, spectrum_top: int = 8, workers: int = 1):
+    """The measured dominant spike beside the rule of thumb's, one spiked problem per (nu, alpha, seed) cell.
+
+    Parameters
+    ----------
+    n, d, m : samples, input dimension, width. nus, alphas, seeds : the grid; a cell's problem is
+    `decomposition.spiked_problem(..., seed=seed)` with its own seed. activation, scaling : the
+    network's. gap, min_ratio : `dominant_spike`'s. spectrum_top : leading singular values of G kept
+    per cell (from 6 on, `dominant_spike`'s `max_outliers + 1`, the call reuses them: one SVD per cell).
+    workers : processes for the cells (`lowrank.core.parallel.map_tasks`); each cell is seeded by its
+    own seed, so the table does not depend on it.
+
+    Returns
+    -------
+    DataFrame, one row per cell in the order (nu, alpha, seed): those three, `measured` (the label
+    of `dominant_spike_of_problem`), `rule` (`rule_of_thumb` at the cell's own `beta_hat`), `beta_hat`
+    (`residue_alignment_beta`), `agree`, the other fields of `DominantSpike`, the spike norms
+    (`Decomposition.spike_norms`) and `sv_1` .. `sv_{spectrum_top}` (`leading_spectrum`).
+    """
+    import pandas as pd
+
+    check_workers(workers)
+    if not isinstance(spectrum_top, int) or isinstance(spectrum_top, bool) or spectrum_top < 1:
+        raise ValueError(f"spectrum_top must be a positive integer, got {spectrum_top!r}")
+    cells = list(itertools.product(nus, alphas, seeds))
+    rows = map_tasks(functools.partial(_phase_cell, n=n, d=d, m=m, activation=activation, scaling=scaling, gap=gap,
+                                       min_ratio=min_ratio, spectrum_top=spectrum_top), cells, workers)
+    return pd.DataFrame(rows).drop(columns="label")
+
+
+def _phase_cell(cell, *, n, d, m, activation, scaling, gap, min_ratio, spectrum_top) -> dict:
+    nu, alpha, seed = cell
+    p = spiked_problem(n, d, m, alpha=alpha, nu=nu, activation=activation, scaling=scaling, seed=seed)
+    dec = decompose_problem(p, dense=False)  # only G's leading pairs are read
+    top = dec.top("G", spectrum_top)  # G's leading pairs in product form, shared by the call and the spectrum
+    call = dominant_spike_of_problem(dec, p.data, gap=gap, min_ratio=min_ratio, top=top)
+    beta = residue_alignment_beta(p.data.z, dec.r, d)
+    rule = rule_of_thumb(nu, alpha, beta)
+    return {"nu": nu, "alpha": alpha, "seed": seed, "measured": call.label, "rule": rule, "beta_hat": beta,
+            "agree": call.label == rule, **call._asdict(), **dec.spike_norms(), **leading_spectrum(top)}
 
 
 def small_nu_split(grid):

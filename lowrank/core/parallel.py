@@ -1,0 +1,83 @@
+"""Independent tasks in worker processes: the one place a page's loop over draws is spread over the cores.
+
+`map_tasks(function, tasks, workers)` is `[function(task) for task in tasks]`: in this process for
+`workers=1`, otherwise in `workers` spawned processes with one thread each (torch, and the BLAS that
+NumPy and SciPy load), the results returned in the order of `tasks`. A task must carry its own seed
+(a draw's index, a grid cell's seed), so that what it computes does not depend on which process runs
+it: with one torch thread in the calling process too, the results for every `workers` are the same,
+value for value. `function` must be importable by name (a module-level function, or a
+`functools.partial` of one), as the spawned processes import it.
+
+The pool of each size is kept for the session (a page calls it once per figure, and starting a spawned
+process costs about a second of imports). A worker ignores SIGINT: Jupyter interrupts and shuts a
+kernel down through its process group, and the kernel's process ends the pool.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Iterable
+
+from lowrank.core import device
+
+__all__ = ["check_workers", "map_tasks"]
+
+# NumPy's and SciPy's BLAS (ARPACK's products) read these when they load: without them each worker's
+# BLAS would start a thread per core, and two workers would oversubscribe the cores
+_ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+_POOLS: dict = {}  # workers -> a process pool kept for the session
+
+
+def check_workers(workers) -> int:
+    """`workers` if it is a positive integer (a number of processes), else a one-line ValueError."""
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"workers must be a positive integer (processes), got {workers!r}")
+    return workers
+
+
+def _start_worker():
+    import signal
+
+    # an interrupt or the kernel's shutdown reaches the whole process group: the parent ends the pool,
+    # and the workers would each print a KeyboardInterrupt traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    device.reproducible(cpu_threads=1)  # two workers on two cores: one thread each
+
+
+def _pool(workers: int):
+    pool = _POOLS.get(workers)
+    if pool is None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        pool = _POOLS[workers] = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                                     initializer=_start_worker)
+    return pool
+
+
+def map_tasks(function: Callable, tasks: Iterable, workers: int = 1) -> list:
+    """`[function(task) for task in tasks]`, in this process (`workers=1`, or fewer than two tasks) or
+    spread over `workers` spawned processes with one thread each; the results in the order of `tasks`.
+
+    Parameters
+    ----------
+    function : a module-level function of one task (or a `functools.partial` of one): the workers import it.
+    tasks : the tasks, each seeded by its own index or seed.
+    workers : processes (a positive integer); 1 runs every task here, as a plain loop.
+    """
+    check_workers(workers)
+    tasks = list(tasks)
+    if workers == 1 or len(tasks) < 2:
+        return [function(task) for task in tasks]
+    saved = {name: os.environ.get(name) for name in _ONE_THREAD}
+    os.environ.update(_ONE_THREAD)  # the workers start at the first submission, with one BLAS thread each
+    try:
+        results = _pool(workers).map(function, tasks, chunksize=max(1, len(tasks) // (8 * workers)))
+        return list(results)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

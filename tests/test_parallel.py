@@ -1,0 +1,67 @@
+"""lowrank.core.parallel: tasks in worker processes come back in task order, with the values one process
+computes, from workers that run one thread and leave the interrupt to the page's process."""
+
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+from lowrank.core import parallel
+
+
+def _seeded_spectrum(seed):
+    """A seeded task whose value depends on every rounding: the singular values of a product."""
+    g = torch.Generator().manual_seed(seed)
+    a, b = torch.randn(60, 40, generator=g, dtype=torch.float64), torch.randn(40, 50, generator=g, dtype=torch.float64)
+    return torch.linalg.svdvals(a @ b).numpy()
+
+
+def _worker_state(task):
+    return {"task": task, "pid": os.getpid(), "sigint_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
+            "torch_threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS")}
+
+
+def test_results_come_back_in_task_order_and_equal_one_process_value_for_value():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        tasks = [7, 3, 11, 0, 5, 2, 9]
+        one = parallel.map_tasks(_seeded_spectrum, tasks, 1)
+        two = parallel.map_tasks(_seeded_spectrum, tasks, 2)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(two) == len(tasks)
+    for task, a, b in zip(tasks, one, two):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, _seeded_spectrum(task))  # the task's own value, not a neighbour's
+    assert parallel.map_tasks(abs, range(-20, 0), 2) == list(range(20, 0, -1))
+
+
+def test_a_worker_ignores_the_interrupt_and_runs_one_thread():
+    """Jupyter interrupts and shuts a kernel down through its process group: a worker leaves the
+    interrupt to the page's process (which ends the pool) instead of printing a traceback."""
+    before = os.environ.get("OMP_NUM_THREADS")
+    states = parallel.map_tasks(_worker_state, range(8), 2)
+    assert [s["task"] for s in states] == list(range(8))
+    assert all(s["pid"] != os.getpid() for s in states)
+    assert all(s["sigint_ignored"] and s["torch_threads"] == 1 and s["omp"] == "1" for s in states)
+    assert os.environ.get("OMP_NUM_THREADS") == before  # the caller's environment is restored
+    assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN  # and its own handler untouched
+
+
+def test_one_worker_or_one_task_runs_here():
+    assert parallel.map_tasks(_worker_state, range(3), 1)[0]["pid"] == os.getpid()
+    assert parallel.map_tasks(_worker_state, [5], 2)[0]["pid"] == os.getpid()
+    assert parallel.map_tasks(_worker_state, [], 2) == []
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2", None])
+def test_bad_workers_is_a_one_line_error(bad):
+    with pytest.raises(ValueError, match="workers must be a positive integer") as err:
+        parallel.map_tasks(abs, [1, 2], bad)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="workers"):
+        parallel.check_workers(bad)
+    assert parallel.check_workers(3) == 3
