@@ -221,3 +221,32 @@ def test_phase_grid_cells_against_their_own_problem_and_the_number_of_workers():
         assert row[f"norm_{term}"] == pytest.approx(np.linalg.norm(getattr(dense, term).numpy(), 2), rel=1e-8)
     with pytest.raises(ValueError, match="workers"):
         rule_of_thumb.phase_grid(n, d, m, workers=1.5, **settings)
+
+
+def test_conv1d_sweep_is_conv1d_measure_per_configuration_for_any_number_of_workers():
+    import numpy as np
+    import pandas as pd
+
+    configs = [(20, 30, nu, act, sc, s) for nu in (0.0, 0.75) for act in ("tanh", "relu") for sc in ("ntk", "mf")
+               for s in (1, 5)]
+    shown = [configs[0], configs[-1]]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        (one, kept_one), (two, kept_two) = (convolution.conv1d_sweep(configs, 4, alpha=0.3, examples=shown, workers=w)
+                                            for w in (1, 2))
+    finally:
+        torch.set_num_threads(threads)
+    pd.testing.assert_frame_equal(one, two, check_exact=True)
+    assert list(zip(one["nu"], one["activation"], one["scaling"], one["seed"])) == [c[2:] for c in configs]
+    assert set(kept_one) == set(kept_two) == set(shown)
+    row, dec, r2, w = convolution.conv1d_measure(20, 30, 4, nu=0.75, activation="relu", scaling="mf", alpha=0.3, seed=5)
+    assert one.iloc[-1].to_dict() == pytest.approx(row)
+    s, r2_kept, w_kept = kept_two[configs[-1]]
+    np.testing.assert_allclose(s, np.linalg.svd(dec.G.numpy(), compute_uv=False), rtol=1e-10, atol=1e-14)
+    torch.testing.assert_close(r2_kept.g_low, r2.g_low)
+    torch.testing.assert_close(w_kept, w)
+    with pytest.raises(ValueError, match="examples"):
+        convolution.conv1d_sweep(configs[:1], 4, examples=[configs[1]])
+    with pytest.raises(ValueError, match="workers"):
+        convolution.conv1d_sweep(configs[:1], 4, workers=0)

@@ -7,15 +7,17 @@
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
 
+from lowrank.core.parallel import check_workers, map_tasks
 from lowrank.core.validation import as_tensor, check_choice
 from lowrank.core.data import generator, spiked_gaussian, triple_index_target
 from lowrank.core.nets import activation as get_activation
 from lowrank.core.nets import gamma_m, outer_weights
-from lowrank.core.spectral import alignment, count_outliers, orthonormal_basis, top_singular
+from lowrank.core.spectral import alignment, count_outliers, orthonormal_basis, singular_values, top_singular
 from lowrank.gradients.decomposition import OUTLIER_SEARCH, Decomposition, SpikedProblem, decompose_problem, loss_function
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "FilterLowRank",
     "conv1d_filter_low_rank",
     "conv1d_measure",
+    "conv1d_sweep",
 ]
 
 
@@ -190,3 +193,42 @@ def conv1d_measure(n: int, d: int, k: int, *, nu: float, activation: str, scalin
     for term in ("S1", "S12", "S2", "E"):
         row[f"fold_{term}"] = float(conv1d_filter_gradient(getattr(dec, term), k).norm()) / g_norm
     return row, dec, r2, w
+
+
+def conv1d_sweep(configs, k: int, *, alpha: float = 0.0, outer: str = "random", examples=(), workers: int = 1):
+    """`conv1d_measure` over configurations (the page gradients/convolution), as one table.
+
+    Parameters
+    ----------
+    configs : `(n, d, nu, activation, scaling, seed)` tuples, each measured by `conv1d_measure(n, d, k,
+    ...)` with its own seed. k, alpha, outer : as in `conv1d_measure`, shared. examples : the
+    configurations (among `configs`) whose G spectrum, rank-two fold and filter are returned too.
+    workers : processes for the configurations (`lowrank.core.parallel.map_tasks`); each is seeded by
+    its own seed, so the results do not depend on it.
+
+    Returns
+    -------
+    `(table, shown)`: a DataFrame of the rows of `conv1d_measure`, in the order of `configs`, and a
+    dict from each configuration of `examples` to `(s, r2, w)`: every singular value of its G
+    (descending, NumPy), its `FilterLowRank` of rank 2 and its filter `w`.
+    """
+    import pandas as pd
+
+    check_workers(workers)
+    configs = [tuple(c) for c in configs]
+    if any(len(c) != 6 for c in configs):
+        raise ValueError("configs must be (n, d, nu, activation, scaling, seed) tuples")
+    shown = {tuple(c) for c in examples}
+    if shown - set(configs):
+        raise ValueError(f"examples {sorted(shown - set(configs))} are not among configs")
+    done = map_tasks(functools.partial(_sweep_point, k=k, alpha=alpha, outer=outer),
+                     [(c, c in shown) for c in configs], workers)
+    table = pd.DataFrame([row for row, _ in done])
+    return table, {c: kept for c, (_, kept) in zip(configs, done) if kept is not None}
+
+
+def _sweep_point(task, *, k, alpha, outer):
+    (n, d, nu, act, scaling, seed), keep = task
+    row, dec, r2, w = conv1d_measure(n, d, k, nu=nu, activation=act, scaling=scaling, alpha=alpha, outer=outer,
+                                     seed=seed)
+    return row, ((singular_values(dec.G).numpy(), r2, w) if keep else None)
