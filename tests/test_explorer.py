@@ -161,8 +161,9 @@ def test_every_page_with_an_explorer_saves_its_figures():
             assert re.search(rf"""save_figure\([^)]*["']{stem}["']""", source), f"{name} no longer saves {stem}"
         if spec["kind"] == "rank":  # the curves of every trained setting, not the figure's momentum only
             assert re.search(rf"""save_figure\(fig, ["']{spec["stems"][0]}["'], curves\)""", source), name
-        else:  # the spectrum of G per cell, in the map's table
-            assert "spectral.leading_spectrum(" in source, name
+        else:  # the spectrum of G per cell, in the map's table (`phase_grid`'s sv_ columns)
+            assert re.search(r"rule_of_thumb\.phase_grid\([^)]*spectrum_top=spectrum_top", source), name
+            assert "**leading_spectrum(top)" in (ROOT / "lowrank" / "gradients" / "rule_of_thumb.py").read_text()
 
 
 def test_vendored_javascript_is_the_one_the_readme_names():

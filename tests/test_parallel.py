@@ -20,7 +20,8 @@ def _seeded_spectrum(seed):
 
 def _worker_state(task):
     return {"task": task, "pid": os.getpid(), "sigint_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
-            "torch_threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS")}
+            "torch_threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS"),
+            "cpu_path": torch.backends.cpu.get_cpu_capability()}
 
 
 def test_results_come_back_in_task_order_and_equal_one_process_value_for_value():
@@ -49,6 +50,16 @@ def test_a_worker_ignores_the_interrupt_and_runs_one_thread():
     assert all(s["sigint_ignored"] and s["torch_threads"] == 1 and s["omp"] == "1" for s in states)
     assert os.environ.get("OMP_NUM_THREADS") == before  # the caller's environment is restored
     assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN  # and its own handler untouched
+
+
+def test_workers_run_the_cpu_kernels_of_the_calling_process(monkeypatch):
+    """ATEN_CPU_CAPABILITY set after torch loaded (as `lowrank goldens` does for its kernels) changes
+    nothing here; workers spawned then would take other kernels, and other rounding, without the pin."""
+    own = torch.backends.cpu.get_cpu_capability()
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2" if own == "DEFAULT" else "default")
+    states = parallel.map_tasks(_worker_state, range(3), 3)  # a new pool, spawned under that variable
+    assert {s["cpu_path"] for s in states} == {own}
+    assert os.environ["ATEN_CPU_CAPABILITY"] == ("avx2" if own == "DEFAULT" else "default")  # restored
 
 
 def test_one_worker_or_one_task_runs_here():

@@ -5,7 +5,8 @@
 NumPy and SciPy load), the results returned in the order of `tasks`. A task must carry its own seed
 (a draw's index, a grid cell's seed), so that what it computes does not depend on which process runs
 it: with one torch thread in the calling process too, the results for every `workers` are the same,
-value for value. `function` must be importable by name (a module-level function, or a
+value for value (the workers run torch's CPU kernels of the calling process, whatever
+ATEN_CPU_CAPABILITY says by then). `function` must be importable by name (a module-level function, or a
 `functools.partial` of one), as the spawned processes import it.
 
 The pool of each size is kept for the session (a page calls it once per figure, and starting a spawned
@@ -18,6 +19,8 @@ from __future__ import annotations
 import os
 from typing import Callable, Iterable
 
+import torch
+
 from lowrank.core import device
 
 __all__ = ["check_workers", "map_tasks"]
@@ -26,6 +29,7 @@ __all__ = ["check_workers", "map_tasks"]
 # BLAS would start a thread per core, and two workers would oversubscribe the cores
 _ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
+_CPU_PATH = "ATEN_CPU_CAPABILITY"  # read once by torch when it loads: "default", "avx2", "avx512", ...
 _POOLS: dict = {}  # workers -> a process pool kept for the session
 
 
@@ -70,8 +74,11 @@ def map_tasks(function: Callable, tasks: Iterable, workers: int = 1) -> list:
     tasks = list(tasks)
     if workers == 1 or len(tasks) < 2:
         return [function(task) for task in tasks]
-    saved = {name: os.environ.get(name) for name in _ONE_THREAD}
-    os.environ.update(_ONE_THREAD)  # the workers start at the first submission, with one BLAS thread each
+    # the workers start at the first submission, with one BLAS thread each and torch's CPU kernels of this
+    # process (ATEN_CPU_CAPABILITY set since it started would otherwise give them other rounding)
+    worker_env = {**_ONE_THREAD, _CPU_PATH: torch.backends.cpu.get_cpu_capability().lower()}
+    saved = {name: os.environ.get(name) for name in worker_env}
+    os.environ.update(worker_env)
     try:
         results = _pool(workers).map(function, tasks, chunksize=max(1, len(tasks) // (8 * workers)))
         return list(results)
