@@ -9,8 +9,8 @@ value for value (the workers run torch's CPU kernels of the calling process, wha
 ATEN_CPU_CAPABILITY says by then). `function` must be importable by name (a module-level function, or a
 `functools.partial` of one), as the spawned processes import it.
 
-The pool of each size is kept for the session (a page calls it once per figure, and starting a spawned
-process costs about a second of imports). A worker ignores SIGINT: Jupyter interrupts and shuts a
+The pool of each size is kept for the session (a page calls it once per figure, and a spawned process
+starts by importing torch and the package again). A worker ignores SIGINT: Jupyter interrupts and shuts a
 kernel down through its process group, and the kernel's process ends the pool.
 """
 
