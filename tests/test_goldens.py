@@ -88,6 +88,10 @@ def test_measure_runs_the_second_cpu_path_in_the_kernel(monkeypatch):
     assert list(runs) == ["seed offset 0", "seed offset 1", f"seed offset 0, {goldens.CPU_PATH_ENV}=default",
                           f"seed offset 0, {goldens.CPU_PATH_ENV}=avx2"]
     assert seen == [(0, None, None), (1, None, None), (0, "default", None), (0, "avx2", None)]
+    # and this process's environment is left as it was: later kernels and worker pools inherit it
+    import os
+    assert goldens.CPU_PATH_ENV not in os.environ
+    assert os.environ[verdicts.STABILITY_ENV] == "tests/golden_verdicts.yaml"
 
 
 class _InlinePool:

@@ -119,13 +119,18 @@ def _set_env(key: str, value: str | None) -> None:
 def _execute(name: str, k: int, cpu_path: str | None = None, stability: Path | None = None) -> dict:
     """Notebook `name`'s verdicts at seed offset `k`, its kernel on CPU path `cpu_path` (None: torch's
     own choice) and judged with (or without) the recorded stability."""
+    before = {key: os.environ.get(key) for key in (CPU_PATH_ENV, STABILITY_ENV)}
     _set_env(CPU_PATH_ENV, cpu_path)  # the kernel is a new process: it inherits these
     _set_env(STABILITY_ENV, str(stability) if stability else None)
-    with tempfile.TemporaryDirectory(prefix="lowrank-goldens-") as tmp:
-        notebooks.execute(name, Path(tmp) / "out.ipynb", parameters=seed_overrides(name, k), figure_dir=Path(tmp))
-        import nbformat
+    try:
+        with tempfile.TemporaryDirectory(prefix="lowrank-goldens-") as tmp:
+            notebooks.execute(name, Path(tmp) / "out.ipynb", parameters=seed_overrides(name, k), figure_dir=Path(tmp))
+            import nbformat
 
-        return notebooks.verdicts(nbformat.read(Path(tmp) / "out.ipynb", as_version=4))
+            return notebooks.verdicts(nbformat.read(Path(tmp) / "out.ipynb", as_version=4))
+    finally:  # called in this process too (tests): later kernels and workers must not inherit them
+        for key, value in before.items():
+            _set_env(key, value)
 
 
 def _label(k: int, cpu_path: str | None) -> str:
