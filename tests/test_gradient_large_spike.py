@@ -10,6 +10,7 @@ import torch
 
 from lowrank.gradients import large_spike
 from lowrank.gradients.decomposition import spiked_problem
+from lowrank.gradients.dynamics import rank_one_statistics
 
 
 def _autograd_gradient(X, y, W, a, gamma, act):
@@ -85,3 +86,34 @@ def test_configuration_medians_on_a_hand_worked_table():
     assert table["rank_one"].tolist() == [True, False]
     assert table["assumption4"].tolist() == [True, False]
     assert "repeat" not in table and "diverged" not in table
+
+
+def test_rank_one_draws_are_the_same_for_one_and_two_workers():
+    """Every configuration is seeded by its draw: the tables and spectra of two workers are those of one
+    process, value for value, and a row is its own draw's (checked against autograd above)."""
+    settings = dict(alpha=0.0, nu=0.75, activations=["tanh", "relu"], weights=["isotropic", "trained"], repeats=2,
+                    trained_steps=2, seed=4)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one, two = (large_spike.rank_one_draws(18, 10, 14, workers=w, **settings) for w in (1, 2))
+    finally:
+        torch.set_num_threads(threads)
+    pd.testing.assert_frame_equal(one.draws, two.draws, check_exact=True)
+    pd.testing.assert_frame_equal(one.losses, two.losses, check_exact=True)
+    assert one.spectra.keys() == two.spectra.keys() == {(a, w) for a in ("tanh", "relu")
+                                                        for w in ("isotropic", "trained")}
+    for key in one.spectra:
+        np.testing.assert_array_equal(one.spectra[key], two.spectra[key])
+    assert list(zip(one.draws["activation"], one.draws["weights"], one.draws["repeat"]))[:3] == [
+        ("tanh", "isotropic", 0), ("tanh", "isotropic", 1), ("tanh", "trained", 0)]
+    # the trained relu draw 1, by hand: W_S trained on its own data (seed 4 + 10), then its statistics
+    p = spiked_problem(18, 10, 14, alpha=0.0, nu=0.75, activation="relu", seed=14)
+    trained = large_spike.train_on_the_data(p, steps=2, lr_factor=0.25, collapse_threshold=0.9)
+    _, stats = rank_one_statistics(trained.problem)
+    row = two.draws.query("activation == 'relu' and weights == 'trained' and repeat == 1").iloc[0]
+    assert row["s2_over_s1"] == pytest.approx(stats["s2_over_s1"], rel=1e-12)
+    assert row["trained_angle_deg"] == pytest.approx(trained.angle_deg, rel=1e-12)
+    np.testing.assert_array_equal(two.losses.query("activation == 'relu' and repeat == 1")["loss"], trained.losses)
+    with pytest.raises(ValueError, match="workers"):
+        large_spike.rank_one_draws(18, 10, 14, workers=0, **settings)

@@ -363,3 +363,53 @@ def test_noise_and_penalty_sweeps_reduce_to_the_plain_gradient_at_zero():
     assert at_zero.align_u1_q == pytest.approx(call.align_q, abs=1e-12)
     assert balance["closed_with_S3"].iloc[0] == pytest.approx(regularization.misalignment_closed(
         balance["align_q_0"].iloc[0], balance["align_q_with_S3"].iloc[0]))
+
+
+def test_the_sweeps_are_the_same_for_one_and_two_workers_and_rows_are_their_own_problems():
+    """Each sweep's tables, spectra included, are those of one process (tasks seeded by their own seed);
+    one row of each against its problem computed here (dense terms, full SVDs)."""
+    import pandas as pd
+
+    kw = dict(alpha=0.5, activation="tanh", scaling="ntk")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        wd, noise, jac, shares = ([
+            regularization.weight_decay_sweep(24, 18, 20, nus=[0.0, 0.375], seeds=[3, 4], lambdas=[0.0, 1.0], workers=w,
+                                              **kw),
+            regularization.input_noise_sweep(24, 18, 20, nu=0.25, seeds=[1, 2], tau2s=[0.3, 0.0], workers=w, **kw),
+            regularization.jacobian_penalty_sweep(24, 18, 20, nu=0.25, seeds=[1, 2], lambdas=[0.0, 2.0], workers=w,
+                                                  **kw),
+            regularization.jacobian_residue_shares(24, 18, 20, nu=0.75, seeds=[1, 2], lambdas=[0.0, 2.0], workers=w,
+                                                   **kw)] for w in (1, 2))
+    finally:
+        torch.set_num_threads(threads)
+    for one, two in zip([*wd[0], noise[0][0], jac[0][0], jac[0][2], shares[0]],
+                        [*wd[1], noise[1][0], jac[1][0], jac[1][2], shares[1]]):
+        pd.testing.assert_frame_equal(one, two, check_exact=True)
+    assert list(zip(wd[0][1]["nu"], wd[0][1]["seed"])) == [(0.0, 3), (0.0, 4), (0.375, 3), (0.375, 4)]
+    assert list(zip(noise[0][0]["seed"], noise[0][0]["tau2"])) == [(1, 0.0), (1, 0.3), (2, 0.0), (2, 0.3)]
+    for spectra in (noise, jac):
+        assert spectra[0][1].keys() == spectra[1][1].keys()
+        for key in spectra[0][1]:
+            s_one, s_two = (spectra[i][1][key] for i in (0, 1))
+            np.testing.assert_array_equal(s_one[0] if isinstance(s_one, tuple) else s_one,
+                                          s_two[0] if isinstance(s_two, tuple) else s_two)
+    # the second seed's noisy problem, by hand: noise drawn with seed 2 + 100, G' by dense terms, a full SVD
+    p = decomposition.spiked_problem(24, 18, 20, nu=0.25, seed=2, **kw)
+    dec = decomposition.decompose_problem(regularization.noisy_problem(p, 0.3, seed=102))
+    row = noise[1][0].query("seed == 2 and tau2 == 0.3").iloc[0]
+    assert row["norm_E"] == pytest.approx(np.linalg.norm(dec.E.numpy(), 2), rel=1e-10)
+    assert row["norm_S1"] == pytest.approx(np.linalg.norm(dec.S1.numpy(), 2), rel=1e-10)
+    # the first seed keeps the spectrum of G(0) + G_reg at every lambda
+    p = decomposition.spiked_problem(24, 18, 20, nu=0.25, seed=1, **kw)
+    total = decomposition.decompose_problem(p).G + regularization.jacobian_penalty_problem(p, 2.0).G_reg
+    np.testing.assert_allclose(jac[1][1][2.0], np.linalg.svd(total.numpy(), compute_uv=False), rtol=1e-10)
+    with pytest.raises(ValueError, match="workers"):
+        regularization.weight_decay_sweep(24, 18, 20, nus=[0.0], seeds=[1], lambdas=[0.0], workers=0, **kw)
+    for sweep in (regularization.input_noise_sweep, regularization.jacobian_residue_shares):
+        with pytest.raises(ValueError, match="workers"):
+            sweep(24, 18, 20, nu=0.0, seeds=[1], **{"tau2s" if sweep is regularization.input_noise_sweep
+                                                    else "lambdas": [0.0]}, workers=1.5, **kw)
+    with pytest.raises(ValueError, match="workers"):
+        regularization.jacobian_penalty_sweep(24, 18, 20, nu=0.0, seeds=[1], lambdas=[0.0], workers=True, **kw)

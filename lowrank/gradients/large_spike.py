@@ -11,16 +11,19 @@ for every activation and every weight matrix, including weights trained on the d
   Assumption 4 flags.
 
 Draw `k` uses `spiked_problem(..., seed=seed + DRAW_SEED_STRIDE * k)`, so every activation and weight
-matrix sees the same data at one draw.
+matrix sees the same data at one draw. `rank_one_draws` runs its independent (activation, weights, draw)
+configurations in `workers` processes (`lowrank.core.parallel.map_tasks`); the tables do not depend on it.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from lowrank.core.parallel import check_workers, map_tasks
 from lowrank.core.validation import check_positive
 from lowrank.gradients.decomposition import SpikedProblem, spiked_problem
 from lowrank.gradients.dynamics import rank_one_statistics, train_weight_normalized, weight_angles
@@ -90,7 +93,7 @@ class RankOneDraws(NamedTuple):
 def rank_one_draws(n: int, d: int, m: int, *, alpha: float, nu: float, activations: Sequence[str],
                    weights: Sequence[str], repeats: int, scaling: str = "ntk", loss: str = "mse",
                    target_link: str = "tanh", trained_steps: int = 0, trained_lr_factor: float = 0.25,
-                   collapse_threshold: float = 0.9, seed: int = 0) -> RankOneDraws:
+                   collapse_threshold: float = 0.9, seed: int = 0, workers: int = 1) -> RankOneDraws:
     """Theorem 3.2's statistics of G for every activation, weight matrix and draw.
 
     Parameters
@@ -98,7 +101,9 @@ def rank_one_draws(n: int, d: int, m: int, *, alpha: float, nu: float, activatio
     n, d, m, alpha, nu, scaling, loss, target_link : of `spiked_problem`. activations : names of
     `ACTIVATIONS`. weights : "isotropic", "orthogonal", "tilted" (`weight_structure`) or "trained"
     (`TRAINED`: isotropic rows trained by `train_on_the_data` with `trained_steps`,
-    `trained_lr_factor` and `collapse_threshold`). repeats : draws. seed : of draw 0.
+    `trained_lr_factor` and `collapse_threshold`). repeats : draws. seed : of draw 0. workers :
+    processes for the (activation, weights, draw) configurations (`lowrank.core.parallel.map_tasks`);
+    each is seeded by its draw's seed, so the tables do not depend on it.
 
     Returns
     -------
@@ -111,25 +116,34 @@ def rank_one_draws(n: int, d: int, m: int, *, alpha: float, nu: float, activatio
 
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
-    rows, spectra, losses = [], {}, []
-    for act, w, k in itertools.product(activations, weights, range(repeats)):
-        problem = spiked_problem(n, d, m, alpha=alpha, nu=nu, activation=act, loss=loss,
-                                 weights="isotropic" if w == TRAINED else w, scaling=scaling,
-                                 target_link=target_link, seed=seed + DRAW_SEED_STRIDE * k)
-        extra = {"trained_angle_deg": 0.0, "diverged": False, "collapsed": False}
-        if w == TRAINED:
-            trained = train_on_the_data(problem, steps=trained_steps, lr_factor=trained_lr_factor,
-                                        collapse_threshold=collapse_threshold)
-            losses += [{"activation": act, "repeat": k, "step": t, "loss": v} for t, v in enumerate(trained.losses)]
-            extra = {"trained_angle_deg": trained.angle_deg, "diverged": trained.diverged,
-                     "collapsed": trained.collapsed}
-            problem = trained.problem
-        s, stats = rank_one_statistics(problem, spectrum=k == 0)
-        rows.append({"activation": act, "weights": w, "repeat": k, **stats, **extra})
-        if k == 0:
-            spectra[act, w] = s.numpy()
-    return RankOneDraws(pd.DataFrame(rows), spectra,
-                        pd.DataFrame(losses, columns=["activation", "repeat", "step", "loss"]))
+    check_workers(workers)
+    configs = list(itertools.product(activations, weights, range(repeats)))
+    done = map_tasks(functools.partial(_draw, n=n, d=d, m=m, alpha=alpha, nu=nu, scaling=scaling, loss=loss,
+                                       target_link=target_link, trained_steps=trained_steps,
+                                       trained_lr_factor=trained_lr_factor, collapse_threshold=collapse_threshold,
+                                       seed=seed), configs, workers)
+    spectra = {(act, w): s for (act, w, _), (_, s, _) in zip(configs, done) if s is not None}
+    return RankOneDraws(pd.DataFrame([row for row, _, _ in done]), spectra,
+                        pd.DataFrame([step for _, _, steps in done for step in steps],
+                                     columns=["activation", "repeat", "step", "loss"]))
+
+
+def _draw(config, *, n, d, m, alpha, nu, scaling, loss, target_link, trained_steps, trained_lr_factor,
+          collapse_threshold, seed) -> tuple[dict, np.ndarray | None, list]:
+    act, w, k = config
+    problem = spiked_problem(n, d, m, alpha=alpha, nu=nu, activation=act, loss=loss,
+                             weights="isotropic" if w == TRAINED else w, scaling=scaling,
+                             target_link=target_link, seed=seed + DRAW_SEED_STRIDE * k)
+    extra, losses = {"trained_angle_deg": 0.0, "diverged": False, "collapsed": False}, []
+    if w == TRAINED:
+        trained = train_on_the_data(problem, steps=trained_steps, lr_factor=trained_lr_factor,
+                                    collapse_threshold=collapse_threshold)
+        losses = [{"activation": act, "repeat": k, "step": t, "loss": v} for t, v in enumerate(trained.losses)]
+        extra = {"trained_angle_deg": trained.angle_deg, "diverged": trained.diverged,
+                 "collapsed": trained.collapsed}
+        problem = trained.problem
+    s, stats = rank_one_statistics(problem, spectrum=k == 0)
+    return {"activation": act, "weights": w, "repeat": k, **stats, **extra}, (s.numpy() if k == 0 else None), losses
 
 
 def configuration_medians(draws, *, rank_one_threshold: float, mu_min: float,

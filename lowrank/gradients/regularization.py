@@ -8,11 +8,14 @@ off them. The unregularised gradient and its terms are `lowrank.gradients.decomp
 The regularisation page's experiments are here too, each returning a table: the closed forms
 against autograd (`autograd_errors`), the weight-decay sweep (`weight_decay_sweep`) and where each
 spike leaves (`threshold_crossings`), the input-noise sweep (`input_noise_sweep`) and the Jacobian
-penalty (`jacobian_penalty_sweep`, `jacobian_residue_shares`).
+penalty (`jacobian_penalty_sweep`, `jacobian_residue_shares`). The sweeps take `workers`: their
+independent (nu, seed), (seed, tau2) and seed tasks, each seeded by its own seed, run in that many
+processes (`lowrank.core.parallel.map_tasks`), and the tables do not depend on it.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from typing import NamedTuple
@@ -21,6 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from lowrank.core.parallel import check_workers, map_tasks
 from lowrank.core.validation import as_tensor, check_positive
 from lowrank.core.data import SpikedData, generator
 from lowrank.core.nets import activation as get_activation
@@ -290,14 +294,6 @@ def misalignment_closed(before, after):
 # The regularisation page's experiments, each a table (one row per configuration and strength).
 
 
-def _progress(items, desc: str, progress: bool):
-    if not progress:
-        return items
-    from tqdm.auto import tqdm
-
-    return tqdm(items, desc=desc)
-
-
 def autograd_errors(*, scaling: str, activations=("sigmoid", "tanh", "softplus", "relu"), n: int = 30, d: int = 20,
                     m: int = 25, seed: int = 7) -> pd.DataFrame:
     """The three closed-form regularised gradients against `torch.func` derivatives of the penalised
@@ -353,7 +349,7 @@ def autograd_errors(*, scaling: str, activations=("sigmoid", "tanh", "softplus",
 
 
 def weight_decay_sweep(n: int, d: int, m: int, *, nus, seeds, alpha: float, activation: str, scaling: str, lambdas,
-                       progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+                       workers: int = 1) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Which spikes survive weight decay: `dominant_spike` of `G(lambda) = G(0) + lambda W^T` for every
     spike exponent nu, seed and lambda.
 
@@ -362,28 +358,38 @@ def weight_decay_sweep(n: int, d: int, m: int, *, nus, seeds, alpha: float, acti
     and "high" at ten times the upper one (`10 sqrt(m) gamma n^nu / ||W||_2`), and `label`,
     `residue_in_top2`, `q_in_top2`, `outliers`. `problems`: one per (nu, seed) with the spikes'
     norms `norm_S1`, `norm_S2`, `W_norm`, the two scales (`keeps_below`, `suppresses_above`) and the
-    call at lambda = 0 (`label_0`, `residue_0`, `q_0`).
+    call at lambda = 0 (`label_0`, `residue_0`, `q_0`). workers : processes for the (nu, seed)
+    problems (`lowrank.core.parallel.map_tasks`); each is seeded by its own seed, so the tables do not
+    depend on it.
     """
+    check_workers(workers)
+    done = map_tasks(functools.partial(_weight_decay_problem, n=n, d=d, m=m, alpha=alpha, activation=activation,
+                                       scaling=scaling, lambdas=list(lambdas)),
+                     list(itertools.product(nus, seeds)), workers)
+    return pd.DataFrame([row for rows, _ in done for row in rows]), pd.DataFrame([problem for _, problem in done])
+
+
+def _weight_decay_problem(task, *, n, d, m, alpha, activation, scaling, lambdas) -> tuple[list, dict]:
     from lowrank.gradients.decomposition import decompose_problem, spiked_problem
 
-    rows, problems = [], []
-    for nu, seed in _progress(list(itertools.product(nus, seeds)), "weight decay", progress):
-        p = spiked_problem(n, d, m, alpha=alpha, nu=nu, activation=activation, scaling=scaling, seed=seed)
-        dec = decompose_problem(p)
-        sc = weight_decay_scales(p.W, gamma=p.gamma, n=n, nu=nu)
-        x_res = p.data.X_B.T @ dec.r
-        base = dominant_spike(dec.G, x_res, p.data.q)
-        spikes = dec.spike_norms()
-        problems.append({"nu": nu, "seed": seed, "norm_S1": spikes["norm_S1"], "norm_S2": spikes["norm_S2"],
-                         "W_norm": sc.W_norm, "keeps_below": sc.keeps_spikes_below,
-                         "suppresses_above": sc.suppresses_spikes_above,
-                         "label_0": base.label, "residue_0": base.residue_in_top2, "q_0": base.q_in_top2})
-        probe = {"low": 0.1 * sc.keeps_spikes_below, "high": 10 * sc.suppresses_spikes_above}
-        for tag, lam in [("grid", lam) for lam in lambdas] + list(probe.items()):
-            c = dominant_spike(weight_decay_gradient(dec.G, p.W, lam), x_res, p.data.q)
-            rows.append({"nu": nu, "seed": seed, "lam": lam, "probe": tag, "label": c.label,
-                         "residue_in_top2": c.residue_in_top2, "q_in_top2": c.q_in_top2, "outliers": c.outliers})
-    return pd.DataFrame(rows), pd.DataFrame(problems)
+    nu, seed = task
+    p = spiked_problem(n, d, m, alpha=alpha, nu=nu, activation=activation, scaling=scaling, seed=seed)
+    dec = decompose_problem(p)
+    sc = weight_decay_scales(p.W, gamma=p.gamma, n=n, nu=nu)
+    x_res = p.data.X_B.T @ dec.r
+    base = dominant_spike(dec.G, x_res, p.data.q)
+    spikes = dec.spike_norms()
+    problem = {"nu": nu, "seed": seed, "norm_S1": spikes["norm_S1"], "norm_S2": spikes["norm_S2"],
+               "W_norm": sc.W_norm, "keeps_below": sc.keeps_spikes_below,
+               "suppresses_above": sc.suppresses_spikes_above,
+               "label_0": base.label, "residue_0": base.residue_in_top2, "q_0": base.q_in_top2}
+    probe = {"low": 0.1 * sc.keeps_spikes_below, "high": 10 * sc.suppresses_spikes_above}
+    rows = []
+    for tag, lam in [("grid", lam) for lam in lambdas] + list(probe.items()):
+        c = dominant_spike(weight_decay_gradient(dec.G, p.W, lam), x_res, p.data.q)
+        rows.append({"nu": nu, "seed": seed, "lam": lam, "probe": tag, "label": c.label,
+                     "residue_in_top2": c.residue_in_top2, "q_in_top2": c.q_in_top2, "outliers": c.outliers})
+    return rows, problem
 
 
 SPIKE_SHARES = (("S1", "residue_in_top2", "residue_0", "norm_S1"), ("S2", "q_in_top2", "q_0", "norm_S2"))
@@ -422,38 +428,47 @@ def threshold_crossings(rows: pd.DataFrame, problems: pd.DataFrame, *, threshold
 
 
 def input_noise_sweep(n: int, d: int, m: int, *, nu: float, alpha: float, activation: str, scaling: str, seeds,
-                      tau2s, progress: bool = False) -> tuple[pd.DataFrame, dict]:
+                      tau2s, workers: int = 1) -> tuple[pd.DataFrame, dict]:
     """The noisy-input gradient `G'` for every seed and noise variance `tau2` (the noise of seed s is
     drawn with seed s + 100).
 
     Returns `(rows, spectra)`. `rows`: one per (seed, tau2) with `dominant_spike`'s `label`,
     `outliers`, `align_u1_residue`, `align_u1_q`; the spectral norms `norm_S1`, `norm_S12`, `norm_S2`,
     `norm_E` of the primed terms and the ratios `S1_over_E`, `S2_over_E`, `S2_over_S1`. `spectra`:
-    `{tau2: (singular values of G', the norms)}` for the first seed.
+    `{tau2: (singular values of G', the norms)}` for the first seed. workers : processes for the
+    (seed, tau2) problems (`lowrank.core.parallel.map_tasks`); each is seeded by its own seed, so the
+    tables do not depend on it.
     """
+    check_workers(workers)
+    seeds = list(seeds)
+    tasks = [(seed, tau2, seed == seeds[0]) for seed, tau2 in itertools.product(seeds, sorted(tau2s))]
+    done = map_tasks(functools.partial(_noise_problem, n=n, d=d, m=m, nu=nu, alpha=alpha, activation=activation,
+                                       scaling=scaling), tasks, workers)
+    spectra = {tau2: kept for (_, tau2, _), (_, kept) in zip(tasks, done) if kept is not None}
+    return pd.DataFrame([row for row, _ in done]), spectra
+
+
+def _noise_problem(task, *, n, d, m, nu, alpha, activation, scaling) -> tuple[dict, tuple | None]:
     from lowrank.core.spectral import singular_values, top_singular_value
     from lowrank.gradients.decomposition import decompose_problem, spiked_problem
     from lowrank.gradients.rule_of_thumb import dominant_spike_of_problem
 
-    rows, spectra = [], {}
-    for seed, tau2 in _progress(list(itertools.product(seeds, sorted(tau2s))), "input noise", progress):
-        p = spiked_problem(n, d, m, alpha=alpha, nu=nu, activation=activation, scaling=scaling, seed=seed)
-        pn = noisy_problem(p, tau2, seed=seed + 100)
-        dec = decompose_problem(pn)
-        c = dominant_spike_of_problem(dec, pn.data)
-        norms = {k[5:]: v for k, v in dec.spike_norms().items()} | {"E": top_singular_value(dec.E)}
-        rows.append({"seed": seed, "tau2": tau2, "label": c.label, "outliers": c.outliers,
-                     "align_u1_residue": c.align_residue, "align_u1_q": c.align_q,
-                     **{f"norm_{k}": v for k, v in norms.items()},
-                     "S1_over_E": norms["S1"] / norms["E"], "S2_over_E": norms["S2"] / norms["E"],
-                     "S2_over_S1": norms["S2"] / norms["S1"]})
-        if seed == seeds[0]:
-            spectra[tau2] = (singular_values(dec.G).numpy(), norms)
-    return pd.DataFrame(rows), spectra
+    seed, tau2, keep_spectrum = task
+    p = spiked_problem(n, d, m, alpha=alpha, nu=nu, activation=activation, scaling=scaling, seed=seed)
+    pn = noisy_problem(p, tau2, seed=seed + 100)
+    dec = decompose_problem(pn)
+    c = dominant_spike_of_problem(dec, pn.data)
+    norms = {k[5:]: v for k, v in dec.spike_norms().items()} | {"E": top_singular_value(dec.E)}
+    row = {"seed": seed, "tau2": tau2, "label": c.label, "outliers": c.outliers,
+           "align_u1_residue": c.align_residue, "align_u1_q": c.align_q,
+           **{f"norm_{k}": v for k, v in norms.items()},
+           "S1_over_E": norms["S1"] / norms["E"], "S2_over_E": norms["S2"] / norms["E"],
+           "S2_over_S1": norms["S2"] / norms["S1"]}
+    return row, ((singular_values(dec.G).numpy(), norms) if keep_spectrum else None)
 
 
 def jacobian_penalty_sweep(n: int, d: int, m: int, *, nu: float, alpha: float, activation: str, scaling: str, seeds,
-                           lambdas, progress: bool = False) -> tuple[pd.DataFrame, dict, pd.DataFrame]:
+                           lambdas, workers: int = 1) -> tuple[pd.DataFrame, dict, pd.DataFrame]:
     """The total gradient `G(0) + G_reg(lambda)` under the Jacobian penalty, for every seed and lambda.
 
     Returns `(rows, spectra, balance)`. `rows`: one per (seed, lambda) with `dominant_spike`'s
@@ -462,48 +477,68 @@ def jacobian_penalty_sweep(n: int, d: int, m: int, *, nu: float, alpha: float, a
     `{lambda: singular values of the total gradient}` for the first seed. `balance`: one row per seed,
     `jacobian_balance_alignments` at the balance point `lambda_x` (fixed before any alignment is
     read) with `closed_with_S3` and `closed_without_S3`, the share of `1 - |cos(u1, q)|` removed by
-    the penalty and by the penalty without its spike S3 (`misalignment_closed`).
+    the penalty and by the penalty without its spike S3 (`misalignment_closed`). workers : processes
+    for the seeds (`lowrank.core.parallel.map_tasks`); the tables do not depend on it.
     """
-    from lowrank.core.spectral import singular_values, top_singular_value
-    from lowrank.gradients.decomposition import decompose_problem, spiked_problem
-
-    rows, spectra, balance = [], {}, []
-    for seed in _progress(seeds, "Jacobian penalty", progress):
-        p = spiked_problem(n, d, m, alpha=alpha, nu=nu, activation=activation, scaling=scaling, seed=seed)
-        dec = decompose_problem(p)
-        x_res = p.data.X_B.T @ dec.r
-        for lam in lambdas:
-            jp = jacobian_penalty_problem(p, lam)
-            G = dec.G + jp.G_reg
-            c = dominant_spike(G, x_res, p.data.q)
-            rows.append({"seed": seed, "lam": lam, "label": c.label, "outliers": c.outliers,
-                         "align_u1_residue": c.align_residue, "align_u1_q": c.align_q,
-                         "residue_in_top2": c.residue_in_top2, "q_in_top2": c.q_in_top2,
-                         **{k: v for k, v in dec.spike_norms().items() if k != "norm_S12"},
-                         "norm_S3": jp.norm_S3(), "norm_E2": top_singular_value(jp.E2) if lam > 0 else 0.0})
-            if seed == seeds[0]:
-                spectra[lam] = singular_values(G).numpy()
-        # G_reg is linear in lambda: the penalty at lambda = 1 fixes the balance point
-        balance.append({"seed": seed, **jacobian_balance_alignments(dec.G, jacobian_penalty_problem(p, 1.0), x_res,
-                                                                     p.data.q)})
-    balance = pd.DataFrame(balance)
+    check_workers(workers)
+    seeds = list(seeds)
+    done = map_tasks(functools.partial(_jacobian_seed, n=n, d=d, m=m, nu=nu, alpha=alpha, activation=activation,
+                                       scaling=scaling, lambdas=list(lambdas)),
+                     [(seed, seed == seeds[0]) for seed in seeds], workers)
+    rows = [row for seed_rows, _, _ in done for row in seed_rows]
+    spectra = next((kept for _, kept, _ in done if kept is not None), {})
+    balance = pd.DataFrame([at_balance for _, _, at_balance in done])
     balance["closed_with_S3"] = misalignment_closed(balance["align_q_0"], balance["align_q_with_S3"])
     balance["closed_without_S3"] = misalignment_closed(balance["align_q_0"], balance["align_q_without_S3"])
     return pd.DataFrame(rows), spectra, balance
 
 
-def jacobian_residue_shares(n: int, d: int, m: int, *, nu: float, alpha: float, activation: str, scaling: str, seeds,
-                            lambdas) -> pd.DataFrame:
-    """The residue spike's share `residue_in_top2` (and `label`) of `G(0) + lambda G_reg(1)` for every
-    seed and lambda (`G_reg` is linear in lambda): Prop. 4.4's case nu > 1/2 + alpha/2."""
+def _jacobian_seed(task, *, n, d, m, nu, alpha, activation, scaling, lambdas) -> tuple[list, dict | None, dict]:
+    from lowrank.core.spectral import singular_values, top_singular_value
     from lowrank.gradients.decomposition import decompose_problem, spiked_problem
 
+    seed, keep_spectra = task
+    p = spiked_problem(n, d, m, alpha=alpha, nu=nu, activation=activation, scaling=scaling, seed=seed)
+    dec = decompose_problem(p)
+    x_res = p.data.X_B.T @ dec.r
+    rows, spectra = [], {}
+    for lam in lambdas:
+        jp = jacobian_penalty_problem(p, lam)
+        G = dec.G + jp.G_reg
+        c = dominant_spike(G, x_res, p.data.q)
+        rows.append({"seed": seed, "lam": lam, "label": c.label, "outliers": c.outliers,
+                     "align_u1_residue": c.align_residue, "align_u1_q": c.align_q,
+                     "residue_in_top2": c.residue_in_top2, "q_in_top2": c.q_in_top2,
+                     **{k: v for k, v in dec.spike_norms().items() if k != "norm_S12"},
+                     "norm_S3": jp.norm_S3(), "norm_E2": top_singular_value(jp.E2) if lam > 0 else 0.0})
+        if keep_spectra:
+            spectra[lam] = singular_values(G).numpy()
+    # G_reg is linear in lambda: the penalty at lambda = 1 fixes the balance point
+    at_balance = {"seed": seed, **jacobian_balance_alignments(dec.G, jacobian_penalty_problem(p, 1.0), x_res,
+                                                               p.data.q)}
+    return rows, (spectra if keep_spectra else None), at_balance
+
+
+def jacobian_residue_shares(n: int, d: int, m: int, *, nu: float, alpha: float, activation: str, scaling: str, seeds,
+                            lambdas, workers: int = 1) -> pd.DataFrame:
+    """The residue spike's share `residue_in_top2` (and `label`) of `G(0) + lambda G_reg(1)` for every
+    seed and lambda (`G_reg` is linear in lambda): Prop. 4.4's case nu > 1/2 + alpha/2. workers :
+    processes for the seeds (`lowrank.core.parallel.map_tasks`); the table does not depend on it."""
+    check_workers(workers)
+    done = map_tasks(functools.partial(_residue_shares_seed, n=n, d=d, m=m, nu=nu, alpha=alpha,
+                                       activation=activation, scaling=scaling, lambdas=list(lambdas)),
+                     list(seeds), workers)
+    return pd.DataFrame([row for rows in done for row in rows])
+
+
+def _residue_shares_seed(seed, *, n, d, m, nu, alpha, activation, scaling, lambdas) -> list:
+    from lowrank.gradients.decomposition import decompose_problem, spiked_problem
+
+    p = spiked_problem(n, d, m, alpha=alpha, nu=nu, activation=activation, scaling=scaling, seed=seed)
+    dec = decompose_problem(p)
+    G_reg_1 = jacobian_penalty_problem(p, 1.0).G_reg
     rows = []
-    for seed in seeds:
-        p = spiked_problem(n, d, m, alpha=alpha, nu=nu, activation=activation, scaling=scaling, seed=seed)
-        dec = decompose_problem(p)
-        G_reg_1 = jacobian_penalty_problem(p, 1.0).G_reg
-        for lam in lambdas:
-            c = dominant_spike(dec.G + lam * G_reg_1, p.data.X_B.T @ dec.r, p.data.q)
-            rows.append({"seed": seed, "lam": lam, "residue_in_top2": c.residue_in_top2, "label": c.label})
-    return pd.DataFrame(rows)
+    for lam in lambdas:
+        c = dominant_spike(dec.G + lam * G_reg_1, p.data.X_B.T @ dec.r, p.data.q)
+        rows.append({"seed": seed, "lam": lam, "residue_in_top2": c.residue_in_top2, "label": c.label})
+    return rows
