@@ -374,16 +374,17 @@ def test_the_sweeps_are_the_same_for_one_and_two_workers_and_rows_are_their_own_
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        wd, noise, jac, shares = ([
+        runs = [[
             regularization.weight_decay_sweep(24, 18, 20, nus=[0.0, 0.375], seeds=[3, 4], lambdas=[0.0, 1.0], workers=w,
                                               **kw),
             regularization.input_noise_sweep(24, 18, 20, nu=0.25, seeds=[1, 2], tau2s=[0.3, 0.0], workers=w, **kw),
             regularization.jacobian_penalty_sweep(24, 18, 20, nu=0.25, seeds=[1, 2], lambdas=[0.0, 2.0], workers=w,
                                                   **kw),
             regularization.jacobian_residue_shares(24, 18, 20, nu=0.75, seeds=[1, 2], lambdas=[0.0, 2.0], workers=w,
-                                                   **kw)] for w in (1, 2))
+                                                   **kw)] for w in (1, 2)]
     finally:
         torch.set_num_threads(threads)
+    wd, noise, jac, shares = zip(*runs)  # each: (one worker, two workers)
     for one, two in zip([*wd[0], noise[0][0], jac[0][0], jac[0][2], shares[0]],
                         [*wd[1], noise[1][0], jac[1][0], jac[1][2], shares[1]]):
         pd.testing.assert_frame_equal(one, two, check_exact=True)
