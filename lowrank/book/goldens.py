@@ -61,7 +61,7 @@ def load(path: Path = GOLDEN) -> dict:
     mappings, is refused with one line (notebooks.InputError)."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = io.parse_once(yaml.safe_load, path.read_text(encoding="utf-8")) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         where = getattr(err, "problem_mark", None)
         at = f" (line {where.line + 1})" if where is not None else ""

@@ -10,11 +10,12 @@ their results by it (`code_key` for a notebook or a function `module:callable`).
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import json
 from pathlib import Path
 
-from lowrank.book.notebooks import source_path
+from lowrank.book.notebooks import read_notebook, source_path
 from lowrank.core.io import digest
 
 __all__ = ["PACKAGE", "module_file", "imported_modules", "lowrank_sources", "execution_key", "code_key"]
@@ -36,6 +37,11 @@ def module_file(module: str) -> Path | None:
 
 def imported_modules(source: str, module: str, is_package: bool) -> set[str]:
     """Absolute names of the modules `source` imports (relative imports resolved against `module`)."""
+    return set(_imported_modules(source, module, is_package))
+
+
+@functools.lru_cache(maxsize=1024)  # a build asks for every module of lowrank/ once per notebook
+def _imported_modules(source: str, module: str, is_package: bool) -> frozenset[str]:
     found = set()
     package = module if is_package else module.rpartition(".")[0]
     for node in ast.walk(ast.parse(source)):
@@ -49,7 +55,7 @@ def imported_modules(source: str, module: str, is_package: bool) -> set[str]:
                 root = node.module or ""
             found.add(root)
             found.update(f"{root}.{a.name}" for a in node.names)  # `from lowrank import spectral`
-    return found
+    return frozenset(found)
 
 
 def lowrank_sources(code: str) -> list[Path]:
@@ -72,12 +78,10 @@ def lowrank_sources(code: str) -> list[Path]:
 def execution_key(name: str) -> str:
     """Hash of the notebook's source, of every `lowrank` file it uses, and of its verdicts' recorded
     outcomes (an unstable one reads "unstable" in the ci book)."""
-    import jupytext
-
     from lowrank.book import goldens
 
     src = source_path(name)
-    code = "\n".join(c.source for c in jupytext.read(src).cells if c.cell_type == "code")
+    code = "\n".join(c.source for c in read_notebook(name).cells if c.cell_type == "code")
     used = [part for p in lowrank_sources(code) for part in (p.relative_to(PACKAGE).as_posix(), p)]
     return digest(src, *used, json.dumps(goldens.recorded_block(name), sort_keys=True, default=str))
 

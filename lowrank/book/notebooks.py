@@ -104,11 +104,20 @@ def read_notebook(name: str):
     """The notebook as an nbformat object, converted from MyST markdown by jupytext; without jupytext
     (the science install, `pip install lowrank`) its code cells only, read by `myst_code_cells`:
     enough for the parameter cell that `lowrank list` shows."""
+    from lowrank.core.io import parse_once
+
+    text = source_path(name).read_text(encoding="utf-8")
     try:
-        import jupytext
+        import jupytext  # noqa: F401
     except ModuleNotFoundError:
-        return myst_code_cells(source_path(name).read_text(encoding="utf-8"))
-    return jupytext.read(source_path(name))
+        return myst_code_cells(text)
+    return parse_once(_myst_notebook, text)  # a build reads each notebook once per claim
+
+
+def _myst_notebook(text: str):
+    import jupytext
+
+    return jupytext.reads(text, {"extension": ".md"})  # as jupytext.read(path) reads a .md file
 
 
 class _Cell(dict):

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lowrank.book import notebooks
+from lowrank.core.io import parse_once
 from lowrank.core.validation import SEED_MAX, cut, short
 
 __all__ = ["ParameterSpec", "ParameterError", "parameter_specs", "resolve_parameters", "notebook_rules",
@@ -561,6 +562,12 @@ def _check_size(data, where: str) -> None:
     walk(data, 0)
 
 
+def _load(text: str):
+    import yaml
+
+    return yaml.load(text, Loader=_loader())
+
+
 def parse_yaml(text: str, where: str = "YAML text"):
     """`text` read by the book's YAML loader (`_loader`), bounded (`_check_size`); ValueError with
     one line otherwise."""
@@ -569,7 +576,7 @@ def parse_yaml(text: str, where: str = "YAML text"):
     if len(text) > YAML_MAX_BYTES:
         raise ValueError(f"{where} is larger than {YAML_MAX_BYTES} bytes")
     try:
-        data = yaml.load(text, Loader=_loader())
+        data = parse_once(_load, text)
     except yaml.YAMLError as err:
         raise ValueError(f"{where} is not valid YAML: {cut(' '.join(str(err).split()))}") from None
     except RecursionError:

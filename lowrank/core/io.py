@@ -6,12 +6,16 @@
   hash of the package's keys, run folders, manifests and checkpoints (integrity sums published by
   a data set's authors are theirs: `lowrank.core.datasets` checks those as given);
 - `provenance(...)`: the record of where and when a result was computed (git commit, package
-  versions, device, machine load, start, end, wall time), assembled here for every caller.
+  versions, device, machine load, start, end, wall time), assembled here for every caller;
+- `parse_once(parse, text)`: a file's parsed contents, computed once per distinct text (a build
+  reads the same goldens, rules and modules hundreds of times).
 """
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
+import functools
 import hashlib
 import os
 import platform
@@ -20,7 +24,7 @@ import subprocess
 from pathlib import Path
 
 __all__ = ["DIGEST_LENGTH", "digest", "file_digest", "write_atomically", "replace_folder", "git_state",
-           "versions", "machine_load", "now", "provenance"]
+           "versions", "machine_load", "now", "provenance", "parse_once"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # 16 hex digits = 64 bits: a collision between two of a project's keys is out of reach
@@ -57,6 +61,18 @@ def file_digest(path) -> str:
 
 def _work_path(path: Path, what: str = "tmp") -> Path:
     return path.with_name(f".{path.name}.{what}-{os.getpid()}")
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(parse, text):
+    return parse(text)
+
+
+def parse_once(parse, text: str):
+    """`parse(text)`, computed once per distinct `text` and `parse` (a module-level function), then
+    handed out as a deep copy that the caller may change. The key is the text itself, not a file's
+    time stamp: a file rewritten within one tick is parsed again. An error is raised, not kept."""
+    return copy.deepcopy(_parsed(parse, text))
 
 
 def write_atomically(path, data=None, *, save=None, mode: int = 0o644) -> Path:
