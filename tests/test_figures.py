@@ -33,6 +33,28 @@ def _save(fig, tmp_path, monkeypatch, stem="f"):
     return tmp_path / f"{stem}.svg"
 
 
+def test_use_style_sets_seaborns_ticks_theme_without_importing_it():
+    """use_style's settings equal seaborn's set_theme(style="ticks", palette="colorblind",
+    context="notebook"), but for seaborn's default colour map, which only seaborn registers."""
+    import matplotlib as mpl
+    import seaborn as sns
+
+    def settings(apply):
+        with mpl.rc_context():
+            mpl.rcdefaults()
+            apply()
+            return dict(mpl.rcParams)
+
+    default = settings(lambda: None)
+    seaborn = settings(lambda: sns.set_theme(style="ticks", palette=plotting.PALETTE, context="notebook"))
+    ours = settings(plotting.use_style)
+    changed = {k for k in seaborn if seaborn[k] != default[k]} - {"image.cmap", "axes.prop_cycle"}
+    assert changed and changed == set(plotting.SEABORN_THEME)
+    assert {k: ours[k] for k in changed} == {k: seaborn[k] for k in changed}
+    colours = [[mpl.colors.to_rgb(c) for c in s["axes.prop_cycle"].by_key()["color"]] for s in (ours, seaborn)]
+    assert colours[0] == colours[1]
+
+
 def test_legibility_reads_width_and_smallest_font(tmp_path, monkeypatch):
     plotting.use_style()
     fig, ax = plt.subplots(figsize=(12, 3))

@@ -8,10 +8,26 @@ from pathlib import Path
 
 from lowrank.core.io import write_atomically
 
-__all__ = ["use_style", "figure_dir", "save_figure", "PALETTE", "MAX_WIDTH", "MIN_FONT", "panel_grid",
+__all__ = ["use_style", "figure_dir", "save_figure", "PALETTE", "PALETTE_COLOURS", "SEABORN_THEME", "MAX_WIDTH", "MIN_FONT", "panel_grid",
            "legend_below", "count_colours", "legibility", "describe_network", "describe_task", "dataset_label"]
 
-PALETTE = "colorblind"
+PALETTE = "colorblind"  # seaborn's colour-blind-safe palette, whose colours follow
+PALETTE_COLOURS = ["#0173b2", "#de8f05", "#029e73", "#d55e00", "#cc78bc", "#ca9161", "#fbafe4", "#949494",
+                   "#ece133", "#56b4e9"]
+# seaborn's set_theme(style="ticks", palette=PALETTE, context="notebook") as matplotlib settings: importing
+# seaborn (and scipy.stats with it) cost every page about a second. tests/test_figures.py checks them against
+# seaborn's own. Left out: seaborn's default colour map ("rocket", which only importing seaborn registers);
+# every image of the book names its colour map.
+SEABORN_THEME = {
+    "axes.axisbelow": True, "axes.edgecolor": ".15", "axes.labelcolor": ".15", "axes.labelsize": 12.0,
+    "axes.linewidth": 1.25, "axes.titlesize": 12.0, "font.size": 12.0,
+    "font.sans-serif": ["Arial", "DejaVu Sans", "Liberation Sans", "Bitstream Vera Sans", "sans-serif"],
+    "grid.color": ".8", "grid.linewidth": 1.0, "legend.fontsize": 11.0, "legend.title_fontsize": 12.0,
+    "lines.solid_capstyle": "round", "patch.edgecolor": "w", "patch.force_edgecolor": True, "text.color": ".15",
+    **{f"{axis}.{key}": value for axis in ("xtick", "ytick") for key, value in (
+        ("color", ".15"), ("labelsize", 11.0), ("major.size", 6.0), ("major.width", 1.25), ("minor.size", 4.0),
+        ("minor.width", 1.0))},
+}
 # A figure is shown in the page's column (about 750 px wide, drawn at 100 px per inch): drawn no wider
 # than MAX_WIDTH inches with no text below MIN_FONT points, no text is shown below about 9 px.
 MAX_WIDTH = 9.5  # inches
@@ -19,14 +35,13 @@ MIN_FONT = 10  # points; seaborn's "notebook" context (use_style) draws 11-12 pt
 
 
 def use_style():
-    """Seaborn's ticks style with the colour-blind-safe palette; call once per notebook.
+    """Seaborn's ticks style with the colour-blind-safe palette (SEABORN_THEME); call once per notebook.
 
     Seaborn's "notebook" context sets the font sizes (12 pt labels and titles, 11 pt ticks and
     legends); a figure passes a smaller `fontsize=` nowhere below MIN_FONT."""
     import matplotlib as mpl
-    import seaborn as sns
 
-    sns.set_theme(style="ticks", palette=PALETTE, context="notebook")
+    mpl.rcParams.update({**SEABORN_THEME, "axes.prop_cycle": mpl.cycler(color=PALETTE_COLOURS)})
     # the written PNG is the one the page shows (save_figure), so it is drawn at the screen's 100 px per inch
     mpl.rcParams.update({"figure.dpi": 100, "savefig.dpi": "figure", "axes.grid": True, "grid.alpha": 0.3,
                          "svg.hashsalt": "lowrank", "svg.fonttype": "none"})
