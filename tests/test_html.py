@@ -19,6 +19,7 @@ import shutil
 import threading
 from collections import Counter
 from pathlib import Path
+from typing import Any, NamedTuple
 from urllib.parse import unquote, urljoin, urlparse
 
 import nbformat
@@ -103,6 +104,23 @@ def _open(browser, server, page, viewport=DESKTOP):
     return tab, outside, errors
 
 
+class Loaded(NamedTuple):
+    page: str
+    tab: Any
+    outside: list  # requests off the local server, aborted
+    errors: list  # JavaScript errors
+
+
+@pytest.fixture(scope="module")
+def desktop(request, server, browser):
+    """Page `request.param` loaded once at DESKTOP size for every check that only reads it: the fixture is
+    module-scoped and parametrized, so pytest runs the checks of one page one after another on one tab
+    (loading a page and typesetting its math takes seconds; the per-page checks would load it four times)."""
+    tab, outside, errors = _open(browser, server, request.param)
+    yield Loaded(request.param, tab, outside, errors)
+    tab.context.close()
+
+
 _CHECK_JS = """() => {
   const main = document.querySelector('main') || document.body;
   const imgs = [...(document.querySelector('article') || main).querySelectorAll('img')];
@@ -122,9 +140,9 @@ _CHECK_JS = """() => {
 }"""
 
 
-@pytest.mark.parametrize("page", _pages())
-def test_page_offline_figures_math_links(page, server, browser):
-    tab, outside, errors = _open(browser, server, page)
+@pytest.mark.parametrize("desktop", _pages(), indirect=True)
+def test_page_offline_figures_math_links(desktop, server):
+    page, tab, outside, errors = desktop
     info = tab.evaluate(_CHECK_JS)
     assert not errors, f"{page}: JavaScript errors {errors}"
     broken = [i["src"] for i in info["images"] if not i["ok"]]
@@ -158,7 +176,6 @@ def test_page_offline_figures_math_links(page, server, browser):
     if page in SHOTS:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         tab.screenshot(path=str(SCREENSHOTS / (page.replace("/", "__")[:-5] + ".png")), full_page=True)
-    tab.context.close()
 
 
 _VERDICT_JS = """() => {
@@ -172,9 +189,9 @@ _VERDICT_JS = """() => {
 }"""
 
 
-@pytest.mark.parametrize("page", [p for p in _pages() if _notebook(p)])
-def test_verdict_section_is_a_table_with_one_anchored_row_per_verdict(page, server, browser):
-    tab, _, _ = _open(browser, server, page)
+@pytest.mark.parametrize("desktop", [p for p in _pages() if _notebook(p)], indirect=True)
+def test_verdict_section_is_a_table_with_one_anchored_row_per_verdict(desktop):
+    page, tab = desktop.page, desktop.tab
     tables = tab.evaluate(_VERDICT_JS)
     glued = _glued(_notebook(page))
     assert tables is not None, f"{page}: no section with id 'verdict'"
@@ -190,7 +207,6 @@ def test_verdict_section_is_a_table_with_one_anchored_row_per_verdict(page, serv
     box_text = box.inner_text()
     assert f"lowrank run {_notebook(page)}" in box_text
     assert len(rules.parameter_specs(_notebook(page))) == box.locator(".rerun-parameter-table tbody tr").count()
-    tab.context.close()
 
 
 def test_ledger_summary_counts_equal_the_glued_verdicts(server, browser):
@@ -273,13 +289,22 @@ _LAYOUT_JS = """() => {
 }"""
 
 
-@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
+@pytest.mark.parametrize("desktop", _pages(), indirect=True)
+def test_pages_do_not_scroll_sideways_on_a_desktop(desktop):
+    _check_layout(desktop.page, desktop.tab, DESKTOP)
+
+
 @pytest.mark.parametrize("page", _pages())
-def test_pages_do_not_scroll_sideways_and_keep_a_readable_column(page, viewport, server, browser):
+def test_pages_do_not_scroll_sideways_and_keep_a_readable_column_on_a_phone(page, server, browser):
+    tab, _, _ = _open(browser, server, page, viewport=PHONE)
+    _check_layout(page, tab, PHONE)
+    tab.context.close()
+
+
+def _check_layout(page, tab, viewport):
     """Code blocks and wide tables scroll inside their own box; the page itself never does. On a phone
     a notebook page's paragraphs keep at least MIN_BODY px (margin notes join the flow) and its verdict
     tables read as cards."""
-    tab, _, _ = _open(browser, server, page, viewport=viewport)
     info = tab.evaluate(_LAYOUT_JS)
     width = info["scroll"]
     assert width[0] <= width[1] + 1, f"{page} scrolls sideways at {viewport['width']} px: {width}"
@@ -292,7 +317,6 @@ def test_pages_do_not_scroll_sideways_and_keep_a_readable_column(page, viewport,
     if page in SHOTS and viewport is PHONE:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         tab.screenshot(path=str(SCREENSHOTS / (page.replace("/", "__")[:-5] + "-phone.png")), full_page=True)
-    tab.context.close()
 
 
 _VERDICT_MATH_JS = """() => [...document.querySelectorAll('table.verdict-table tbody tr, table.ledger-table tbody tr')]
@@ -306,14 +330,13 @@ def _latex_verdicts() -> dict:
     return {k: v for n in build.book_notebooks() for k, v in _glued(n).items() if v.get("latex")}
 
 
-@pytest.mark.parametrize("page", ["book/ledger.html"] + [p for p in _pages() if _notebook(p)])
-def test_verdict_descriptions_render_their_math(page, server, browser):
+@pytest.mark.parametrize("desktop", ["book/ledger.html"] + [p for p in _pages() if _notebook(p)], indirect=True)
+def test_verdict_descriptions_render_their_math(desktop):
     """A verdict glued with `latex` shows it typeset by MathJax, in its page's table and in the ledger; no
     verdict table shows raw TeX. (Which verdicts carry `latex` is up to each page: this checks every one that does.)"""
     with_latex = _latex_verdicts()
-    tab, _, _ = _open(browser, server, page)
-    rows = tab.evaluate(_VERDICT_MATH_JS)
-    tab.context.close()
+    page = desktop.page
+    rows = desktop.tab.evaluate(_VERDICT_MATH_JS)
     assert rows, f"{page}: no verdict rows"
     raw = [r["id"] for r in rows if r["raw"]]
     assert not raw, f"{page}: verdict rows with raw TeX: {raw}"
