@@ -82,3 +82,11 @@ def test_bad_workers_is_a_one_line_error(bad):
     with pytest.raises(ValueError, match="workers"):
         parallel.check_workers(bad)
     assert parallel.check_workers(3) == 3
+
+
+def test_desc_shows_a_progress_bar_over_the_tasks_done(capsys):
+    assert parallel.map_tasks(abs, [-1, -2, -3], 1, desc="draws") == [1, 2, 3]
+    bar = capsys.readouterr().err
+    assert "draws" in bar and "3/3" in bar
+    parallel.map_tasks(abs, [-1, -2, -3], 1)
+    assert capsys.readouterr().err == ""  # no label, no bar

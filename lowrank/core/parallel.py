@@ -60,7 +60,7 @@ def _pool(workers: int):
     return pool
 
 
-def map_tasks(function: Callable, tasks: Iterable, workers: int = 1) -> list:
+def map_tasks(function: Callable, tasks: Iterable, workers: int = 1, desc: str | None = None) -> list:
     """`[function(task) for task in tasks]`, in this process (`workers=1`, or fewer than two tasks) or
     spread over `workers` spawned processes with one thread each; the results in the order of `tasks`.
 
@@ -69,11 +69,18 @@ def map_tasks(function: Callable, tasks: Iterable, workers: int = 1) -> list:
     function : a module-level function of one task (or a `functools.partial` of one): the workers import it.
     tasks : the tasks, each seeded by its own index or seed.
     workers : processes (a positive integer); 1 runs every task here, as a plain loop.
+    desc : the label of a progress bar over the tasks done (none without it).
     """
+    from tqdm.auto import tqdm
+
     check_workers(workers)
     tasks = list(tasks)
+
+    def progress(results):
+        return tqdm(results, total=len(tasks), desc=desc, disable=desc is None)
+
     if workers == 1 or len(tasks) < 2:
-        return [function(task) for task in tasks]
+        return [function(task) for task in progress(tasks)]
     # the workers start at the first submission, with one BLAS thread each and torch's CPU kernels of this
     # process (ATEN_CPU_CAPABILITY set since it started would otherwise give them other rounding)
     worker_env = {**_ONE_THREAD, _CPU_PATH: torch.backends.cpu.get_cpu_capability().lower()}
@@ -81,7 +88,7 @@ def map_tasks(function: Callable, tasks: Iterable, workers: int = 1) -> list:
     os.environ.update(worker_env)
     try:
         results = _pool(workers).map(function, tasks, chunksize=max(1, len(tasks) // (8 * workers)))
-        return list(results)
+        return list(progress(results))
     finally:
         for name, value in saved.items():
             if value is None:

@@ -222,7 +222,7 @@ def conv1d_sweep(configs, k: int, *, alpha: float = 0.0, outer: str = "random", 
     if shown - set(configs):
         raise ValueError(f"examples {sorted(shown - set(configs))} are not among configs")
     done = map_tasks(functools.partial(_sweep_point, k=k, alpha=alpha, outer=outer),
-                     [(c, c in shown) for c in configs], workers)
+                     [(c, c in shown) for c in configs], workers, desc="conv1d sweep")
     table = pd.DataFrame([row for row, _ in done])
     return table, {c: kept for c, (_, kept) in zip(configs, done) if kept is not None}
 

@@ -32,7 +32,7 @@ from lowrank.core.validation import as_tensor, check_choice
 from lowrank.core.data import SpikedData, spiked_gaussian, triple_index_target
 from lowrank.core.nets import activation as get_activation
 from lowrank.core.nets import gamma_m, outer_weights, weight_structure
-from lowrank.core.spectral import alignment, count_outliers, singular_values, top_singular, top_singular_of_product
+from lowrank.core.spectral import alignment, count_outliers, singular_values, top_singular_of_product
 
 __all__ = [
     "Loss",

@@ -212,7 +212,7 @@ def size_sweep(ds, *, n_ratio: float, m_ratio: float, nus, activations, repeats:
     configs += [(True, *c) for c in itertools.product([control_nu], activations, ds, range(control_repeats))]
     rows = map_tasks(functools.partial(_size_point, n_ratio=n_ratio, m_ratio=m_ratio, alpha=alpha, loss=loss,
                                        weights=weights, scaling=scaling, target_link=target_link, seed=seed),
-                     configs, workers)
+                     configs, workers, desc="size sweep")
     return pd.DataFrame(rows)
 
 

@@ -121,7 +121,7 @@ def rank_one_draws(n: int, d: int, m: int, *, alpha: float, nu: float, activatio
     done = map_tasks(functools.partial(_draw, n=n, d=d, m=m, alpha=alpha, nu=nu, scaling=scaling, loss=loss,
                                        target_link=target_link, trained_steps=trained_steps,
                                        trained_lr_factor=trained_lr_factor, collapse_threshold=collapse_threshold,
-                                       seed=seed), configs, workers)
+                                       seed=seed), configs, workers, desc="rank-one draws")
     spectra = {(act, w): s for (act, w, _), (_, s, _) in zip(configs, done) if s is not None}
     return RankOneDraws(pd.DataFrame([row for row, _, _ in done]), spectra,
                         pd.DataFrame([step for _, _, steps in done for step in steps],

@@ -91,7 +91,7 @@ def initial_alignment_table(n: int, d: int, m: int, *, repeats: int, activation:
     check_workers(workers)
     draws = map_tasks(functools.partial(_initial_draw, n=n, d=d, m=m, scalings=tuple(scalings), activation=activation,
                                        noise_std=noise_std, seed=seed, product_precision=product_precision),
-                     range(repeats), workers)
+                     range(repeats), workers, desc="initial draws")
     return pd.DataFrame([{"scaling": sc, "repeat": k, **draws[k][sc]}
                          for sc, k in itertools.product(scalings, range(repeats))])
 
@@ -138,7 +138,7 @@ def scaling_runs(n: int, d: int, m: int, *, repeats: int, activation: str, steps
     done = map_tasks(functools.partial(_scaling_run, n=n, d=d, m=m, activation=activation, steps=steps,
                                       snapshot_every=snapshot_every, lr_factor=lr_factor, normalization=normalization,
                                       noise_std=noise_std, seed=seed, product_precision=product_precision),
-                    tasks, workers)
+                    tasks, workers, desc="scaling runs")
     runs = dict(zip(tasks, done))
     # the angles are tasks too (a few hundred ms each at the paper's sizes): the two scalings' W at each
     # common snapshot of each draw, then each run's last W against its W_0
@@ -146,7 +146,7 @@ def scaling_runs(n: int, d: int, m: int, *, repeats: int, activation: str, steps
                for t in sorted(set(runs[k, scalings[0]].W) & set(runs[k, scalings[1]].W))]
     pairs = [({t: runs[k, scalings[0]].W[t]}, {t: runs[k, scalings[1]].W[t]}) for k, t in between]
     pairs += [(runs[task].W[0], runs[task].W[max(runs[task].W)]) for task in tasks]
-    found = map_tasks(_angles, pairs, workers)
+    found = map_tasks(_angles, pairs, workers, desc="principal angles")
     angles = [rows.assign(repeat=k) for (k, _), rows in zip(between, found)]
     moved = [{"scaling": sc, "repeat": k, "step": max(runs[k, sc].W), **row}
              for (k, sc), row in zip(tasks, found[len(between):])]
@@ -206,7 +206,7 @@ def spike_size_runs(n: int, d: int, m: int, *, nus: Sequence[float], repeats: in
     done = map_tasks(functools.partial(_spike_run, n=n, d=d, m=m, activation=activation, steps=steps,
                                       lr_factor=lr_factor, normalization=normalization, noise_std=noise_std,
                                       seed=seed, scaling=scaling, product_precision=product_precision),
-                    tasks, workers)
+                    tasks, workers, desc="spike-size runs")
     traces = [run.trace.assign(nu=nu, repeat=k) for (nu, k), (run, _) in zip(tasks, done)]
     spike_free = [{"nu": nu, "repeat": k, "lead": lead} for (nu, k), (_, lead) in zip(tasks, done)]
     return SpikeRuns(pd.concat(traces, ignore_index=True), pd.DataFrame(spike_free))

@@ -365,7 +365,7 @@ def weight_decay_sweep(n: int, d: int, m: int, *, nus, seeds, alpha: float, acti
     check_workers(workers)
     done = map_tasks(functools.partial(_weight_decay_problem, n=n, d=d, m=m, alpha=alpha, activation=activation,
                                        scaling=scaling, lambdas=list(lambdas)),
-                     list(itertools.product(nus, seeds)), workers)
+                     list(itertools.product(nus, seeds)), workers, desc="weight-decay problems")
     return pd.DataFrame([row for rows, _ in done for row in rows]), pd.DataFrame([problem for _, problem in done])
 
 
@@ -443,7 +443,7 @@ def input_noise_sweep(n: int, d: int, m: int, *, nu: float, alpha: float, activa
     seeds = list(seeds)
     tasks = [(seed, tau2, seed == seeds[0]) for seed, tau2 in itertools.product(seeds, sorted(tau2s))]
     done = map_tasks(functools.partial(_noise_problem, n=n, d=d, m=m, nu=nu, alpha=alpha, activation=activation,
-                                       scaling=scaling), tasks, workers)
+                                       scaling=scaling), tasks, workers, desc="input-noise problems")
     spectra = {tau2: kept for (_, tau2, _), (_, kept) in zip(tasks, done) if kept is not None}
     return pd.DataFrame([row for row, _ in done]), spectra
 
@@ -484,7 +484,7 @@ def jacobian_penalty_sweep(n: int, d: int, m: int, *, nu: float, alpha: float, a
     seeds = list(seeds)
     done = map_tasks(functools.partial(_jacobian_seed, n=n, d=d, m=m, nu=nu, alpha=alpha, activation=activation,
                                        scaling=scaling, lambdas=list(lambdas)),
-                     [(seed, seed == seeds[0]) for seed in seeds], workers)
+                     [(seed, seed == seeds[0]) for seed in seeds], workers, desc="Jacobian-penalty seeds")
     rows = [row for seed_rows, _, _ in done for row in seed_rows]
     spectra = next((kept for _, kept, _ in done if kept is not None), {})
     balance = pd.DataFrame([at_balance for _, _, at_balance in done])
@@ -527,7 +527,7 @@ def jacobian_residue_shares(n: int, d: int, m: int, *, nu: float, alpha: float, 
     check_workers(workers)
     done = map_tasks(functools.partial(_residue_shares_seed, n=n, d=d, m=m, nu=nu, alpha=alpha,
                                        activation=activation, scaling=scaling, lambdas=list(lambdas)),
-                     list(seeds), workers)
+                     list(seeds), workers, desc="residue-share seeds")
     return pd.DataFrame([row for rows in done for row in rows])
 
 

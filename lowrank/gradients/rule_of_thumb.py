@@ -243,7 +243,7 @@ def phase_grid(n: int, d: int, m: int, *, nus, alphas, seeds, activation: str, s
         raise ValueError(f"spectrum_top must be a positive integer, got {spectrum_top!r}")
     cells = list(itertools.product(nus, alphas, seeds))
     rows = map_tasks(functools.partial(_phase_cell, n=n, d=d, m=m, activation=activation, scaling=scaling, gap=gap,
-                                       min_ratio=min_ratio, spectrum_top=spectrum_top), cells, workers)
+                                       min_ratio=min_ratio, spectrum_top=spectrum_top), cells, workers, desc="phase cells")
     return pd.DataFrame(rows).drop(columns="label")
 
 
