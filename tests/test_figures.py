@@ -24,6 +24,33 @@ def test_figures_fit_the_page_column(name, executed_notebooks):
     assert not bad, f"{name}: figures not legible in the page column: {bad}"
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_no_figure_draws_text_over_text(name, executed_notebooks):
+    """save_figure warns when two labels overlap (plotting.text_overlaps); no executed page shows the warning."""
+    nb = executed_notebooks[name]
+    shown = [o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+             if plotting.OVERLAP_WARNING in str(o.get("text", ""))]
+    assert not shown, f"{name}: {shown}"
+
+
+def test_text_overlaps_finds_two_labels_drawn_over_each_other(tmp_path, monkeypatch):
+    plotting.use_style()
+    fig, axes = plt.subplots(2, 1, figsize=(4, 3), layout="constrained")
+    axes[0].set_ylabel("a label much longer than its panel is high")
+    axes[1].set_ylabel("a second label, also too long")
+    axes[1].set_xlabel("x")
+    with pytest.warns(UserWarning, match=plotting.OVERLAP_WARNING):
+        _save(fig, tmp_path, monkeypatch)
+    assert plotting.text_overlaps(fig) == [("a label much longer than its panel is high", "a second label, also too long")]
+    fig, axes = plt.subplots(2, 1, figsize=(4, 3), layout="constrained")
+    axes[0].set_ylabel("short")
+    axes[1].set_ylabel("also short")
+    axes[0].legend(handles=axes[0].plot([0, 1], [0, 1], label="a line"))
+    fig.canvas.draw()
+    assert plotting.text_overlaps(fig) == []
+    plt.close("all")
+
+
 def _save(fig, tmp_path, monkeypatch, stem="f"):
     import pandas as pd
 

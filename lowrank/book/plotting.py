@@ -8,7 +8,7 @@ from pathlib import Path
 
 from lowrank.core.io import write_atomically
 
-__all__ = ["use_style", "figure_dir", "save_figure", "PALETTE", "PALETTE_COLOURS", "SEABORN_THEME", "MAX_WIDTH", "MIN_FONT", "panel_grid",
+__all__ = ["use_style", "figure_dir", "save_figure", "text_overlaps", "OVERLAP_WARNING", "PALETTE", "PALETTE_COLOURS", "SEABORN_THEME", "MAX_WIDTH", "MIN_FONT", "panel_grid",
            "legend_below", "count_colours", "legibility", "describe_network", "describe_task", "dataset_label"]
 
 PALETTE = "colorblind"  # seaborn's colour-blind-safe palette, whose colours follow
@@ -77,6 +77,12 @@ def save_figure(fig, stem: str, data) -> None:
     png = io.BytesIO()
     fig.savefig(png, format="png", bbox_inches="tight")
     write_atomically(paths["png"], png.getvalue())
+    overlaps = text_overlaps(fig)
+    if overlaps:  # tests/test_figures.py finds this warning in any executed notebook
+        import warnings
+
+        warnings.warn(f"figure {stem!r}: {OVERLAP_WARNING}: " + "; ".join(f"{a!r} and {b!r}" for a, b in overlaps),
+                      stacklevel=2)
     # the SVG keeps the PNG's layout: solving the constrained layout again costs a quarter of a figure's time
     engine = fig.get_layout_engine()
     fig.set_layout_engine("none")
@@ -126,6 +132,7 @@ def rank_and_accuracy_curves(avg, *, panel: str, panel_values, colour: str, colo
     """
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.ticker import MaxNLocator
 
     colours = dict(zip(colour_values, plt.get_cmap(cmap)(np.linspace(0, 0.9, len(colour_values)))))
     # at most ~9.5 in wide (a page's width), whatever the number of panels
@@ -141,6 +148,7 @@ def rank_and_accuracy_curves(avg, *, panel: str, panel_values, colour: str, colo
             axes[1, j].plot(run["epoch"], run["test_acc"], color=colours[c], ls="--")
         axes[0, j].set_title(panel_title(p), fontsize=10)
         axes[1, j].set_xlabel("epoch")
+        axes[1, j].xaxis.set_major_locator(MaxNLocator(integer=True))  # whole epochs
     axes[0, 0].set_ylabel(rank_label)
     axes[1, 0].set_ylabel("accuracy (test dashed)")
     axes[0, 0].legend(fontsize=10, loc="best")
@@ -204,6 +212,24 @@ def count_colours(values, cmap: str = "viridis") -> dict:
     top = int(arr.max())
     colours = plt.get_cmap(cmap, top + 1)
     return {k: colours(k) for k in range(top + 1)}
+
+
+OVERLAP_WARNING = "text drawn over other text"
+
+
+def text_overlaps(fig, min_px: float = 1.0) -> list[tuple[str, str]]:
+    """The pairs of texts of a drawn figure whose boxes overlap by more than `min_px` pixels both ways:
+    axis labels, titles, legend entries and annotations (tick labels aside, which matplotlib spaces itself);
+    a label printed over another cannot be read."""
+    from matplotlib.text import Text
+
+    ticks = {label for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
+             for tick in axis.get_major_ticks() + axis.get_minor_ticks() for label in (tick.label1, tick.label2)}
+    boxes = [(t.get_text(), t.get_window_extent()) for t in fig.findobj(Text)
+             if t.get_visible() and t.get_text().strip() and t not in ticks]
+    return [(a, b) for i, (a, box_a) in enumerate(boxes) for b, box_b in boxes[i + 1:]
+            if min(box_a.x1, box_b.x1) - max(box_a.x0, box_b.x0) > min_px
+            and min(box_a.y1, box_b.y1) - max(box_a.y0, box_b.y0) > min_px]
 
 
 def legibility(svg) -> dict:
