@@ -7,6 +7,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+import nbformat  # noqa: E402
 import pytest  # noqa: E402
 
 from lowrank.book import build, pages, plotting  # noqa: E402
@@ -27,7 +28,7 @@ def test_figures_fit_the_page_column(name, executed_notebooks):
 @pytest.mark.parametrize("name", NAMES)
 def test_no_figure_draws_text_over_text(name, executed_notebooks):
     """save_figure warns when two labels overlap (plotting.text_overlaps); no executed page shows the warning."""
-    nb = executed_notebooks[name]
+    nb = nbformat.read(executed_notebooks[name], as_version=4)
     shown = [o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
              if plotting.OVERLAP_WARNING in str(o.get("text", ""))]
     assert not shown, f"{name}: {shown}"
