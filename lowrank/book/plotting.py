@@ -8,8 +8,9 @@ from pathlib import Path
 
 from lowrank.core.io import write_atomically
 
-__all__ = ["use_style", "figure_dir", "save_figure", "text_overlaps", "OVERLAP_WARNING", "PALETTE", "PALETTE_COLOURS", "SEABORN_THEME", "MAX_WIDTH", "MIN_FONT", "panel_grid",
-           "legend_below", "count_colours", "legibility", "describe_network", "describe_task", "dataset_label"]
+__all__ = ["use_style", "figure_dir", "save_figure", "text_overlaps", "OVERLAP_WARNING", "PALETTE", "PALETTE_COLOURS",
+           "SEABORN_THEME", "MAX_WIDTH", "MIN_FONT", "panel_grid", "legend_below", "count_colours", "legibility",
+           "describe_network", "describe_task", "dataset_label"]
 
 PALETTE = "colorblind"  # seaborn's colour-blind-safe palette, whose colours follow
 PALETTE_COLOURS = ["#0173b2", "#de8f05", "#029e73", "#d55e00", "#cc78bc", "#ca9161", "#fbafe4", "#949494",
