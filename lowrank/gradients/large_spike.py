@@ -23,7 +23,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from lowrank.core.parallel import check_workers, map_tasks
+from lowrank.core.parallel import map_tasks
 from lowrank.core.validation import check_positive
 from lowrank.gradients.decomposition import SpikedProblem, spiked_problem
 from lowrank.gradients.dynamics import rank_one_statistics, train_weight_normalized, weight_angles
@@ -116,7 +116,6 @@ def rank_one_draws(n: int, d: int, m: int, *, alpha: float, nu: float, activatio
 
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
-    check_workers(workers)
     configs = list(itertools.product(activations, weights, range(repeats)))
     done = map_tasks(functools.partial(_draw, n=n, d=d, m=m, alpha=alpha, nu=nu, scaling=scaling, loss=loss,
                                        target_link=target_link, trained_steps=trained_steps,

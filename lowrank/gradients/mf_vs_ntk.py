@@ -88,7 +88,6 @@ def initial_alignment_table(n: int, d: int, m: int, *, repeats: int, activation:
     import pandas as pd
 
     _check_repeats(repeats)
-    check_workers(workers)
     draws = map_tasks(functools.partial(_initial_draw, n=n, d=d, m=m, scalings=tuple(scalings), activation=activation,
                                        noise_std=noise_std, seed=seed, product_precision=product_precision),
                      range(repeats), workers, desc="initial draws")
@@ -133,7 +132,6 @@ def scaling_runs(n: int, d: int, m: int, *, repeats: int, activation: str, steps
     _check_repeats(repeats)
     if not isinstance(snapshot_every, int) or snapshot_every < 1:
         raise ValueError(f"snapshot_every must be a positive integer, got {snapshot_every!r}")
-    check_workers(workers)
     tasks = list(itertools.product(range(repeats), scalings))
     done = map_tasks(functools.partial(_scaling_run, n=n, d=d, m=m, activation=activation, steps=steps,
                                       snapshot_every=snapshot_every, lr_factor=lr_factor, normalization=normalization,

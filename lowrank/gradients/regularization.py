@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from lowrank.core.parallel import check_workers, map_tasks
+from lowrank.core.parallel import map_tasks
 from lowrank.core.validation import as_tensor, check_positive
 from lowrank.core.data import SpikedData, generator
 from lowrank.core.nets import activation as get_activation
@@ -362,7 +362,6 @@ def weight_decay_sweep(n: int, d: int, m: int, *, nus, seeds, alpha: float, acti
     problems (`lowrank.core.parallel.map_tasks`); each is seeded by its own seed, so the tables do not
     depend on it.
     """
-    check_workers(workers)
     done = map_tasks(functools.partial(_weight_decay_problem, n=n, d=d, m=m, alpha=alpha, activation=activation,
                                        scaling=scaling, lambdas=list(lambdas)),
                      list(itertools.product(nus, seeds)), workers, desc="weight-decay problems")
@@ -439,7 +438,6 @@ def input_noise_sweep(n: int, d: int, m: int, *, nu: float, alpha: float, activa
     (seed, tau2) problems (`lowrank.core.parallel.map_tasks`); each is seeded by its own seed, so the
     tables do not depend on it.
     """
-    check_workers(workers)
     seeds = list(seeds)
     tasks = [(seed, tau2, seed == seeds[0]) for seed, tau2 in itertools.product(seeds, sorted(tau2s))]
     done = map_tasks(functools.partial(_noise_problem, n=n, d=d, m=m, nu=nu, alpha=alpha, activation=activation,
@@ -480,7 +478,6 @@ def jacobian_penalty_sweep(n: int, d: int, m: int, *, nu: float, alpha: float, a
     the penalty and by the penalty without its spike S3 (`misalignment_closed`). workers : processes
     for the seeds (`lowrank.core.parallel.map_tasks`); the tables do not depend on it.
     """
-    check_workers(workers)
     seeds = list(seeds)
     done = map_tasks(functools.partial(_jacobian_seed, n=n, d=d, m=m, nu=nu, alpha=alpha, activation=activation,
                                        scaling=scaling, lambdas=list(lambdas)),
@@ -524,7 +521,6 @@ def jacobian_residue_shares(n: int, d: int, m: int, *, nu: float, alpha: float, 
     """The residue spike's share `residue_in_top2` (and `label`) of `G(0) + lambda G_reg(1)` for every
     seed and lambda (`G_reg` is linear in lambda): Prop. 4.4's case nu > 1/2 + alpha/2. workers :
     processes for the seeds (`lowrank.core.parallel.map_tasks`); the table does not depend on it."""
-    check_workers(workers)
     done = map_tasks(functools.partial(_residue_shares_seed, n=n, d=d, m=m, nu=nu, alpha=alpha,
                                        activation=activation, scaling=scaling, lambdas=list(lambdas)),
                      list(seeds), workers, desc="residue-share seeds")
