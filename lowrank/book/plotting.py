@@ -84,7 +84,7 @@ def save_figure(fig, stem: str, data) -> None:
 
         warnings.warn(f"figure {stem!r}: {OVERLAP_WARNING}: " + "; ".join(f"{a!r} and {b!r}" for a, b in overlaps),
                       stacklevel=2)
-    # the SVG keeps the PNG's layout: solving the constrained layout again costs a quarter of a figure's time
+    # the SVG keeps the PNG's layout: the constrained layout is not solved a second time
     engine = fig.get_layout_engine()
     fig.set_layout_engine("none")
     try:
