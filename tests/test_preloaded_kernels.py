@@ -16,6 +16,7 @@ from lowrank.book.preloaded_kernels import PreloadedKernels, ServerFailed
 
 pytestmark = pytest.mark.slow
 FIXTURES = Path(__file__).parent / "fixtures" / "notebooks"
+NOTHING = ()  # a server that imports nothing in advance starts in a fraction of a second: for the mechanism
 
 
 @pytest.fixture
@@ -67,12 +68,14 @@ def test_a_forked_kernel_has_the_state_of_an_ordinary_kernel(fixtures, tmp_path,
     assert forked_figure == ordinary_figure == [["image/png", "text/plain"]]  # the inline backend works
 
 
-def test_a_page_computes_bit_for_bit_what_it_computes_in_an_ordinary_kernel(tmp_path):
+def test_a_page_computes_bit_for_bit_what_it_computes_in_an_ordinary_kernel(tmp_path, monkeypatch):
     """A real page, forked after another kernel and in an ordinary kernel: its verdicts, figure data and
     SVGs (but their time stamps) identical to the last bit."""
     name = "gradients/real_data"
     with PreloadedKernels() as kernels:
-        notebooks.execute("gradients/scaling", tmp_path / "before.ipynb", figure_dir=tmp_path / "before", kernels=kernels)
+        with monkeypatch.context() as m:
+            m.setattr(notebooks, "NOTEBOOK_ROOT", FIXTURES)
+            notebooks.execute("fixture/kernel_state", tmp_path / "before.ipynb", kernels=kernels)
         forked = notebooks.execute(name, tmp_path / "forked.ipynb", figure_dir=tmp_path / "forked", kernels=kernels)
     ordinary = notebooks.execute(name, tmp_path / "ordinary.ipynb", figure_dir=tmp_path / "ordinary")
     assert forked == ordinary and forked
@@ -88,7 +91,7 @@ def test_a_page_computes_bit_for_bit_what_it_computes_in_an_ordinary_kernel(tmp_
 def test_another_environment_gets_an_ordinary_kernel(fixtures, tmp_path, monkeypatch, capfd):
     """What the server imported was imported in its own environment: a kernel asked for in another
     one (here a variable more) is not forked, and says why."""
-    with PreloadedKernels() as kernels:
+    with PreloadedKernels(NOTHING) as kernels:
         monkeypatch.setenv("LOWRANK_TEST_ONLY", "1")
         notebooks.execute("fixture/kernel_state", tmp_path / "out.ipynb", kernels=kernels)
     state, _ = _state(tmp_path / "out.ipynb")
@@ -97,10 +100,10 @@ def test_another_environment_gets_an_ordinary_kernel(fixtures, tmp_path, monkeyp
 
 
 def test_a_gone_server_gives_an_ordinary_kernel(fixtures, tmp_path):
-    server = PreloadedKernels()
+    server = PreloadedKernels(NOTHING)
     server.close()
     notebooks.execute("fixture/kernel_state", tmp_path / "out.ipynb", kernels=server)
-    assert not _state(tmp_path / "out.ipynb")[0]["preloaded"]
+    assert _state(tmp_path / "out.ipynb")[0]["ppid"] == os.getpid()  # started by jupyter_client, not forked
 
 
 async def _kernel_session(kernels, work):
@@ -155,14 +158,14 @@ def test_interrupt_kill_and_shutdown_reach_the_forked_kernel():
         await manager.shutdown_kernel()  # a shutdown request: the kernel exits, then its client
         assert process.poll() == 0 and not _alive(kernel)
 
-    with PreloadedKernels() as kernels:
+    with PreloadedKernels(NOTHING) as kernels:
         asyncio.run(_kernel_session(kernels, work))
         asyncio.run(_kernel_session(kernels, polite))  # the server still serves after a kill
 
 
 
 def test_closing_the_server_kills_its_kernels_and_removes_its_socket():
-    kernels = PreloadedKernels()
+    kernels = PreloadedKernels(NOTHING)
 
     async def work(manager, client):
         kernel = (await _run(client, "pass"))["pid"]
@@ -199,10 +202,10 @@ def test_a_bad_request_is_refused_and_the_server_serves_on(fixtures, tmp_path):
         conn.close()
         return reply
 
-    with PreloadedKernels() as kernels:
+    with PreloadedKernels(NOTHING) as kernels:
         assert "without standard streams" in ask(b"{}")["refused"]
         assert "over 65536 bytes" in ask(b"x" * 70_000, [0, 1, 2])["refused"]
         assert "unreadable" in ask(b"not json", [0, 1, 2])["refused"]
         assert "not an ipykernel command" in ask(json.dumps({"argv": ["sh"], "cwd": "/", "env": {}}).encode(), [0, 1, 2])["refused"]
         notebooks.execute("fixture/kernel_state", tmp_path / "out.ipynb", kernels=kernels)
-        assert _state(tmp_path / "out.ipynb")[0]["preloaded"]
+        assert _state(tmp_path / "out.ipynb")[0]["ppid"] == kernels.process.pid  # forked
