@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -32,14 +31,6 @@ def _state(path: Path) -> tuple[dict, list]:
     code = [c for c in nb.cells if c.cell_type == "code"]
     text = "".join(o.get("text", "") for o in code[-2].outputs if o.output_type == "stream")
     return json.loads(text), [sorted(o.get("data", {})) for o in code[-1].outputs]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return not Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
 
 
 def test_a_forked_kernel_has_the_state_of_an_ordinary_kernel(fixtures, tmp_path, monkeypatch):
@@ -135,28 +126,26 @@ async def _run(client, code: str, timeout: float = 60) -> dict:
 
 def test_interrupt_kill_and_shutdown_reach_the_forked_kernel():
     async def work(manager, client):
-        started = time.monotonic()
-        task = asyncio.ensure_future(_run(client, "import time; time.sleep(60)"))
+        task = asyncio.ensure_future(_run(client, "import time; time.sleep(600)"))  # _run waits 60 s at most
         await asyncio.sleep(2)
         await manager.interrupt_kernel()  # a signal to the client, relayed
         reply = await task
         assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
-        assert time.monotonic() - started < 30
         kernel = reply["pid"]
-        assert kernel != manager.provisioner.process.pid and _alive(kernel)
+        assert kernel != manager.provisioner.process.pid and notebooks._alive(kernel)
         assert (await _run(client, "x = 1"))["status"] == "ok"  # it lives on
         await manager.shutdown_kernel(now=True)  # SIGKILL to the client: the server kills the kernel
         for _ in range(100):
-            if not _alive(kernel):
+            if not notebooks._alive(kernel):
                 break
             await asyncio.sleep(0.1)
-        assert not _alive(kernel)
+        assert not notebooks._alive(kernel)
 
     async def polite(manager, client):
         kernel = (await _run(client, "pass"))["pid"]
         process = manager.provisioner.process
         await manager.shutdown_kernel()  # a shutdown request: the kernel exits, then its client
-        assert process.poll() == 0 and not _alive(kernel)
+        assert process.poll() == 0 and not notebooks._alive(kernel)
 
     with PreloadedKernels(NOTHING) as kernels:
         asyncio.run(_kernel_session(kernels, work))
@@ -171,10 +160,10 @@ def test_closing_the_server_kills_its_kernels_and_removes_its_socket():
         kernel = (await _run(client, "pass"))["pid"]
         kernels.close()
         for _ in range(100):
-            if not _alive(kernel):
+            if not notebooks._alive(kernel):
                 break
             await asyncio.sleep(0.1)
-        assert not _alive(kernel) and not kernels.folder.exists()
+        assert not notebooks._alive(kernel) and not kernels.folder.exists()
         await manager.shutdown_kernel(now=True)
 
     asyncio.run(_kernel_session(kernels, work))

@@ -47,7 +47,7 @@ PRELOAD = ("ipykernel.kernelapp", "ipykernel.ipkernel", "numpy", "torch", "scipy
            "pandas", "matplotlib.pyplot")
 # environment variables that may differ between the server and a kernel: read when used, not at import
 PER_KERNEL = frozenset({"LOWRANK_FIGURE_DIR", "LOWRANK_FIGURE_URL", "JPY_PARENT_PID", "JPY_SESSION_NAME",
-                        "COLUMNS", "LINES", "PYTEST_CURRENT_TEST"})
+                        "COLUMNS", "LINES"})
 # what ipykernel sets in each kernel before a page imports matplotlib, which reads it at import
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 CLIENT = Path(__file__).with_name("kernel_client.py")
