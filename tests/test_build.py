@@ -88,7 +88,7 @@ def test_a_figure_the_notebook_no_longer_draws_does_not_linger(tmp_path, monkeyp
     monkeypatch.setattr(pages, "EXECUTED", tmp_path / "executed")
     monkeypatch.setattr(build, "execute", fake_execute)
     for _ in range(2):
-        build._execute_one(NB, "key")
+        build._execute_one(NB, "key", 1)
     assert sorted(p.name for p in (tmp_path / "figures" / NB).iterdir()) == ["new_name.svg"]
 
 

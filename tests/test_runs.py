@@ -238,7 +238,7 @@ def test_kernels_start_without_the_tcp_warning(tmp_path, monkeypatch, capfd):
     monkeypatch.setattr(notebooks, "NOTEBOOK_ROOT", Path(__file__).parent / "fixtures" / "notebooks")
     notebooks.execute("fixture/tiny", tmp_path / "ipc.ipynb")
     assert "without encryption" not in capfd.readouterr().err
-    monkeypatch.setattr(notebooks, "_kernel_manager_class", lambda prefix, kernels=None: AsyncKernelManager)
+    monkeypatch.setattr(notebooks, "_kernel_manager_class", lambda prefix: AsyncKernelManager)
     notebooks.execute("fixture/tiny", tmp_path / "tcp.ipynb")
     assert "without encryption" in capfd.readouterr().err
 

@@ -41,35 +41,17 @@ def is_current(name: str) -> bool:
     return executed_path(name).is_file() and kp.is_file() and kp.read_text() == execution_key(name)
 
 
-_KERNELS = None  # this build worker's server of preloaded kernels (`_start_worker`)
-
-
-def _start_worker(threads: int) -> None:
-    """A build worker: the environment its kernels inherit, then its server of preloaded kernels."""
-    global _KERNELS
-    from multiprocessing.util import Finalize
-
+def _execute_one(name: str, key: str, threads: int) -> tuple[str, float]:
     from lowrank.book import goldens, verdicts
-    from lowrank.book.preloaded_kernels import PreloadedKernels, ServerFailed
 
-    os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by the kernel
     if goldens.GOLDEN.is_file():  # the ci book reports the recorded instability
         os.environ[verdicts.STABILITY_ENV] = str(goldens.GOLDEN)
-    try:
-        _KERNELS = PreloadedKernels()
-    except ServerFailed as err:
-        print(f"kernels start without preloaded libraries: {err}", flush=True)
-        return
-    Finalize(_KERNELS, _KERNELS.close, exitpriority=10)  # a pool's worker ends without atexit
-
-
-def _execute_one(name: str, key: str) -> tuple[str, float]:
     start = time.time()
     _key_path(name).unlink(missing_ok=True)
     shutil.rmtree(pages.FIGURES / name, ignore_errors=True)  # a figure the notebook no longer draws must not linger
     # pages are notebooks/<part>/<name>.html; figures are published in figures/<part>/<name>/
-    execute(name, executed_path(name), figure_dir=pages.FIGURES / name, figure_url=f"../../figures/{name}",
-            kernels=_KERNELS)
+    execute(name, executed_path(name), figure_dir=pages.FIGURES / name, figure_url=f"../../figures/{name}")
     _key_path(name).write_text(key)
     return name, time.time() - start
 
@@ -95,8 +77,8 @@ def _execute_stale(names, jobs: int, force: bool) -> dict:
     threads = max(1, (os.cpu_count() or 1) // jobs)
     print(f"executing {len(todo)} of {len(names)} notebooks, {jobs} at a time", flush=True)
     failures = {}
-    with ProcessPoolExecutor(max_workers=jobs, initializer=_start_worker, initargs=(threads,)) as pool:
-        futures = {pool.submit(_execute_one, n, execution_key(n)): n for n in todo}
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(_execute_one, n, execution_key(n), threads): n for n in todo}
         for i, fut in enumerate(as_completed(futures), 1):
             name = futures[fut]
             try:

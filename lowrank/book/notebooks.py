@@ -293,14 +293,13 @@ def check_temporary_folder() -> None:
         raise InputError(f"the temporary folder {tmp} (TMPDIR) is not a writable folder")
 
 
-def _kernel_manager_class(prefix: Path, kernels=None):
+def _kernel_manager_class(prefix: Path):
     """jupyter_client's kernel manager with the kernel's sockets on local IPC (Unix sockets, readable
     by this user only) instead of TCP on localhost: the kernel then has no reason to warn "Kernel is
     running over TCP without encryption" at every start. Each kernel's files get names of their
     own (`prefix`, see `kernel_file_prefix`): jupyter_client's default ("kernel-ipc-N" in the working
     folder) makes two kernels started at once in the same folder pick the same sockets. Where the
-    socket paths would not fit (`ipc_fits`: a deep temporary folder), TCP on localhost. With `kernels`
-    (a running `preloaded_kernels.PreloadedKernels`), the kernel is forked from its server."""
+    socket paths would not fit (`ipc_fits`: a deep temporary folder), TCP on localhost."""
     from jupyter_client import AsyncKernelManager
     from traitlets import default
 
@@ -322,10 +321,6 @@ def _kernel_manager_class(prefix: Path, kernels=None):
         @default("connection_file")
         def _connection_file_default(self):
             return f"{prefix}.json"
-
-        def format_kernel_cmd(self, extra_arguments=None):
-            cmd = super().format_kernel_cmd(extra_arguments)
-            return cmd if kernels is None else kernels.command(cmd)
 
     return IPCKernelManager
 
@@ -357,13 +352,12 @@ def remove_kernel_files(prefix: Path) -> None:
 
 
 def execute(name: str, output: Path, parameters: dict | None = None, figure_dir: Path | None = None,
-            figure_url: str | None = None, timeout: int = 1800, progress: bool = False, kernels=None) -> dict:
+            figure_url: str | None = None, timeout: int = 1800, progress: bool = False) -> dict:
     """Execute notebook `name` with papermill into `output` (.ipynb), atomically.
 
     The kernel runs in the notebook's folder; figures go to `figure_dir` (LOWRANK_FIGURE_DIR) and
     their download links point at `figure_url` (LOWRANK_FIGURE_URL). `progress` shows papermill's
-    bar on stderr (cells done, elapsed, estimated time left). `kernels` (a running
-    `preloaded_kernels.PreloadedKernels`) forks the kernel from its server. Returns the glued values.
+    bar on stderr (cells done, elapsed, estimated time left). Returns the glued values.
     On failure nothing is left at `output`; a cell that raises gives NotebookFailed, and the partial
     notebook (outputs up to the failing cell, the traceback) is kept as FAILED_ROOT/<name>.ipynb.
     """
@@ -401,7 +395,7 @@ def execute(name: str, output: Path, parameters: dict | None = None, figure_dir:
             papermill.execute_notebook(
                 str(src), str(partial), parameters=parameters or {}, cwd=str(source_path(name).parent),
                 kernel_name="python3", progress_bar=progress, execution_timeout=timeout,
-                kernel_manager_class=_kernel_manager_class(prefix, kernels),
+                kernel_manager_class=_kernel_manager_class(prefix),
             )
         except papermill.PapermillExecutionError as err:
             kept = FAILED_ROOT / f"{name}.ipynb"
