@@ -74,7 +74,7 @@ def test_the_lock_matches_the_environment_it_was_frozen_from():
 def test_environment_yml_and_binder_install_with_the_lock_and_the_cpu_index():
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
-    assert "-c requirements/lock.txt" in pip and "-e .[book,sweep,test]" in pip
+    assert "-c requirements/lock.txt" in pip and "-e .[book,sweep,test,lab]" in pip
     assert "--extra-index-url https://download.pytorch.org/whl/cpu" in pip
     binder = (ROOT / "binder" / "requirements.txt").read_text().splitlines()
     assert "-c ../requirements/lock.txt" in binder and "--extra-index-url https://download.pytorch.org/whl/cpu" in binder
