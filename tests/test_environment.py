@@ -95,3 +95,29 @@ def test_import_changes_no_global_state_and_reproducible_skips_the_compiler():
             + flags + "; from lowrank.core import device; device.reproducible(); " + flags)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False", "True", "True", "False", "False"]
+
+
+def _imported_modules(source: str) -> set[str]:
+    import ast
+
+    tree = ast.parse(source)
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    return {n.split(".")[0] for n in names | {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}}
+
+
+def test_seaborn_is_only_the_tests_dependency_and_no_page_or_module_imports_it():
+    """README: plotting.use_style sets seaborn's theme as matplotlib settings; only tests/test_figures.py
+    imports seaborn (to compare), so it is in the test extra alone."""
+    from lowrank.book import notebooks
+
+    extras = _project()["optional-dependencies"]
+    with_seaborn = {e for e, deps in extras.items() if any(canonicalize_name(Requirement(d.split("#")[0]).name) == "seaborn"
+                                                            for d in deps)}
+    assert with_seaborn == {"test"} and not any(d.startswith("seaborn") for d in _project()["dependencies"])
+    importers = [p for p in (ROOT / "lowrank").rglob("*.py") if "seaborn" in _imported_modules(p.read_text())]
+    for name in notebooks.list_notebooks():
+        cells = notebooks.myst_code_cells(notebooks.source_path(name).read_text(encoding="utf-8")).cells
+        code = "\n".join(ln for c in cells for ln in c.source.splitlines() if not ln.lstrip().startswith(("%", "!")))
+        importers += [name] if "seaborn" in _imported_modules(code) else []
+    assert not importers
+    assert "seaborn" in _imported_modules((ROOT / "tests" / "test_figures.py").read_text())
