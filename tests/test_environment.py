@@ -121,3 +121,26 @@ def test_seaborn_is_only_the_tests_dependency_and_no_page_or_module_imports_it()
         importers += [name] if "seaborn" in _imported_modules(code) else []
     assert not importers
     assert "seaborn" in _imported_modules((ROOT / "tests" / "test_figures.py").read_text())
+
+
+def test_requires_python_is_the_oldest_python_every_locked_package_supports_and_the_one_ci_tests():
+    """The lower bound of `requires-python` is the oldest Python 3.x that all locked packages (as
+    installed here, by their own Requires-Python) accept, and the Python of book.yml, binder and
+    environment.yml."""
+    from importlib.metadata import distributions
+
+    from packaging.specifiers import SpecifierSet
+
+    pins = _lock()
+    needs = {canonicalize_name(d.metadata["Name"]): SpecifierSet(d.metadata.get("Requires-Python") or "")
+             for d in distributions() if canonicalize_name(d.metadata["Name"]) in pins}
+    assert len(needs) > len(pins) // 2, "too few locked packages installed here to tell"
+    # a minor version counts by its latest patch release (soupsieve asks for 3.11.5)
+    oldest = next(f"3.{minor}" for minor in range(6, 20)
+                  if all(s.contains(Version(f"3.{minor}.99")) for s in needs.values()))
+    assert _project()["requires-python"] == f">={oldest}"
+    book = yaml.safe_load((ROOT / ".github" / "workflows" / "book.yml").read_text())
+    assert book["jobs"]["test"]["container"] == f"python:{oldest}-bookworm"
+    assert (ROOT / "binder" / "runtime.txt").read_text().strip() == f"python-{oldest}"
+    conda = yaml.safe_load((ROOT / "environment.yml").read_text())["dependencies"]
+    assert f"python={oldest}" in conda
