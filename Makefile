@@ -67,7 +67,8 @@ LAB_CONFIG := $(VENV)/etc/jupyter/labconfig
 lab: $(STAMP)
 	mkdir -p $(LAB_CONFIG)
 	cp binder/labconfig/default_setting_overrides.json $(LAB_CONFIG)/
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/notebooks
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/notebooks \
+		$(if $(filter 0,$(shell id -u)),--allow-root)
 
 clean:
 	rm -rf _build

@@ -205,6 +205,13 @@ def test_science_install_in_a_fresh_venv_runs_the_lowrank_command_and_a_page(tmp
     out = _run([lowrank, "run", CHEAP_PAGE, "--dry-run"], env, cwd=work)
     assert out.returncode == 0 and f"run folder: {work / 'runs' / CHEAP_PAGE}" in out.stdout, out.stdout + out.stderr
     assert "estimated cost: " in out.stdout and str(site / "_book" / "notebooks") in out.stdout
+    # a sweep's plan: its results default to ./runs/sweeps/, its cost from the wheel's measured timings
+    shutil.copy(ROOT / "sweeps" / "sgd_batch_size_ci.yaml", work / "spec.yaml")
+    out = _run([lowrank, "sweep", "spec.yaml", "--dry-run"], env, cwd=work)
+    assert out.returncode == 0, out.stderr
+    assert f"results go to {work / 'runs' / 'sweeps' / 'spec'}; nothing was run" in out.stdout
+    assert "no measurement" not in out.stdout.split("estimated cost:")[1].split(")")[0], out.stdout
+    assert not (work / "runs").exists()
     # what needs the clone says so in one line
     out = _run([lowrank, "diff"], env, cwd=work)
     err = out.stderr.strip()
