@@ -87,6 +87,8 @@ def test_citation_cff_is_cff_1_2_0_and_names_the_three_papers_as_the_bibliograph
         assert title in refs, f"{key}: {title!r} is not among CITATION.cff's references"
         ref = refs[title]
         assert {"type", "title", "authors"} <= set(ref)
+        # CFF 1.2.0 types these as integers (a YAML "0024" string would not validate)
+        assert all(isinstance(ref[k], int) for k in ("year", "volume", "start", "end", "pages", "month") if k in ref)
         assert ref["year"] == int(entry.fields["year"])
         families = [_latex_to_text(" ".join(p.last_names)) for p in entry.persons["author"]]
         assert [a["family-names"] for a in ref["authors"]] == families, key
