@@ -1,13 +1,15 @@
 """The GitHub Actions workflows: linted by actionlint, which runs shellcheck on every `run:` script
 (both binaries come with the `test` extra), and doing what README, the Colab buttons and the
-paper-scale build promise (book and tests on every push to the default branch and every pull request, Pages and the Colab
-notebooks from the default branch only, the paper-scale build by hand on a self-hosted GPU runner)."""
+paper-scale build promise (book and tests on every push to the default branch and every pull request,
+Pages and the Colab notebooks from the default branch only, the paper-scale build by hand on a
+self-hosted GPU runner)."""
 
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import nbformat
@@ -85,6 +87,16 @@ def test_book_workflow_builds_pushes_to_the_default_branch_only_and_pull_request
     default = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["branch"]
     assert wf["on"]["push"] == {"branches": [default]}
     assert "pull_request" in wf["on"] and not (wf["on"]["pull_request"] or {}).get("branches")
+
+
+def test_book_workflow_and_ci_run_check_the_science_install_after_the_environment():
+    """The fresh-venv check that `make test` leaves out (marker `install`) runs in both CIs, after `make env`."""
+    command = ".venv/bin/python -m pytest -p no:cacheprovider -q -m install tests/test_install.py"
+    steps = [s.get("run", "") for s in _load("book.yml")["jobs"]["test"]["steps"]]
+    assert steps.index(command) == next(i for i, r in enumerate(steps) if r.startswith("make env")) + 1
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert f'stage "science-install" {command}\n' in ci and ci.index('stage "install" make env') < ci.index(command)
+    assert "install" in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
 
 
 def test_book_workflow_tests_pushes_and_pull_requests_and_deploys_only_the_default_branch():
