@@ -3,14 +3,14 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: book test unit reproduce diff paper env clean browser
+.PHONY: book test unit reproduce diff paper env clean browser lab
 
 # The environment: a venv with the locked stack (pyproject.toml's ranges, requirements/lock.txt's exact
 # versions), rebuilt when either changes. The lock pins torch's public version: add PyTorch's CPU index
 # (PIP_EXTRA_INDEX_URL, as book.yml does) where no local `+cpu` wheel is at hand, or pip takes PyPI's CUDA build.
 $(STAMP): pyproject.toml requirements/lock.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -c requirements/lock.txt -e '.[book,sweep,test]'
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -c requirements/lock.txt -e '.[book,sweep,test,lab]'
 	$(VENV)/bin/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3" >/dev/null
 	touch $(STAMP)
 
@@ -58,6 +58,17 @@ diff: book
 # message), results with provenance into results/paper/, the paper-scale book into _build/paper/_build/html.
 paper: $(STAMP)
 	$(VENV)/bin/python -m lowrank.book.build --scale paper
+
+# The notebooks in JupyterLab, opened as notebooks: the `lab` extra (JupyterLab, jupytext's viewer for
+# the MyST .md files; in the venv) and binder/'s setting that makes that viewer the default, in the
+# venv's own Jupyter configuration (jupyter_config_path's sys.prefix/etc/jupyter, not your home folder).
+# Served from the clone's root, where jupytext finds jupytext.toml; it opens on notebooks/.
+LAB_CONFIG := $(VENV)/etc/jupyter/labconfig
+lab: $(STAMP)
+	mkdir -p $(LAB_CONFIG)
+	cp binder/labconfig/default_setting_overrides.json $(LAB_CONFIG)/
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/notebooks \
+		$(if $(filter 0,$(shell id -u)),--allow-root)
 
 clean:
 	rm -rf _build

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "${PYTHON:-python3.11}" -m venv "$tmp/venv"
-"$tmp/venv/bin/pip" install --quiet --disable-pip-version-check -e '.[book,sweep,test]'
+"$tmp/venv/bin/pip" install --quiet --disable-pip-version-check -e '.[book,sweep,test,lab]'
 {
   awk '/^#/ { print; next } { exit }' requirements/lock.txt  # the header comment
   "$tmp/venv/bin/pip" freeze --exclude-editable | sed -E 's/^(torch==[^+]+)\+cpu$/\1/' | LC_ALL=C sort -f

@@ -93,11 +93,65 @@ def test_a_failing_notebook_keeps_its_partial_notebook_and_lowrank_run_says_so(t
     assert not [p for p in (tmp_path / "runs").rglob("*") if p.is_file()], "a failed run left a run folder"
 
 
-def test_a_command_of_a_missing_extra_says_which_extra(monkeypatch, capsys):
-    def report_needs_the_book(args):
-        raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
+@pytest.mark.parametrize("module, extra", [("matplotlib", "notebook"), ("papermill", "run"), ("jupyter_book", "book"),
+                                           ("mnist1d", "data")])
+def test_a_command_of_a_missing_extra_says_which_extra(monkeypatch, capsys, module, extra):
+    import tomllib
 
-    monkeypatch.setattr(cli, "cmd_report", report_needs_the_book)
+    def report_needs(args):
+        raise ModuleNotFoundError(f"No module named '{module}'", name=module)
+
+    monkeypatch.setattr(cli, "cmd_report", report_needs)
     assert cli.main(["report", "x"]) == 1
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "pip install 'lowrank[book]'" in err
+    assert len(err.splitlines()) == 1 and f"pip install 'lowrank[{extra}]'" in err
+    # that extra does bring the module (its distribution named in pyproject.toml, directly or by an extra it names)
+    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+    def names(e):
+        for d in extras[e]:
+            base = d.split("[")[0].split(">")[0].split("<")[0].split("=")[0].strip()
+            yield from names(d.split("[")[1].rstrip("]")) if base == "lowrank" else [base.replace("-", "_")]
+
+    assert module in names(extra)
+
+
+@pytest.mark.parametrize("command", [["diff"], ["goldens", "check"], ["results", "list"]])
+def test_what_needs_a_clone_says_so_in_one_line_from_an_installed_copy(monkeypatch, capsys, command):
+    monkeypatch.setattr(notebooks, "IN_CLONE", False)
+    assert cli.main(command) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "run this from a clone" in err and "Errno" not in err
+
+
+def test_run_dry_run_prints_notebook_parameters_folder_and_cost_and_runs_nothing(tmp_path, monkeypatch, capsys):
+    from lowrank.book import pages, rules
+
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(pages, "PAGE_SECONDS", tmp_path / "pages.csv")
+    (tmp_path / "pages.csv").write_text("page,seconds\ngradients/scaling,8.25\n")
+    assert cli.main(["run", "gradients/scaling", "--dry-run", "-p", "repeats", "3"]) == 0
+    out = capsys.readouterr().out
+    params = rules.resolve_parameters("gradients/scaling", overrides={"repeats": 3})
+    assert out.splitlines()[0] == f"gradients/scaling at ci scale: {notebooks.source_path('gradients/scaling')}"
+    assert all(f"  {k:<22} = {v!r}" in out.splitlines() for k, v in params.items())
+    assert f"run folder: {runs.run_dir('gradients/scaling', params)} (would be written)" in out
+    assert "estimated cost: unknown" in out and out.rstrip().endswith("nothing was run")
+    assert not (tmp_path / "runs").exists()
+    # at the ci defaults: the page's measured seconds
+    assert cli.main(["run", "gradients/scaling", "--dry-run"]) == 0
+    assert "estimated cost: 8.25 s (this page at its ci defaults" in capsys.readouterr().out
+
+
+def test_run_cost_of_a_training_page_sums_measured_epoch_seconds_over_its_batch_sizes(tmp_path, monkeypatch):
+    from lowrank.book import rules, sweeps
+
+    csv = tmp_path / "epochs.csv"
+    csv.write_text("model,dataset,batch_size,seconds_per_epoch,measured_on\n"
+                   "MLP-BN-4-64,digits,16,0.5,cpu:here\nMLP-BN-4-64,digits,64,0.25,cpu:here\n")
+    monkeypatch.setattr(sweeps, "EPOCH_SECONDS", csv)
+    name = "sgd/rank_vs_learning_rate"
+    params = rules.resolve_parameters(name, overrides={"batch_sizes": [16, 64], "epochs": 4})
+    assert cli.run_cost(name, params, "ci").startswith(f"at least {(0.5 + 0.25) * 4:.3g} s of training")
+    params = rules.resolve_parameters(name, overrides={"batch_sizes": [16, 32], "epochs": 4})  # 32: not measured
+    assert cli.run_cost(name, params, "ci").startswith("unknown")

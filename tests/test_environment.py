@@ -74,7 +74,7 @@ def test_the_lock_matches_the_environment_it_was_frozen_from():
 def test_environment_yml_and_binder_install_with_the_lock_and_the_cpu_index():
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
-    assert "-c requirements/lock.txt" in pip and "-e .[book,sweep,test]" in pip
+    assert "-c requirements/lock.txt" in pip and "-e .[book,sweep,test,lab]" in pip
     assert "--extra-index-url https://download.pytorch.org/whl/cpu" in pip
     binder = (ROOT / "binder" / "requirements.txt").read_text().splitlines()
     assert "-c ../requirements/lock.txt" in binder and "--extra-index-url https://download.pytorch.org/whl/cpu" in binder
@@ -95,3 +95,52 @@ def test_import_changes_no_global_state_and_reproducible_skips_the_compiler():
             + flags + "; from lowrank.core import device; device.reproducible(); " + flags)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False", "True", "True", "False", "False"]
+
+
+def _imported_modules(source: str) -> set[str]:
+    import ast
+
+    tree = ast.parse(source)
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    return {n.split(".")[0] for n in names | {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}}
+
+
+def test_seaborn_is_only_the_tests_dependency_and_no_page_or_module_imports_it():
+    """README: plotting.use_style sets seaborn's theme as matplotlib settings; only tests/test_figures.py
+    imports seaborn (to compare), so it is in the test extra alone."""
+    from lowrank.book import notebooks
+
+    extras = _project()["optional-dependencies"]
+    with_seaborn = {e for e, deps in extras.items() if any(canonicalize_name(Requirement(d.split("#")[0]).name) == "seaborn"
+                                                            for d in deps)}
+    assert with_seaborn == {"test"} and not any(d.startswith("seaborn") for d in _project()["dependencies"])
+    importers = [p for p in (ROOT / "lowrank").rglob("*.py") if "seaborn" in _imported_modules(p.read_text())]
+    for name in notebooks.list_notebooks():
+        cells = notebooks.myst_code_cells(notebooks.source_path(name).read_text(encoding="utf-8")).cells
+        code = "\n".join(ln for c in cells for ln in c.source.splitlines() if not ln.lstrip().startswith(("%", "!")))
+        importers += [name] if "seaborn" in _imported_modules(code) else []
+    assert not importers
+    assert "seaborn" in _imported_modules((ROOT / "tests" / "test_figures.py").read_text())
+
+
+def test_requires_python_is_the_oldest_python_every_locked_package_supports_and_the_one_ci_tests():
+    """The lower bound of `requires-python` is the oldest Python 3.x that all locked packages (as
+    installed here, by their own Requires-Python) accept, and the Python of book.yml, binder and
+    environment.yml."""
+    from importlib.metadata import distributions
+
+    from packaging.specifiers import SpecifierSet
+
+    pins = _lock()
+    needs = {canonicalize_name(d.metadata["Name"]): SpecifierSet(d.metadata.get("Requires-Python") or "")
+             for d in distributions() if canonicalize_name(d.metadata["Name"]) in pins}
+    assert len(needs) > len(pins) // 2, "too few locked packages installed here to tell"
+    # a minor version counts by its latest patch release (soupsieve asks for 3.11.5)
+    oldest = next(f"3.{minor}" for minor in range(6, 20)
+                  if all(s.contains(Version(f"3.{minor}.99")) for s in needs.values()))
+    assert _project()["requires-python"] == f">={oldest}"
+    book = yaml.safe_load((ROOT / ".github" / "workflows" / "book.yml").read_text())
+    assert book["jobs"]["test"]["container"] == f"python:{oldest}-bookworm"
+    assert (ROOT / "binder" / "runtime.txt").read_text().strip() == f"python-{oldest}"
+    conda = yaml.safe_load((ROOT / "environment.yml").read_text())["dependencies"]
+    assert f"python={oldest}" in conda

@@ -1,13 +1,15 @@
 """The GitHub Actions workflows: linted by actionlint, which runs shellcheck on every `run:` script
 (both binaries come with the `test` extra), and doing what README, the Colab buttons and the
-paper-scale build promise (book and tests on every push and pull request, Pages and the Colab
-notebooks from the default branch only, the paper-scale build by hand on a self-hosted GPU runner)."""
+paper-scale build promise (book and tests on every push to the default branch and every pull request,
+Pages and the Colab notebooks from the default branch only, the paper-scale build by hand on a
+self-hosted GPU runner)."""
 
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import nbformat
@@ -79,9 +81,26 @@ def _step(job: dict, uses: str, name: str | None = None) -> dict:
                 and (name is None or s.get("with", {}).get("name") == name))
 
 
+def test_book_workflow_builds_pushes_to_the_default_branch_only_and_pull_requests():
+    """A pull request's branch is built once (as the pull request), not also for each push to it."""
+    wf = _load("book.yml")
+    default = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["branch"]
+    assert wf["on"]["push"] == {"branches": [default]}
+    assert "pull_request" in wf["on"] and not (wf["on"]["pull_request"] or {}).get("branches")
+
+
+def test_book_workflow_and_ci_run_check_the_science_install_after_the_environment():
+    """The fresh-venv check that `make test` leaves out (marker `install`) runs in both CIs, after `make env`."""
+    command = ".venv/bin/python -m pytest -p no:cacheprovider -q -m install tests/test_install.py"
+    steps = [s.get("run", "") for s in _load("book.yml")["jobs"]["test"]["steps"]]
+    assert steps.index(command) == next(i for i, r in enumerate(steps) if r.startswith("make env")) + 1
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert f'stage "science-install" {command}\n' in ci and ci.index('stage "install" make env') < ci.index(command)
+    assert "install" in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+
+
 def test_book_workflow_tests_pushes_and_pull_requests_and_deploys_only_the_default_branch():
     wf = _load("book.yml")
-    assert "push" in wf["on"] and not (wf["on"]["push"] or {}).get("branches") and "pull_request" in wf["on"]
     readme = (ROOT / "README.md").read_text()
     command = re.search(r"^(make test)\s", readme, re.M).group(1)  # README's test command
     test, deploy, publish = wf["jobs"]["test"], wf["jobs"]["deploy"], wf["jobs"]["notebooks"]
@@ -149,6 +168,24 @@ def test_every_colab_link_opens_a_notebook_the_workflow_publishes(tmp_path, monk
         prefix = f"https://colab.research.google.com/github/{repo.split('github.com/')[1]}/blob/{pages.COLAB_BRANCH}/"
         assert url.startswith(prefix) and url[len(prefix):] in on_branch, url
     assert len(on_branch) == len(names)
+
+
+def test_the_published_notebooks_install_the_package_at_the_commit_that_built_them(tmp_path, monkeypatch):
+    from packaging.requirements import Requirement
+
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")])
+    nbformat.write(nb, tmp_path / "nb.ipynb")
+    monkeypatch.setattr(pages, "executed_path", lambda name: tmp_path / "nb.ipynb")
+    written = pages.publish_notebooks(["gradients/scaling"], tmp_path / "html")
+    setup = nbformat.read(written[0], as_version=4).cells[0]
+    assert setup.metadata["tags"] == ["colab-setup"]
+    spec = re.search(r'"(lowrank\[notebook\] @ [^"]+)"', setup.source).group(1)
+    req = Requirement(spec)  # a PEP 508 direct reference that pip installs
+    assert req.extras == {"notebook"} and req.url == f"git+{pages.repository_url()}@{head.stdout.strip()}"
+    exec(compile(setup.source, "setup", "exec"), {})  # valid Python; `lowrank` is importable here, so it installs nothing
 
 
 def test_colab_setup_cell_installs_the_notebook_extra_with_ranges_that_keep_colabs_torch():

@@ -1,7 +1,7 @@
 """The `lowrank` command: rerun any notebook of the book with new parameters.
 
     lowrank list [PART/NAME]
-    lowrank run PART/NAME [-p NAME VALUE ...] [--params FILE.yaml] [--scale ci|paper] [--force]
+    lowrank run PART/NAME [-p NAME VALUE ...] [--params FILE.yaml] [--scale ci|paper] [--force] [--dry-run]
     lowrank report RUN_FOLDER [RUN_FOLDER ...] [-o report.html]
     lowrank sweep SPEC.yaml [--executor local|ray] [--address HOST:PORT] [--jobs N] [--collect]
     lowrank goldens measure PART/NAME [PART/NAME ...] [--seeds 0-4] [--check]
@@ -11,6 +11,8 @@
     lowrank results store RUN_FOLDER [RUN_FOLDER ...] | lowrank results list
     lowrank --version
 
+An installed copy (`pip install lowrank`) carries the notebooks and parameter files: `list` and `run`
+work anywhere, writing runs below the current folder; `goldens`, `diff` and `results` need a clone.
 Refused input gives one line on stderr and exit status 2; an error of the environment (a full
 disk, a file that cannot be written) one line and 1; Ctrl-C one line and 130.
 """
@@ -41,8 +43,8 @@ def _parse_value(text: str):
 def cmd_list(args) -> int:
     names = [args.name] if args.name else notebooks.list_notebooks()
     if not names:
-        raise FileNotFoundError(f"no notebooks in {notebooks.NOTEBOOK_ROOT}: the notebooks come with a clone of the "
-                                f"book's repository (an installed copy holds only the package)")
+        raise FileNotFoundError(f"no notebooks in {notebooks.NOTEBOOK_ROOT}: run this from a clone of the book's "
+                                f"repository (this copy of the package was built without them)")
     for name in names:
         specs = rules.parameter_specs(name)
         paper_path = notebooks.paper_params_path(name)
@@ -67,9 +69,51 @@ def _overrides(pairs) -> dict:
     return out
 
 
+def run_cost(name: str, params: dict, scale: str) -> str:
+    """What a run of `name` with the resolved `params` is measured to cost, as one phrase: the ci page's
+    execution in the last measured `.ci/run` (bench/ci_page_seconds.csv) when `params` are the ci
+    defaults, the paper file's `# Cost` line when they are its values, else the training alone from
+    measured seconds per epoch (bench/epoch_seconds.csv) where the parameters name a network, a data
+    set, epochs and batch sizes it has measured; otherwise "unknown". Nothing is guessed."""
+    from lowrank.book import pages, sweeps
+
+    if params == rules.resolve_parameters(name, memory=False):
+        seconds = pages.recorded_page_seconds(pages.PAGE_SECONDS).get(name)
+        if seconds is not None:
+            return (f"{seconds:.3g} s (this page at its ci defaults in the last measured ci build, "
+                    "bench/ci_page_seconds.csv)")
+    paper = notebooks.paper_params_path(name)
+    if scale == "paper" and params == rules.resolve_parameters(name, scale="paper", memory=False):
+        line = next((ln for ln in paper.read_text(encoding="utf-8").splitlines() if ln.startswith("# Cost")), "")
+        if line and "not measured" not in line:
+            return f"{line.partition(': ')[2].rstrip('.')} (measured by `make paper`: the Cost line of {paper})"
+    batches = params.get("batch_sizes", [params["batch_size"]] if "batch_size" in params else None)
+    if all(k in params for k in ("model", "dataset", "epochs")) and batches:
+        measured = sweeps.measured_epoch_seconds(sweeps.EPOCH_SECONDS)
+        keys = [(params["model"], params["dataset"], int(b)) for b in batches]
+        if keys and all(k in measured for k in keys):
+            seconds = sum(measured[k][0] for k in keys) * int(params["epochs"])
+            where = ", ".join(sorted({measured[k][1] for k in keys}))
+            return (f"at least {seconds:.3g} s of training: one {params['model']} on {params['dataset']} for "
+                    f"{params['epochs']} epochs at each batch size, from measured seconds per epoch "
+                    f"(bench/epoch_seconds.csv, {where}); the page's other settings train more")
+    return "unknown (no measurement for these parameters)"
+
+
 def cmd_run(args) -> int:
     overrides = _overrides(args.p)
     params = rules.resolve_parameters(args.name, scale=args.scale, params_file=args.params, overrides=overrides)
+    if args.dry_run:
+        folder = runs.run_dir(args.name, params)
+        state = ("exists: it would be reused (--force reruns it)" if folder.is_dir() and not args.force
+                 else "would be written")
+        print(f"{args.name} at {args.scale} scale: {notebooks.source_path(args.name)}")
+        for key, value in params.items():
+            print(f"  {key:<22} = {value!r}")
+        print(f"run folder: {folder} ({state})")
+        print(f"estimated cost: {run_cost(args.name, params, args.scale)}")
+        print("nothing was run")
+        return 0
     folder, reused = runs.run(args.name, params, force=args.force, progress=True)
     print(f"{'reused' if reused else 'wrote'} {folder}")
     for v in runs.load_run(folder)["verdicts"].values():
@@ -238,6 +282,8 @@ def parser() -> argparse.ArgumentParser:
     p_run.add_argument("--params", metavar="FILE", help="YAML file of parameters")
     p_run.add_argument("--scale", choices=["ci", "paper"], default="ci", help="start from ci defaults or paper YAML")
     p_run.add_argument("--force", action="store_true", help="rerun even if a run folder with this hash exists")
+    p_run.add_argument("--dry-run", action="store_true", help="print the notebook, parameters, run folder and "
+                       "estimated cost; run nothing")
     p_rep = sub.add_parser("report", help="render run folders as one standalone HTML page")
     p_rep.add_argument("folders", nargs="+", metavar="RUN_FOLDER", help="run folders written by `lowrank run`")
     p_rep.add_argument("-o", "--output", default="report.html", help="the HTML file to write (default report.html)")
@@ -282,6 +328,14 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+# the commands that read or write the clone's own files (an installed copy has none of them)
+NEEDS_CLONE = {"diff": "compares the built book's verdicts with tests/golden_verdicts.yaml",
+               "goldens": "measures into tests/golden_verdicts.yaml", "results": "keeps results in results/paper/"}
+# the extra that brings a module a command imports (what the science install lacks)
+EXTRA_OF = {"mnist1d": "data", "matplotlib": "notebook", "myst_nb": "notebook", "papermill": "run", "jupytext": "run",
+            "nbformat": "run", "ipykernel": "run", "ray": "sweep"}
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
 
@@ -292,6 +346,9 @@ def main(argv=None) -> int:
         print(f"lowrank: error: {message}", file=sys.stderr)
 
     try:
+        if args.command in NEEDS_CLONE and not notebooks.IN_CLONE:
+            raise notebooks.InputError(f"`lowrank {args.command}` {NEEDS_CLONE[args.command]}: run this from a clone "
+                                       f"of the book's repository (`make book` first), not from an installed copy")
         commands = {"list": cmd_list, "run": cmd_run, "report": cmd_report, "sweep": cmd_sweep,
                     "goldens": cmd_goldens, "diff": cmd_diff,
                     "data": cmd_data, "results": cmd_results}
@@ -302,7 +359,7 @@ def main(argv=None) -> int:
     except ModuleNotFoundError as err:  # a command of an extra the install lacks
         if (err.name or "lowrank").split(".")[0] == "lowrank":
             raise  # the package's own module: a bug, not a missing extra
-        extra = "data" if err.name == "mnist1d" else "book"
+        extra = EXTRA_OF.get((err.name or "").split(".")[0], "book")
         say(f"{err}: this command needs `pip install 'lowrank[{extra}]'` (the science install lacks {err.name})")
         return 1
     except KeyboardInterrupt:

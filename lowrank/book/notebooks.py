@@ -18,6 +18,8 @@ from pathlib import Path
 
 __all__ = [
     "REPO_ROOT",
+    "IN_CLONE",
+    "SOURCE_ROOT",
     "NOTEBOOK_ROOT",
     "list_notebooks",
     "InputError",
@@ -35,9 +37,13 @@ __all__ = [
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOK_ROOT = REPO_ROOT / "notebooks"
+# A clone holds the package beside the book's sources; an installed copy (`pip install lowrank`) has
+# no clone around it and carries the notebooks and parameter files in lowrank/_book/ (setup.py).
+IN_CLONE = (REPO_ROOT / "_toc.yml").is_file() and (REPO_ROOT / "notebooks").is_dir()
+SOURCE_ROOT = REPO_ROOT if IN_CLONE else Path(__file__).resolve().parents[1] / "_book"
+NOTEBOOK_ROOT = SOURCE_ROOT / "notebooks"
 # the partial notebook of a failed execution (its outputs up to the failing cell): <part>/<name>.ipynb
-FAILED_ROOT = REPO_ROOT / "_build" / "failed"
+FAILED_ROOT = (REPO_ROOT if IN_CLONE else Path.cwd()) / "_build" / "failed"
 
 
 def list_notebooks() -> list[str]:
@@ -97,7 +103,7 @@ def source_path(name: str) -> Path:
 
 
 def paper_params_path(name: str) -> Path:
-    return REPO_ROOT / "params" / "paper" / f"{name}.yaml"
+    return SOURCE_ROOT / "params" / "paper" / f"{name}.yaml"
 
 
 def read_notebook(name: str):

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lowrank.book.notebooks import REPO_ROOT, source_path
+from lowrank.book.notebooks import REPO_ROOT, SOURCE_ROOT, source_path
 
 __all__ = ["BUILD", "EXECUTED", "FIGURES", "CACHE", "executed_path", "toc_files", "book_notebooks",
            "fill_jupyter_cache", "build_html", "repository_url", "publish_notebooks", "publish_figures"]
@@ -26,7 +26,7 @@ EXECUTED = BUILD / "executed"
 FIGURES = BUILD / "figures"
 CACHE = BUILD / ".jupyter_cache"
 # each ci page's execution seconds in the last fresh-clone `.ci/run` (bench/run.py --only ci writes it)
-PAGE_SECONDS = REPO_ROOT / "bench" / "ci_page_seconds.csv"
+PAGE_SECONDS = SOURCE_ROOT / "bench" / "ci_page_seconds.csv"
 
 
 def executed_path(name: str) -> Path:
@@ -41,14 +41,19 @@ def executed_seconds(name: str) -> float | None:
     return json.loads(path.read_text(encoding="utf-8"))["metadata"].get("lowrank", {}).get("wall_s")
 
 
+def recorded_page_seconds(recorded: Path = PAGE_SECONDS) -> dict:
+    """`{page: seconds}` of each ci page's execution in the last measured `.ci/run` (empty if none)."""
+    if not recorded.is_file():
+        return {}
+    with recorded.open(newline="", encoding="utf-8") as f:
+        return {row["page"]: float(row["seconds"]) for row in csv.DictReader(f)}
+
+
 def longest_first(names, recorded: Path = PAGE_SECONDS) -> list[str]:
     """`names` ordered by expected execution time, longest first (so that two workers finish together
     rather than one waiting on a long page started last): this checkout's last execution, else the
     seconds recorded by the last `.ci/run`, else first of all (unknown cost)."""
-    known = {}
-    if recorded.is_file():
-        with recorded.open(newline="", encoding="utf-8") as f:
-            known = {row["page"]: float(row["seconds"]) for row in csv.DictReader(f)}
+    known = recorded_page_seconds(recorded)
     expected = {n: executed_seconds(n) for n in names}
     return sorted(names, key=lambda n: -(expected[n] if expected[n] is not None else known.get(n, float("inf"))))
 
@@ -161,10 +166,12 @@ def colab_url(repo_url: str, name: str) -> str:
 
 # The notebook extra only: what the notebooks import beyond the science. Its ranges keep Colab's own torch,
 # numpy, pandas and matplotlib (no runtime restart); the `book` extra would bring Jupyter Book and pins.
-SETUP_SOURCE = """# On Colab or Binder: install the book's package when it is missing (a clone with `make book` has it).
+# `{ref}` pins the package to the commit the book was built from (the code that executed the page).
+SETUP_SOURCE = """# On Colab or Binder: install the book's package when it is missing (a clone with `make book` has it),
+# at the commit that executed this notebook.
 import importlib.util, subprocess, sys
 if importlib.util.find_spec("lowrank") is None:
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "lowrank[notebook] @ git+{url}"], check=True)"""
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "lowrank[notebook] @ git+{url}{ref}"], check=True)"""
 
 
 def publish_notebooks(names, html: Path = BUILD / "html") -> list[Path]:
@@ -172,13 +179,23 @@ def publish_notebooks(names, html: Path = BUILD / "html") -> list[Path]:
     (where the page's download button points), with a first cell that installs the package."""
     import nbformat
 
+    from lowrank.core.io import git_state
+
     url = repository_url()
+    state = git_state(REPO_ROOT)
+    if state["commit"] is None:
+        print("publishing notebooks outside a git checkout: their setup cell installs the default branch", flush=True)
+    elif state["dirty"]:
+        print(f"publishing notebooks from uncommitted changes: their setup cell installs {state['commit'][:10]}, "
+              "without them", flush=True)
+    ref = f"@{state['commit']}" if state["commit"] else ""
     written = []
     for name in names:
         nb = nbformat.read(executed_path(name), as_version=4)
-        setup = nbformat.v4.new_code_cell(SETUP_SOURCE.format(url=url), metadata={"tags": ["colab-setup"]})
+        setup = nbformat.v4.new_code_cell(SETUP_SOURCE.format(url=url, ref=ref), metadata={"tags": ["colab-setup"]})
         nb.cells.insert(0, setup)
-        nb.metadata.get("lowrank", {})["published_from"] = "executed at ci scale by `make book`"
+        nb.metadata.get("lowrank", {})["published_from"] = \
+            f"executed at ci scale by `make book` at commit {state['commit'] or 'unknown'}"
         out = html / "_sources" / "notebooks" / f"{name}.ipynb"
         out.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, out)

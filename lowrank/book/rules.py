@@ -56,7 +56,7 @@ TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 INT_MAX = 2**63 - 1  # torch's int64
 # rules and memory estimates of the notebooks kept beside them (params/rules.yaml), for what a
 # parameter cell's comments do not say; see `notebook_rules`
-RULES_FILE = notebooks.REPO_ROOT / "params" / "rules.yaml"
+RULES_FILE = notebooks.SOURCE_ROOT / "params" / "rules.yaml"
 # `kind` rules: free text that names something of the package, checked without importing torch
 NETWORK_NAME = re.compile(r"(?:MLP|MLP-BN|RES|RES-BN)-[1-9][0-9]{0,3}-[1-9][0-9]{0,5}|ResNet-18|VGG-16|ViT")
 KINDS = {"network": (NETWORK_NAME, "a network of lowrank.core.nets.zoo: MLP-L-H, MLP-BN-L-H, RES-L-H, RES-BN-L-H "

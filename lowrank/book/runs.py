@@ -31,7 +31,8 @@ from lowrank.core import io
 __all__ = ["RunFolderError", "run_hash", "path_parameters", "input_digests", "run", "execute", "load_run",
            "manifest_problems", "write_manifest", "clean_debris", "check_output_folder", "RUNS"]
 
-RUNS = notebooks.REPO_ROOT / "runs"
+# a clone's runs/; an installed copy's runs go below the current folder, never into site-packages
+RUNS = (notebooks.REPO_ROOT if notebooks.IN_CLONE else Path.cwd()) / "runs"
 
 
 def is_output_path(name: str) -> bool:

@@ -639,15 +639,11 @@ def collect(spec: SweepSpec):
     return table
 
 
-EPOCH_SECONDS = Path(__file__).resolve().parents[2] / "bench" / "epoch_seconds.csv"
+EPOCH_SECONDS = notebooks.SOURCE_ROOT / "bench" / "epoch_seconds.csv"
 
 
-def plan(spec: SweepSpec, timings=EPOCH_SECONDS) -> dict:
-    """What `run_sweep` would do, running nothing: the number of runs, the grid (every parameter that
-    varies, with its values), the output folder, how many runs are already finished, and the cost
-    estimated from measured seconds per epoch (`timings`: a CSV with model, dataset, batch_size,
-    seconds_per_epoch, measured_on). A point without a measurement for its (model, dataset,
-    batch_size) is listed as unmeasured, never guessed."""
+def measured_epoch_seconds(timings=EPOCH_SECONDS) -> dict:
+    """`{(model, dataset, batch_size): (seconds per epoch, measured_on)}` from `timings` (bench/epoch_seconds.csv)."""
     import csv
 
     measured = {}
@@ -656,6 +652,16 @@ def plan(spec: SweepSpec, timings=EPOCH_SECONDS) -> dict:
             for row in csv.DictReader(f):
                 key = (row["model"], row["dataset"], int(row["batch_size"]))
                 measured[key] = (float(row["seconds_per_epoch"]), row.get("measured_on", ""))
+    return measured
+
+
+def plan(spec: SweepSpec, timings=EPOCH_SECONDS) -> dict:
+    """What `run_sweep` would do, running nothing: the number of runs, the grid (every parameter that
+    varies, with its values), the output folder, how many runs are already finished, and the cost
+    estimated from measured seconds per epoch (`timings`: a CSV with model, dataset, batch_size,
+    seconds_per_epoch, measured_on). A point without a measurement for its (model, dataset,
+    batch_size) is listed as unmeasured, never guessed."""
+    measured = measured_epoch_seconds(timings)
     keys = sorted({k for p in spec.points for k in p})
     grid = {k: [json.loads(v) for v in {json.dumps(p.get(k)) for p in spec.points}] for k in keys}
     grid = {k: sorted(vals, key=lambda v: (not isinstance(v, (int, float)), v if isinstance(v, (int, float)) else str(v)))
