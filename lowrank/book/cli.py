@@ -26,18 +26,6 @@ from lowrank.book import notebooks, rules, runs
 __all__ = ["main"]
 
 
-def _parse_value(text: str):
-    """A `-p NAME VALUE` value, typed as papermill's own `-p` types it (`papermill.cli._resolve_type`:
-    True/False/None, an int, a float such as 1e-3 or nan, else text); what papermill leaves as text is
-    read as a YAML scalar or flow collection ([tanh, elu], {a: 1}, true, .inf: `rules.parse_value`)."""
-    try:
-        from papermill.cli import _resolve_type
-    except ImportError:  # papermill comes with the book extra, which `lowrank run` needs anyway
-        _resolve_type = str
-    value = _resolve_type(text)
-    return rules.parse_value(text) if isinstance(value, str) else value
-
-
 def cmd_list(args) -> int:
     names = [args.name] if args.name else notebooks.list_notebooks()
     if not names:
@@ -58,18 +46,19 @@ def cmd_list(args) -> int:
 
 
 def _overrides(pairs) -> dict:
-    """`-p NAME VALUE` pairs as a mapping; a name given twice is refused (which one was meant?)."""
+    """`-p NAME VALUE` pairs as a mapping of texts (typed by each parameter's declared type,
+    `rules.ParameterSpec.from_text`); a name given twice is refused (which one was meant?)."""
     out = {}
     for k, v in pairs or []:
         if k in out:
-            raise rules.ParameterError(f"-p {k} is given twice ({out[k]!r} and {_parse_value(v)!r}); give it once")
-        out[k] = _parse_value(v)
+            raise rules.ParameterError(f"-p {k} is given twice ({out[k]} and {v}); give it once")
+        out[k] = v
     return out
 
 
 def cmd_run(args) -> int:
-    overrides = _overrides(args.p)
-    params = rules.resolve_parameters(args.name, scale=args.scale, params_file=args.params, overrides=overrides)
+    texts = _overrides(args.p)
+    params = rules.resolve_parameters(args.name, scale=args.scale, params_file=args.params, texts=texts)
     folder, reused = runs.run(args.name, params, force=args.force, progress=True)
     print(f"{'reused' if reused else 'wrote'} {folder}")
     for v in runs.load_run(folder)["verdicts"].values():
