@@ -96,6 +96,7 @@ RUN_CASES = [
     (["-p", "step", "{a: 1}"], "'step': {'a': 1} is not a number"),
     (["-p", "table", "missing.csv"], "'table': 'missing.csv' is not an existing file"),
     (["-p", "table", "/"], "'table': '/' is not an existing file"),
+    (["-p", "table", "~nouser-lowrank/t.csv"], "'table': '~nouser-lowrank/t.csv' is not an existing file"),
     (["-p", "scale", "paper"], "set it with --scale"),
     (["-p", "nn", "3"], "no parameter 'nn'; did you mean 'n'?"),
     (["-p", "lr", "0.1", "-p", "lr", "0.2"], "-p lr is given twice (0.1 and 0.2)"),

@@ -165,11 +165,11 @@ def cmd_diff(args) -> int:
 
 
 def cmd_data(args) -> int:
-    """`lowrank data fetch NAME`: download, check the published md5 sums, unpack (resumable)."""
+    """`lowrank data fetch NAME`: download, check the published md5 sums, unpack."""
     from lowrank.core import datasets
 
     if args.root not in (None, ""):  # before any download: a place the data can be written to
-        root = Path(args.root).expanduser()
+        root = datasets.expand(args.root)
         if root.exists() and not root.is_dir():
             raise notebooks.InputError(f"--root {root} exists and is not a folder")
         runs.check_output_folder(root, "--root")

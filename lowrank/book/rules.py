@@ -98,13 +98,17 @@ def _format_checker():
     def _network(x):
         return not isinstance(x, str) or bool(NETWORK_NAME.fullmatch(x))
 
-    @formats.checks("file")
-    def _file(x):
-        return not isinstance(x, str) or not x or (Path(x).expanduser().is_file() and os.access(Path(x).expanduser(), os.R_OK))
+    def readable(x, kind: str) -> bool:
+        if not isinstance(x, str) or not x:
+            return True
+        try:
+            path = Path(x).expanduser()
+        except RuntimeError:  # ~user of no user
+            return False
+        return (path.is_file() if kind == "file" else path.is_dir()) and os.access(path, os.R_OK)
 
-    @formats.checks("folder")
-    def _folder(x):
-        return not isinstance(x, str) or not x or (Path(x).expanduser().is_dir() and os.access(Path(x).expanduser(), os.R_OK))
+    formats.checks("file")(lambda x: readable(x, "file"))
+    formats.checks("folder")(lambda x: readable(x, "folder"))
 
     return formats
 
