@@ -222,8 +222,8 @@ def parser() -> argparse.ArgumentParser:
     p_run = sub.add_parser("run", help="execute a notebook with new parameters into a run folder")
     p_run.add_argument("name", help="PART/NAME, e.g. gradients/decomposition")
     p_run.add_argument("-p", nargs=2, action="append", metavar=("NAME", "VALUE"),
-                       help="set a parameter (repeatable); VALUE typed as papermill types it (1e-3 is 0.001, "
-                            "True, None), else YAML ([0.1, 0.2], true, .inf)")
+                       help="set a parameter (repeatable); VALUE typed by the parameter's declared type: the text "
+                            "itself for a str parameter, else YAML 1.2 (1e-3, [0.1, 0.2], true, .inf)")
     p_run.add_argument("--params", metavar="FILE", help="YAML file of parameters")
     p_run.add_argument("--scale", choices=["ci", "paper"], default="ci", help="start from ci defaults or paper YAML")
     p_run.add_argument("--force", action="store_true", help="rerun even if a run folder with this hash exists")
@@ -258,7 +258,7 @@ def parser() -> argparse.ArgumentParser:
     p_diff.add_argument("--strict", action="store_true", help="exit 1 when a verdict is outside its tolerance")
     p_data = sub.add_parser("data", help="real data sets: fetch MNIST / CIFAR-10 into the data root")
     p_data_sub = p_data.add_subparsers(dest="action", required=True)
-    p_fetch = p_data_sub.add_parser("fetch", help="download from the canonical address, check md5, resume")
+    p_fetch = p_data_sub.add_parser("fetch", help="download from the canonical address, check md5")
     p_fetch.add_argument("dataset", choices=["mnist", "cifar10"], help="the data set to download")
     p_fetch.add_argument("--root", metavar="DIR", help="data folder (default: $LOWRANK_DATA, else data/ of the source "
                          "checkout, else the user data folder such as ~/.local/share/lowrank; the paper files' "

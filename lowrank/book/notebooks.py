@@ -364,16 +364,9 @@ def execute(name: str, output: Path, parameters: dict | None = None, figure_dir:
     On failure nothing is left at `output`; a cell that raises gives NotebookFailed, and the partial
     notebook (outputs up to the failing cell, the traceback) is kept as FAILED_ROOT/<name>.ipynb.
     """
-    import logging
 
     import jupytext
     import papermill
-
-    # papermill's own reading of the parameter cell trips over our rule comments ({min: 0}) and
-    # warns "Passed unknown parameter"; parameters are validated by lowrank.book.runs instead.
-    logging.getLogger("papermill.translators").setLevel(logging.ERROR)
-    if parameters:
-        logging.getLogger("papermill").setLevel(logging.ERROR)
 
     import uuid
 
