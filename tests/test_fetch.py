@@ -277,7 +277,6 @@ def test_default_data_folder_of_a_checkout_an_installed_copy_and_lowrank_data(tm
     assert datasets.default_data_root() == datasets._REPO_ROOT / "data"  # this checkout
     # an installed copy: the package's parents[2] is site-packages, which holds no pyproject.toml
     monkeypatch.setattr(datasets, "_REPO_ROOT", tmp_path / "site-packages")
-    monkeypatch.setattr(datasets.sys, "platform", "linux")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     assert datasets.default_data_root() == tmp_path / "xdg" / "lowrank"
     monkeypatch.delenv("XDG_DATA_HOME")

@@ -15,8 +15,8 @@ Schema keywords (draft 2020-12: minimum, maximum, exclusiveMinimum, exclusiveMax
 minItems, maxItems, uniqueItems, items, properties, additionalProperties, propertyNames, format,
 $ref to the shared `$defs` of `RULES_FILE`). The formats `file` and `folder` make a non-empty string
 name an existing, readable one (made absolute: the kernel runs in the notebook's folder); `network`
-is free text naming a network of `lowrank.core.nets.zoo`. `parameter_schema` is the notebook's
-schema; `jsonschema` checks values against it (`ParameterSpec.check`), after typing them by the
+is free text naming a network of `lowrank.core.nets.zoo`. `jsonschema` checks values against a
+parameter's schema (`ParameterSpec.check`), after typing them by the
 declared type (a whole float is an int where an int is declared, an int a float where a number is).
 Beside what a declaration states: numbers are finite, integers fit in int64, seeds (`seed`,
 `seeds`, `*_seed`) lie in 0..2^32-1, a non-empty list default needs a non-empty list, a dict takes
@@ -35,7 +35,6 @@ parameter is the text as given. The run key (`run_hash`) covers the contents of 
 from __future__ import annotations
 
 import ast
-import copy
 import difflib
 import io
 import math
@@ -49,9 +48,9 @@ from lowrank.book import notebooks
 from lowrank.core.io import parse_once
 from lowrank.core.validation import SEED_MAX, cut, short
 
-__all__ = ["ParameterSpec", "ParameterError", "parameter_specs", "parameter_schema", "declare", "resolve_parameters",
+__all__ = ["ParameterSpec", "ParameterError", "parameter_specs", "declare", "resolve_parameters",
            "notebook_rules", "shared_definitions", "memory_estimate", "memory_limit", "check_memory", "parse_yaml",
-           "parse_value", "load_yaml_mapping", "is_seed", "RULES_FILE"]
+           "parse_value", "load_yaml_mapping", "is_seed", "type_schema", "RULES_FILE"]
 
 
 class ParameterError(notebooks.InputError):
@@ -134,7 +133,7 @@ def _annotation_schema(node, where: str) -> dict:
                      f"dict, dict[str, X], 'Optional[X]'")
 
 
-def _python_schema(kind) -> dict | None:
+def type_schema(kind) -> dict | None:
     """The JSON Schema of a Python type (a sweep function's annotation), None where it says nothing."""
     import typing
 
@@ -142,10 +141,10 @@ def _python_schema(kind) -> dict | None:
     if kind in JSON_TYPES and kind is not type(None):
         return {"type": JSON_TYPES[kind]}
     if origin in (list, tuple) and args:
-        inner = _python_schema(args[0])
+        inner = type_schema(args[0])
         return {"type": "array", **({"items": inner} if inner else {})}
     if origin is typing.Union and len(args) == 2 and type(None) in args:
-        inner = _python_schema(next(a for a in args if a is not type(None)))
+        inner = type_schema(next(a for a in args if a is not type(None)))
         return {**inner, "type": [inner["type"], "null"]} if inner and isinstance(inner["type"], str) else None
     return None
 
@@ -450,15 +449,6 @@ def parameter_specs(name: str) -> dict[str, ParameterSpec]:
         specs[pname] = declare(pname, defaults[pname], schema=_annotation_schema(node.annotation, where),
                                keywords=keywords, comment=comment, definitions=definitions, where=f"{name}: {pname}")
     return specs
-
-
-def parameter_schema(name: str) -> dict:
-    """The notebook's parameters as one JSON Schema (an object of its declarations, with their
-    meanings and defaults): the declarations as one document."""
-    specs = parameter_specs(name)
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": name, "type": "object",
-            "additionalProperties": False, "$defs": shared_definitions(),
-            "properties": {k: {**s.schema, "description": s.comment, "default": s.default} for k, s in specs.items()}}
 
 
 def memory_estimate(name: str) -> str | None:

@@ -246,7 +246,7 @@ def function_specs(fn) -> dict[str, rules.ParameterSpec]:
         default = None if param.default is inspect.Parameter.empty else param.default
         if isinstance(default, tuple):
             default = list(default)
-        schema = rules._python_schema(hints.get(name)) if name in hints else None
+        schema = rules.type_schema(hints.get(name)) if name in hints else None
         if schema is None and default is None:
             continue  # nothing known of its type: the function's own business
         specs[name] = rules.declare(name, default, schema=schema, keywords=stated.get(name, {}),

@@ -12,7 +12,6 @@ import hashlib
 import os
 import pickle
 import shutil
-import sys
 import tarfile
 from pathlib import Path
 from typing import NamedTuple
@@ -36,7 +35,6 @@ __all__ = [
     "SOURCES",
     "fetch",
     "download",
-    "CIFAR_BATCH_MD5",
     "Dataset",
     "DATASETS",
     "load",
@@ -464,12 +462,10 @@ def download(url: str, target, md5: str, *, progress: bool = True, timeout: floa
                        downloader=pooch.HTTPDownloader(progressbar=progress, timeout=timeout))
     except requests.exceptions.HTTPError as err:
         raise _Refused(f"HTTP {err.response.status_code} {err.response.reason}") from None
-    except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as err:
-        if isinstance(err, requests.exceptions.ReadTimeout) or "IncompleteRead" in str(err) or "broken" in str(err):
-            raise FetchError(f"{url} was cut short ({type(err).__name__}); nothing was kept, run the command again") from None
-        raise _Offline(type(err).__name__) from None
-    except requests.exceptions.ChunkedEncodingError as err:
+    except requests.exceptions.ChunkedEncodingError as err:  # the body ended before its Content-Length
         raise FetchError(f"{url} was cut short ({type(err).__name__}); nothing was kept, run the command again") from None
+    except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as err:
+        raise _Offline(type(err).__name__) from None
     except ValueError as err:  # pooch: the downloaded file's hash does not match
         got = str(err).split("(", 1)[-1].split(")", 1)[0]
         raise FetchError(f"{url}: md5 {got} is not the published {md5} (corrupt or truncated file); "
