@@ -5,6 +5,7 @@ The notebook cases use a fixture notebook (tests/fixtures/notebooks/fixture/tiny
 cell carries every kind of rule; the fixture folder stands in for notebooks/ during each test.
 """
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -168,6 +169,18 @@ def test_book_pages_refuse_a_trend_grid_that_repeats_a_value_and_a_dropped_noise
                                     texts={"datasets_used": "[digits]", "noise_datasets": "[digits]",
                                            "penalty_datasets": "[digits]"})
     assert kept["noise_datasets"] == ["digits"]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"widths": [20000], "seed": -20000}, "'arch_kwargs.seed': -20000 is below the minimum"),
+    ({"widths": [-5]}, "'arch_kwargs.widths': element -5 is below the minimum"),
+    ({"widths": [8], "depth": 3}, "'arch_kwargs': key 'depth' is not allowed"),
+    ({"rho_init": 0}, "'arch_kwargs.rho_init': 0.0 is not above 0")])
+def test_network_keyword_arguments_are_typed_by_their_shared_declaration(kwargs, message):
+    """Issue 51: an extra key (`seed: -20000`) took the memory estimate below the limit, `widths: [-5]`
+    was accepted; the kwargs now have a declaration (params/rules.yaml's $defs) like any parameter."""
+    with pytest.raises(rules.ParameterError, match=re.escape(message)):
+        rules.resolve_parameters("square/rho_dynamics", overrides={"arch_kwargs": kwargs})
 
 
 def test_a_text_parameter_takes_the_text_as_given(sandbox):

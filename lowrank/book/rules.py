@@ -22,7 +22,8 @@ Beside what a declaration states: numbers are finite, integers fit in int64, see
 `seeds`, `*_seed`) lie in 0..2^32-1, a non-empty list default needs a non-empty list, a dict takes
 the keys of its default unless it declares its own (keys left out keep the default's values), and
 every default obeys its own declaration. A comment line `{memory_bytes: EXPR}` states the notebook's
-memory estimate in bytes, checked against `memory_limit()`; `RULES_FILE` (params/rules.yaml) holds
+memory estimate in bytes, checked against `memory_limit()`; one `{within: {A: B}}` makes list A's
+elements lie in list B's (what JSON Schema cannot say of two parameters); `RULES_FILE` (params/rules.yaml) holds
 the estimates a cell does not state, and the shared definitions.
 
 YAML (`-p` values of a type other than str, --params files, sweep specs) is read as YAML 1.2's core
