@@ -37,7 +37,9 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import io
+import json
 import math
 import os
 import re
@@ -77,6 +79,7 @@ def is_seed(name: str) -> bool:
     return name in ("seed", "seeds") or name.endswith(("_seed", "_seeds"))
 
 
+@functools.lru_cache(maxsize=1)
 def _validator_class():
     """Draft 2020-12 with finite numbers, int64 integers (bools are neither) and the formats of
     `FORMATS` (built on first use: `lowrank --help` imports no jsonschema)."""
@@ -89,6 +92,7 @@ def _validator_class():
     return jsonschema.validators.extend(base, type_checker=checker)
 
 
+@functools.lru_cache(maxsize=1)
 def _format_checker():
     import jsonschema
 
@@ -411,6 +415,12 @@ def shared_definitions(path: Path | None = None) -> dict:
     return defs
 
 
+@functools.lru_cache(maxsize=4096)
+def _check_schema(text: str) -> None:
+    """jsonschema's meta-schema check of a declaration (JSON text), once per distinct declaration."""
+    _validator_class().check_schema(json.loads(text))
+
+
 def declare(name: str, default, *, schema: dict | None = None, keywords: dict | None = None, comment: str = "",
             definitions: dict | None = None, where: str = "", check_default: bool = True) -> ParameterSpec:
     """A ParameterSpec from a type's schema (None: from the default), the declared JSON Schema
@@ -422,7 +432,7 @@ def declare(name: str, default, *, schema: dict | None = None, keywords: dict | 
     base = schema if schema is not None else _default_schema(default) or {}
     full = _implicit(name, _merge(base, keywords or {}), default)
     try:
-        _validator_class().check_schema(full)
+        _check_schema(json.dumps(full, sort_keys=True))
     except jsonschema.SchemaError as err:
         raise ValueError(f"{where}: the declaration is not a JSON Schema: {cut(err.message)}") from None
     spec = ParameterSpec(name, default, comment, full, dict(definitions or {}))
