@@ -5,6 +5,7 @@ The notebook cases use a fixture notebook (tests/fixtures/notebooks/fixture/tiny
 cell carries every kind of rule; the fixture folder stands in for notebooks/ during each test.
 """
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +73,9 @@ RUN_CASES = [
     (["-p", "lrs", "[0.1, 0.2]"], "'lrs': [0.1, 0.2] has 2 elements; at least 3 needed"),
     (["-p", "lrs", "[0.1, .nan, 1]"], "'lrs': element nan is not a finite number"),
     (["-p", "lrs", "[0.1, 0, 1]"], "'lrs': element 0.0 is not above 0"),
+    (["-p", "lrs", "[0.1, 0.1, 0.1]"], "'lrs': [0.1, 0.1, 0.1] repeats a value (a grid that cannot show a trend)"),
+    (["-p", "n", "1:30"], "'n': '1:30' is not an int"),  # YAML 1.2: text (1.1: 90)
+    (["-p", "n", "0b101"], "'n': '0b101' is not an int"),  # YAML 1.2: text (1.1: 5)
     (["-p", "milestones", "[foo]"], "'milestones': element 'foo' is not an int"),
     (["-p", "milestones", "[2.5]"], "'milestones': element 2.5 is not an int"),
     (["-p", "batch_sizes", "[4, 8.5]"], "'batch_sizes': element 8.5 is not an int"),
@@ -93,6 +97,7 @@ RUN_CASES = [
     (["-p", "step", "{a: 1}"], "'step': {'a': 1} is not a number"),
     (["-p", "table", "missing.csv"], "'table': 'missing.csv' is not an existing file"),
     (["-p", "table", "/"], "'table': '/' is not an existing file"),
+    (["-p", "table", "~nouser-lowrank/t.csv"], "'table': '~nouser-lowrank/t.csv' is not an existing file"),
     (["-p", "scale", "paper"], "set it with --scale"),
     (["-p", "nn", "3"], "no parameter 'nn'; did you mean 'n'?"),
     (["-p", "lr", "0.1", "-p", "lr", "0.2"], "-p lr is given twice (0.1 and 0.2)"),
@@ -140,6 +145,7 @@ FILE_CASES = [
     (b"- 1\n- 2\n", "must hold a mapping name: value, got list"),
     (b"n: [1, 2\n", "is not valid YAML"),
     (b"threshold: .nan\n", "'threshold': nan is not a finite number"),
+    (b"a: &a {n: 3}\nb: &b {d: 2}\nc:\n  <<: *a\n  <<: *b\n", "more than one merge key"),
     (b"lrs: [0.1, .inf, 1.0]\n", "'lrs': element inf is not a finite number"),
     (b"seeds: [0, 1, 2, 99999999999]\n", "'seeds': element 99999999999 is above the maximum"),
 ]
@@ -150,6 +156,39 @@ def test_run_refuses_bad_parameter_files(sandbox, capsys, content, message):
     params = sandbox / "params.yaml"
     params.write_bytes(content)
     refused(["run", NB, "--params", params], message, capsys, sandbox, keep=[params])
+
+
+def test_book_pages_refuse_a_trend_grid_that_repeats_a_value_and_a_dropped_noise_data_set():
+    """Issue 51: a grid of repeated learning rates ran and reported "needs a larger scale"; the
+    paper file's noise_datasets: [mnist] vanished when datasets_used left MNIST out."""
+    with pytest.raises(rules.ParameterError, match=r"'lrs': \[0.1, 0.1, 0.1\] repeats a value"):
+        rules.resolve_parameters("sgd/rank_vs_learning_rate", texts={"lrs": "[0.1, 0.1, 0.1]"})
+    with pytest.raises(rules.ParameterError, match=r"'noise_datasets': \['mnist'\] not in datasets_used \['digits'\]"):
+        rules.resolve_parameters("gradients/real_data", scale="paper", texts={"datasets_used": "[digits]"}, memory=False)
+    kept = rules.resolve_parameters("gradients/real_data", scale="paper", memory=False,
+                                    texts={"datasets_used": "[digits]", "noise_datasets": "[digits]",
+                                           "penalty_datasets": "[digits]"})
+    assert kept["noise_datasets"] == ["digits"]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"widths": [20000], "seed": -20000}, "'arch_kwargs.seed': -20000 is below the minimum"),
+    ({"widths": [-5]}, "'arch_kwargs.widths': element -5 is below the minimum"),
+    ({"widths": [8], "depth": 3}, "'arch_kwargs': key 'depth' is not allowed"),
+    ({"rho_init": 0}, "'arch_kwargs.rho_init': 0.0 is not above 0")])
+def test_network_keyword_arguments_are_typed_by_their_shared_declaration(kwargs, message):
+    """Issue 51: an extra key (`seed: -20000`) took the memory estimate below the limit, `widths: [-5]`
+    was accepted; the kwargs now have a declaration (params/rules.yaml's $defs) like any parameter."""
+    with pytest.raises(rules.ParameterError, match=re.escape(message)):
+        rules.resolve_parameters("square/rho_dynamics", overrides={"arch_kwargs": kwargs})
+
+
+def test_a_text_parameter_takes_the_text_as_given(sandbox):
+    """YAML 1.1 (papermill's -p) made `no` False and `2026-01-01` a date; a str parameter keeps the text."""
+    got = rules.resolve_parameters(NB, texts={"table": ""})
+    assert got["table"] == ""
+    (Path.cwd() / "no").write_text("x\n")
+    assert rules.resolve_parameters(NB, texts={"table": "no"})["table"] == str(Path.cwd() / "no")
 
 
 def test_run_refuses_missing_or_folder_parameter_files(sandbox, capsys):

@@ -1,5 +1,6 @@
-"""The `lowrank` command's conventions: --version, help for every argument, `-p` values typed as
-papermill's own `-p` types them, and a failed notebook told in a few lines (the cell, its error and
+"""The `lowrank` command's conventions: --version, help for every argument, `-p` values typed by
+each parameter's declared type (YAML 1.2 for what is not text), papermill's own view of the parameter
+cells, and a failed notebook told in a few lines (the cell, its error and
 the partial notebook kept for reading)."""
 
 import argparse
@@ -11,9 +12,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from papermill.cli import _resolve_type
 
-from lowrank.book import cli, notebooks, runs
+from lowrank.book import cli, notebooks, rules, runs
 
 
 def _actions(ap: argparse.ArgumentParser, path=("lowrank",)):
@@ -38,18 +38,58 @@ def test_version():
     assert out.returncode == 0 and out.stdout.strip() == f"lowrank {version('lowrank')}"
 
 
-@pytest.mark.parametrize("text", ["1e-3", "1E5", "10", "010", "-3", "1_000", "0.5", "True", "False", "None",
-                                  "nan", "inf", "relu", "1e8"])
-def test_p_values_are_typed_as_papermill_types_them(text):
-    got, expected = cli._parse_value(text), _resolve_type(text)
-    assert type(got) is type(expected) and (got == expected or got != got and expected != expected)
+@pytest.mark.parametrize("text, value", [
+    ("1e-3", 0.001), ("1E5", 1e5), ("010", 10), ("0o17", 15), ("0x1f", 31), ("-3", -3), ("0.5", 0.5),
+    ("true", True), ("False", False), ("null", None), (".inf", float("inf")), ("[0.25, 0.5]", [0.25, 0.5]),
+    ("[tanh, elu]", ["tanh", "elu"]), ("{a: 1}", {"a": 1}), ("a b", "a b"),
+    # YAML 1.1 (PyYAML's own resolvers, papermill's -p) reads these as 90, 5, True, a date, 1000, nan
+    ("1:30", "1:30"), ("0b101", "0b101"), ("yes", "yes"), ("2026-01-01", "2026-01-01"), ("1_000", "1_000"),
+    ("nan", "nan")])
+def test_values_are_read_as_yaml_1_2_core_schema(text, value):
+    got = rules.parse_value(text)
+    assert type(got) is type(value) and got == value
 
 
-def test_p_values_papermill_leaves_as_text_are_read_as_yaml():
-    assert cli._parse_value("1e-3") == 0.001 and cli._parse_value("010") == 10  # not YAML 1.1's octal 8
-    assert cli._parse_value("[0.25, 0.5]") == [0.25, 0.5] and cli._parse_value("[tanh, elu]") == ["tanh", "elu"]
-    assert cli._parse_value("true") is True and cli._parse_value(".inf") == float("inf")
-    assert cli._parse_value("a b") == "a b"
+def test_p_values_are_typed_by_the_declared_type():
+    name = "sgd/rank_vs_learning_rate"
+    got = rules.resolve_parameters(name, memory=False, texts={
+        "data_root": "no", "rotation": "none", "lrs": "[0.01, 1e-1, 0.3]", "epochs": "1e1", "momentum": "0"})
+    assert got["data_root"] == "no" and got["rotation"] == "none"  # str parameters take the text as given
+    assert got["lrs"] == [0.01, 0.1, 0.3] and got["epochs"] == 10 and type(got["epochs"]) is int
+    assert got["momentum"] == 0.0 and type(got["momentum"]) is float
+    assert rules.resolve_parameters(name, memory=False, texts={"data_root": "2026-01-01"})["data_root"] == "2026-01-01"
+    with pytest.raises(rules.ParameterError, match="'epochs': '1:30' is not an int"):
+        rules.resolve_parameters(name, memory=False, texts={"epochs": "1:30"})
+    with pytest.raises(rules.ParameterError, match="'seeds': '0b101' is not an int"):
+        rules.resolve_parameters(name, memory=False, texts={"seeds": "0b101"})
+
+
+def test_yaml_refuses_two_merge_keys_and_merges_a_list():
+    base = "a: &a {x: 1}\nb: &b {y: 2}\n"
+    with pytest.raises(ValueError, match="more than one merge key"):
+        rules.parse_yaml(base + "c:\n  <<: *a\n  <<: *b\n")
+    assert rules.parse_yaml(base + "c:\n  <<: [*a, *b]\n")["c"] == {"x": 1, "y": 2}
+
+
+def test_papermill_reads_every_parameter_with_its_type_and_no_warning(caplog):
+    """papermill's own view of each notebook (`papermill --help-notebook`): every parameter with the
+    declared type and meaning, no "Unable to parse line" (a comment holding `=`)."""
+    import logging
+
+    import jupytext
+    from papermill.translators import PythonTranslator
+
+    for name in notebooks.list_notebooks():
+        nb = jupytext.reads(notebooks.source_path(name).read_text(), {"extension": ".md"})
+        cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+        with caplog.at_level(logging.WARNING, logger="papermill"):
+            found = {p.name: p for p in PythonTranslator.inspect(cell)}
+        assert not caplog.records, f"{name}: {[r.getMessage() for r in caplog.records]}"
+        specs = rules.parameter_specs(name)
+        assert list(found) == list(specs), name
+        for p in found.values():
+            assert p.inferred_type_name not in ("None", ""), (name, p.name)
+            assert specs[p.name].comment in p.help, (name, p.name)
 
 
 def test_failure_message_names_the_cell_the_error_and_the_partial_notebook(tmp_path):

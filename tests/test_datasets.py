@@ -46,6 +46,21 @@ def test_mnist_from_a_local_folder(tmp_path):
     assert d.x_train.shape == (6, 1, 28, 28) and d.y_test.tolist() == [0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("labels, images, message", [
+    (np.arange(15) % 10, 20, "holds 20 images but .*train-labels-idx1-ubyte.gz 15 labels"),
+    (np.array([0, 1, 200, 3, 4, 5]), 6, "holds the label 200: MNIST has 10 classes")])
+def test_mnist_refuses_files_that_disagree(tmp_path, labels, images, message):
+    """Issue 51: 20 images with 15 labels, and labels up to 200 with 10 classes, were accepted."""
+    rng = np.random.default_rng(0)
+    for stem, arr in {"train-images-idx3-ubyte": rng.integers(0, 256, (images, 28, 28)),
+                      "train-labels-idx1-ubyte": labels,
+                      "t10k-images-idx3-ubyte": rng.integers(0, 256, (4, 28, 28)),
+                      "t10k-labels-idx1-ubyte": np.arange(4)}.items():
+        _write_idx(tmp_path / f"{stem}.gz", arr)
+    with pytest.raises(ValueError, match=message):
+        datasets.load("mnist", root=tmp_path)
+
+
 @pytest.mark.parametrize("name, expected", [("mnist", "train-images-idx3-ubyte"), ("cifar10", "data_batch_1")])
 def test_missing_local_data_names_folder_and_files(tmp_path, name, expected):
     before = sorted(tmp_path.iterdir())

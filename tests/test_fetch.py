@@ -1,6 +1,7 @@
-"""`lowrank data fetch`: downloads checked against published md5 sums, resumed with HTTP Range,
-written atomically; tested against an HTTP server on 127.0.0.1 (a thread of this test) that serves
-small generated archives, a truncated and a corrupted one, and cuts a transfer short on request."""
+"""`lowrank data fetch`: downloads by pooch, checked against published md5 sums and written
+atomically; CIFAR-10 batches checked before they are unpickled. Tested against an HTTP server on
+127.0.0.1 (a thread of this test) that serves small generated archives, a truncated and a corrupted
+one, and cuts a transfer short on request."""
 
 import gzip
 import hashlib
@@ -31,13 +32,16 @@ def _mnist_files() -> dict:
             "t10k-labels-idx1-ubyte.gz": _idx_gz(np.arange(4))}
 
 
-def _cifar_archive() -> bytes:
+def _cifar_batches() -> dict:
     rng = np.random.default_rng(1)
+    return {name: pickle.dumps({b"data": rng.integers(0, 256, (3, 3072), dtype=np.uint8), b"labels": [0, 1, 2]})
+            for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]}
+
+
+def _cifar_archive(batches: dict | None = None) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-            batch = {b"data": rng.integers(0, 256, (3, 3072), dtype=np.uint8), b"labels": [0, 1, 2]}
-            raw = pickle.dumps(batch)
+        for name, raw in (batches or _cifar_batches()).items():
             info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
             info.size = len(raw)
             tar.addfile(info, io.BytesIO(raw))
@@ -108,7 +112,8 @@ def _sources(base: str, mnist: dict, cifar: bytes) -> dict:
     """The real source table's layout with the generated files' md5 sums and the local server."""
     real_m, real_c = datasets.SOURCES["mnist"], datasets.SOURCES["cifar10"]
     return {"mnist": real_m._replace(files=tuple((n, _md5(b)) for n, b in mnist.items()), mirrors=(base,)),
-            "cifar10": real_c._replace(files=(("cifar-10-python.tar.gz", _md5(cifar)),), mirrors=(base,))}
+            "cifar10": real_c._replace(files=(("cifar-10-python.tar.gz", _md5(cifar)),), mirrors=(base,),
+                                       expect=tuple((n, _md5(b)) for n, b in _cifar_batches().items()))}
 
 
 def _all_files(root):
@@ -120,13 +125,16 @@ def test_the_real_sources_are_the_published_ones():
     assert dict(m.files)["train-images-idx3-ubyte.gz"] == "f68b3c2dcbeaaa9fbdd348bbdeb94873"
     assert dict(m.files)["t10k-labels-idx1-ubyte.gz"] == "ec29112dd5afa0611ce80d1b7f02629c"
     assert c.files == (("cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a"),)
+    assert dict(c.expect)["data_batch_1"] == "c99cafc152244af753f735de768cd75f"  # torchvision's CIFAR10.train_list
+    assert dict(c.expect)["test_batch"] == "40351d587109b95175f43aff81a1287e" and len(c.expect) == 6
     assert all(b.endswith("/") for b in m.mirrors + c.mirrors)
 
 
-def test_fetch_mnist_and_cifar10_then_load_them(tmp_path):
+def test_fetch_mnist_and_cifar10_then_load_them(tmp_path, monkeypatch):
     mnist, cifar = _mnist_files(), _cifar_archive()
     with _Server({**mnist, "cifar-10-python.tar.gz": cifar}) as srv:
         sources = _sources(srv.base, mnist, cifar)
+        monkeypatch.setitem(datasets.SOURCES, "cifar10", sources["cifar10"])  # the generated batches' sums
         assert datasets.fetch("mnist", tmp_path, sources=sources, progress=False) == tmp_path
         assert datasets.fetch("cifar10", tmp_path, sources=sources, progress=False) == tmp_path
         n_requests = len(srv.ranges)
@@ -151,18 +159,69 @@ def test_corrupted_and_truncated_archives_fail_clearly_and_leave_nothing(tmp_pat
         assert _all_files(tmp_path) == [], "a failed download left a file"
 
 
-def test_a_cut_transfer_keeps_only_the_hidden_partial_and_resumes_with_range(tmp_path):
+def test_a_cut_transfer_leaves_nothing_and_the_next_attempt_downloads_it_whole(tmp_path, monkeypatch):
     mnist, cifar = _mnist_files(), _cifar_archive()
     with _Server({"cifar-10-python.tar.gz": cifar}) as srv:
         sources = _sources(srv.base, mnist, cifar)
+        monkeypatch.setitem(datasets.SOURCES, "cifar10", sources["cifar10"])
         srv.cut["cifar-10-python.tar.gz"] = 1000
-        with pytest.raises(datasets.FetchError, match=f"stopped at 1000 of {len(cifar)} bytes.*resume"):
+        with pytest.raises(datasets.FetchError, match="cut short.*nothing was kept"):
             datasets.fetch("cifar10", tmp_path, sources=sources, progress=False)
-        assert _all_files(tmp_path) == [".cifar-10-python.tar.gz.part"]
+        assert _all_files(tmp_path) == []
         datasets.fetch("cifar10", tmp_path, sources=sources, progress=False)
-        assert srv.ranges == [("cifar-10-python.tar.gz", None), ("cifar-10-python.tar.gz", "bytes=1000-")]
+        assert [r for _, r in srv.ranges] == [None, None]
     assert (tmp_path / "cifar-10-python.tar.gz").read_bytes() == cifar
     assert datasets.load("cifar10", root=tmp_path).x_test.shape == (3, 3, 32, 32)
+
+
+class _Marker:
+    """A pickle that creates a file when it is read (as a crafted CIFAR batch would run a command)."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _crafted_batches(marker) -> dict:
+    return {**_cifar_batches(), "data_batch_1": pickle.dumps({b"data": _Marker(marker), b"labels": [0]})}
+
+
+def test_a_crafted_cifar_batch_is_refused_before_it_is_unpickled(tmp_path, capsys):
+    """Issue 51: `data_root` holding crafted batch files ran their pickles; `data fetch cifar10 --root D`
+    said "cifar10 is in D" for them. Both now check each batch's published md5 first."""
+    marker = tmp_path / "ran"
+    folder = tmp_path / "d" / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    for name, raw in _crafted_batches(marker).items():
+        (folder / name).write_bytes(raw)
+    with pytest.raises(ValueError, match="data_batch_1 is not the published CIFAR-10 batch .* is not read"):
+        datasets.load("cifar10", root=tmp_path / "d")
+    assert not marker.exists(), "the crafted pickle ran"
+    assert cli.main(["data", "fetch", "cifar10", "--root", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "data_batch_1 is there but its md5" in err and not marker.exists()
+    pickle.loads((folder / "data_batch_1").read_bytes())  # the test's own check that the file does what it says
+    assert marker.exists()
+
+
+def test_a_crafted_batch_inside_a_fetched_archive_is_not_unpacked(tmp_path, monkeypatch):
+    marker = tmp_path / "ran"
+    mnist, cifar = _mnist_files(), _cifar_archive(_crafted_batches(marker))
+    with _Server({"cifar-10-python.tar.gz": cifar}) as srv:
+        sources = _sources(srv.base, mnist, cifar)  # the archive's md5 matches; its first batch does not
+        with pytest.raises(datasets.FetchError, match="data_batch_1 is there but its md5"):
+            datasets.fetch("cifar10", tmp_path / "d", sources=sources, progress=False)
+    assert not (tmp_path / "d" / "cifar-10-batches-py").exists() and not marker.exists()
+
+
+def test_a_root_naming_an_unknown_user_is_one_line(tmp_path, capsys):
+    assert cli.main(["data", "fetch", "mnist", "--root", "~nouser-lowrank/x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no user 'nouser-lowrank'" in err
+    with pytest.raises(ValueError, match="no user 'nouser-lowrank'"):
+        datasets.load("mnist", root="~nouser-lowrank/x")
 
 
 def test_cli_fetch_and_offline_message(tmp_path, monkeypatch, capsys):
@@ -218,7 +277,6 @@ def test_default_data_folder_of_a_checkout_an_installed_copy_and_lowrank_data(tm
     assert datasets.default_data_root() == datasets._REPO_ROOT / "data"  # this checkout
     # an installed copy: the package's parents[2] is site-packages, which holds no pyproject.toml
     monkeypatch.setattr(datasets, "_REPO_ROOT", tmp_path / "site-packages")
-    monkeypatch.setattr(datasets.sys, "platform", "linux")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     assert datasets.default_data_root() == tmp_path / "xdg" / "lowrank"
     monkeypatch.delenv("XDG_DATA_HOME")
@@ -261,23 +319,3 @@ def test_relative_data_root_is_found_below_the_repository_root(tmp_path, monkeyp
     (tmp_path / "data").mkdir()
     assert datasets.resolve_root("data") == datasets.Path("data")
     assert datasets.resolve_root(str(tmp_path)) == tmp_path
-
-
-def test_a_server_that_ignores_range_restarts_the_download(tmp_path):
-    mnist, cifar = _mnist_files(), _cifar_archive()
-    (tmp_path / ".cifar-10-python.tar.gz.part").write_bytes(b"stale bytes of an earlier attempt")
-    with _Server({"cifar-10-python.tar.gz": cifar}) as srv:
-        srv.honour_range = False
-        datasets.fetch("cifar10", tmp_path, sources=_sources(srv.base, mnist, cifar), progress=False)
-        assert srv.ranges == [("cifar-10-python.tar.gz", "bytes=33-")]
-    assert (tmp_path / "cifar-10-python.tar.gz").read_bytes() == cifar
-    assert datasets.present("cifar10", tmp_path) and not datasets.present("mnist", tmp_path)
-
-
-def test_a_complete_partial_file_is_verified_and_renamed_without_a_body(tmp_path):
-    mnist, cifar = _mnist_files(), _cifar_archive()
-    (tmp_path / ".cifar-10-python.tar.gz.part").write_bytes(cifar)  # stopped between download and rename
-    with _Server({"cifar-10-python.tar.gz": cifar}) as srv:
-        datasets.fetch("cifar10", tmp_path, sources=_sources(srv.base, mnist, cifar), progress=False)
-        assert srv.ranges == [("cifar-10-python.tar.gz", f"bytes={len(cifar)}-")]  # answered 416
-    assert (tmp_path / "cifar-10-python.tar.gz").read_bytes() == cifar

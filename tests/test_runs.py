@@ -15,9 +15,9 @@ TINY = {"n": 40, "d": 50, "m": 60, "nus": [0.0, 0.375], "activations": ["tanh"],
 
 def test_specs_come_from_the_parameter_cell():
     specs = rules.parameter_specs(NB)
-    assert specs["mu"].choices == ["sample", "quadrature"]
-    assert specs["n"].min == 2 and specs["n"].default == 375
-    assert "relu" in specs["activations"].items
+    assert specs["mu"].schema["enum"] == ["sample", "quadrature"]
+    assert specs["n"].schema == {"type": "integer", "minimum": 2} and specs["n"].default == 375
+    assert "relu" in specs["activations"].schema["items"]["enum"]
 
 
 def test_every_notebook_parameter_cell_is_readable():

@@ -28,18 +28,6 @@ from lowrank.book import notebooks, rules, runs
 __all__ = ["main"]
 
 
-def _parse_value(text: str):
-    """A `-p NAME VALUE` value, typed as papermill's own `-p` types it (`papermill.cli._resolve_type`:
-    True/False/None, an int, a float such as 1e-3 or nan, else text); what papermill leaves as text is
-    read as a YAML scalar or flow collection ([tanh, elu], {a: 1}, true, .inf: `rules.parse_value`)."""
-    try:
-        from papermill.cli import _resolve_type
-    except ImportError:  # papermill comes with the book extra, which `lowrank run` needs anyway
-        _resolve_type = str
-    value = _resolve_type(text)
-    return rules.parse_value(text) if isinstance(value, str) else value
-
-
 def cmd_list(args) -> int:
     names = [args.name] if args.name else notebooks.list_notebooks()
     if not names:
@@ -60,12 +48,13 @@ def cmd_list(args) -> int:
 
 
 def _overrides(pairs) -> dict:
-    """`-p NAME VALUE` pairs as a mapping; a name given twice is refused (which one was meant?)."""
+    """`-p NAME VALUE` pairs as a mapping of texts (typed by each parameter's declared type,
+    `rules.ParameterSpec.from_text`); a name given twice is refused (which one was meant?)."""
     out = {}
     for k, v in pairs or []:
         if k in out:
-            raise rules.ParameterError(f"-p {k} is given twice ({out[k]!r} and {_parse_value(v)!r}); give it once")
-        out[k] = _parse_value(v)
+            raise rules.ParameterError(f"-p {k} is given twice ({out[k]} and {v}); give it once")
+        out[k] = v
     return out
 
 
@@ -101,8 +90,8 @@ def run_cost(name: str, params: dict, scale: str) -> str:
 
 
 def cmd_run(args) -> int:
-    overrides = _overrides(args.p)
-    params = rules.resolve_parameters(args.name, scale=args.scale, params_file=args.params, overrides=overrides)
+    texts = _overrides(args.p)
+    params = rules.resolve_parameters(args.name, scale=args.scale, params_file=args.params, texts=texts)
     if args.dry_run:
         folder = runs.run_dir(args.name, params)
         state = ("exists: it would be reused (--force reruns it)" if folder.is_dir() and not args.force
@@ -220,11 +209,11 @@ def cmd_diff(args) -> int:
 
 
 def cmd_data(args) -> int:
-    """`lowrank data fetch NAME`: download, check the published md5 sums, unpack (resumable)."""
+    """`lowrank data fetch NAME`: download, check the published md5 sums, unpack."""
     from lowrank.core import datasets
 
     if args.root not in (None, ""):  # before any download: a place the data can be written to
-        root = Path(args.root).expanduser()
+        root = datasets.expand(args.root)
         if root.exists() and not root.is_dir():
             raise notebooks.InputError(f"--root {root} exists and is not a folder")
         runs.check_output_folder(root, "--root")
@@ -277,8 +266,8 @@ def parser() -> argparse.ArgumentParser:
     p_run = sub.add_parser("run", help="execute a notebook with new parameters into a run folder")
     p_run.add_argument("name", help="PART/NAME, e.g. gradients/decomposition")
     p_run.add_argument("-p", nargs=2, action="append", metavar=("NAME", "VALUE"),
-                       help="set a parameter (repeatable); VALUE typed as papermill types it (1e-3 is 0.001, "
-                            "True, None), else YAML ([0.1, 0.2], true, .inf)")
+                       help="set a parameter (repeatable); VALUE typed by the parameter's declared type: the text "
+                            "itself for a str parameter, else YAML 1.2 (1e-3, [0.1, 0.2], true, .inf)")
     p_run.add_argument("--params", metavar="FILE", help="YAML file of parameters")
     p_run.add_argument("--scale", choices=["ci", "paper"], default="ci", help="start from ci defaults or paper YAML")
     p_run.add_argument("--force", action="store_true", help="rerun even if a run folder with this hash exists")
@@ -315,7 +304,7 @@ def parser() -> argparse.ArgumentParser:
     p_diff.add_argument("--strict", action="store_true", help="exit 1 when a verdict is outside its tolerance")
     p_data = sub.add_parser("data", help="real data sets: fetch MNIST / CIFAR-10 into the data root")
     p_data_sub = p_data.add_subparsers(dest="action", required=True)
-    p_fetch = p_data_sub.add_parser("fetch", help="download from the canonical address, check md5, resume")
+    p_fetch = p_data_sub.add_parser("fetch", help="download from the canonical address, check md5")
     p_fetch.add_argument("dataset", choices=["mnist", "cifar10"], help="the data set to download")
     p_fetch.add_argument("--root", metavar="DIR", help="data folder (default: $LOWRANK_DATA, else data/ of the source "
                          "checkout, else the user data folder such as ~/.local/share/lowrank; the paper files' "

@@ -1,7 +1,7 @@
 """The book's notebooks as objects: find them, read their parameters, execute them, read verdicts.
 
 A notebook is a MyST-markdown file `notebooks/<part>/<name>.md` (jupytext). Its cell tagged
-`parameters` holds the ci-scale defaults as plain `name = literal` assignments; the paper-scale
+`parameters` holds the ci-scale defaults as `name: TYPE = literal` declarations; the paper-scale
 values live in `params/paper/<part>/<name>.yaml`.
 """
 
@@ -176,13 +176,16 @@ def parameter_defaults(nb) -> dict:
 
 
 def parameter_defaults_from_source(source: str) -> dict:
-    """`{name: value}` of a parameter cell's source: one `name = literal` per statement."""
+    """`{name: value}` of a parameter cell's source: one `name: TYPE = literal` (or `name = literal`)
+    per statement; the declarations are `lowrank.book.rules`'s."""
     params = {}
     for node in ast.parse(source).body:
-        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
-            raise ValueError(f"parameter cell line {node.lineno}: only `name = literal` assignments are allowed")
+        plain = isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+        annotated = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None
+        if not (plain or annotated):
+            raise ValueError(f"parameter cell line {node.lineno}: only `name: TYPE = literal` assignments are allowed")
         try:
-            params[node.targets[0].id] = ast.literal_eval(node.value)
+            params[(node.target if annotated else node.targets[0]).id] = ast.literal_eval(node.value)
         except ValueError:
             raise ValueError(f"parameter cell line {node.lineno}: the value is not a literal") from None
     return params
@@ -367,16 +370,9 @@ def execute(name: str, output: Path, parameters: dict | None = None, figure_dir:
     On failure nothing is left at `output`; a cell that raises gives NotebookFailed, and the partial
     notebook (outputs up to the failing cell, the traceback) is kept as FAILED_ROOT/<name>.ipynb.
     """
-    import logging
 
     import jupytext
     import papermill
-
-    # papermill's own reading of the parameter cell trips over our rule comments ({min: 0}) and
-    # warns "Passed unknown parameter"; parameters are validated by lowrank.book.runs instead.
-    logging.getLogger("papermill.translators").setLevel(logging.ERROR)
-    if parameters:
-        logging.getLogger("papermill").setLevel(logging.ERROR)
 
     import uuid
 

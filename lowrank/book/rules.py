@@ -1,273 +1,354 @@
-"""The parameter-rule language: what values a notebook's (or a sweep function's) parameters take.
+"""One declaration per parameter, checked by JSON Schema: what values a notebook's (or a sweep
+function's) parameters take.
 
-Parameter specs come from the notebook's parameter cell: the type is the default's type, and a
-comment may end with a YAML mapping stating the allowed values (`RULE_KEYS`), e.g.
+A line of a notebook's parameter cell declares one parameter:
 
-    mu = "sample"  # how mu is computed {choices: [sample, quadrature]}
-    n = 375  # samples {min: 2}
-    lr = 0.1  # step size {gt: 0}
-    momentum = 0.9  # {min: 0, lt: 1}
-    lrs = [0.03, 0.1, 0.3]  # a rank correlation is taken over these {gt: 0, min_len: 3}
-    milestones = []  # {type: int, min: 1}
-    activations = ["tanh"]  # {items: [tanh, relu, elu]}
+    lr: float = 0.1  # step size {exclusiveMinimum: 0}
+    lrs: list[float] = [0.03, 0.1, 0.3]  # a rank correlation is taken over these {items: {exclusiveMinimum: 0}, minItems: 3, uniqueItems: true}
+    mu: str = "sample"  # how mu is computed {enum: [sample, quadrature]}
+    step: "Optional[float]" = None  # None: 1 / lr {exclusiveMinimum: 0}
     # {memory_bytes: "8 * n * d * len(seeds)"}
 
-`min`/`max` are inclusive, `gt`/`lt` strict; `path: file` (or `folder`) makes a non-empty string
-name an existing file (made absolute: the kernel runs in the notebook's folder); a `type` is needed where the default does not show
-the element type (an empty list, None); `kind: network` checks free text naming a network; a dict
-parameter takes the keys of its default (or `keys`), each value checked like the default's.
-Numbers must be finite, seeds (`seed`, `seeds`, `*_seed`) lie in 0..2^32-1, and a comment line
-`{memory_bytes: EXPR}` states the notebook's memory estimate in bytes, checked against
-`memory_limit()`. Rules and estimates a cell does not state live in `params/rules.yaml`
-(`notebook_rules`). Every default must obey its own rules.
+The annotation is the type (int, float, str, bool, list[X], dict[str, X], dict, "Optional[X]"), the
+value the default, the comment the meaning, and the YAML mapping that may end the comment adds JSON
+Schema keywords (draft 2020-12: minimum, maximum, exclusiveMinimum, exclusiveMaximum, enum,
+minItems, maxItems, uniqueItems, items, properties, additionalProperties, propertyNames, format,
+$ref to the shared `$defs` of `RULES_FILE`). The formats `file` and `folder` make a non-empty string
+name an existing, readable one (made absolute: the kernel runs in the notebook's folder); `network`
+is free text naming a network of `lowrank.core.nets.zoo`. `jsonschema` checks values against a
+parameter's schema (`ParameterSpec.check`), after typing them by the
+declared type (a whole float is an int where an int is declared, an int a float where a number is).
+Beside what a declaration states: numbers are finite, integers fit in int64, seeds (`seed`,
+`seeds`, `*_seed`) lie in 0..2^32-1, a non-empty list default needs a non-empty list, a dict takes
+the keys of its default unless it declares its own (keys left out keep the default's values), and
+every default obeys its own declaration. A comment line `{memory_bytes: EXPR}` states the notebook's
+memory estimate in bytes, checked against `memory_limit()`; one `{within: {A: B}}` makes list A's
+elements lie in list B's (what JSON Schema cannot say of two parameters); `RULES_FILE` (params/rules.yaml) holds
+the estimates a cell does not state, and the shared definitions.
 
-Values are YAML read as papermill reads numbers (`parse_yaml`: `1e-3` is 0.001), with merge keys
-and a bounded expansion of aliases; error messages cut long values. The run key (`run_hash`)
-covers the contents of the files the `path` parameters name (`input_digests`).
+YAML (`-p` values of a type other than str, --params files, sweep specs) is read as YAML 1.2's core
+schema reads it (`parse_yaml`: `1e-3` is 0.001, `010` is 10, `1:30`, `0b101`, `yes` and `2026-01-01`
+are text), with one merge key per mapping and a bounded expansion of aliases; a `-p` value of a str
+parameter is the text as given. The run key (`run_hash`) covers the contents of the files the
+`file`/`folder` parameters name (`input_digests`).
 """
 
 from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import io
+import json
 import math
 import os
 import re
 import tokenize
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from lowrank.book import notebooks
 from lowrank.core.io import parse_once
 from lowrank.core.validation import SEED_MAX, cut, short
 
-__all__ = ["ParameterSpec", "ParameterError", "parameter_specs", "resolve_parameters", "notebook_rules",
-           "memory_estimate", "memory_limit", "check_memory", "parse_yaml", "parse_value", "load_yaml_mapping",
-           "is_seed", "RULE_KEYS", "RULES_FILE"]
+__all__ = ["ParameterSpec", "ParameterError", "parameter_specs", "declare", "resolve_parameters",
+           "notebook_rules", "shared_definitions", "memory_estimate", "memory_limit", "check_memory", "parse_yaml",
+           "parse_value", "load_yaml_mapping", "is_seed", "type_schema", "RULES_FILE"]
 
 
 class ParameterError(notebooks.InputError):
     """A parameter a user gave is unknown or not allowed; raised before anything runs."""
 
 
-RULE_KEYS = ("choices", "items", "min", "max", "gt", "lt", "min_len", "max_len", "type", "path", "kind", "keys")
-TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 INT_MAX = 2**63 - 1  # torch's int64
-# rules and memory estimates of the notebooks kept beside them (params/rules.yaml), for what a
-# parameter cell's comments do not say; see `notebook_rules`
+# the estimates of the notebooks whose cells do not state one, and the shared `$defs` (params/rules.yaml)
 RULES_FILE = notebooks.SOURCE_ROOT / "params" / "rules.yaml"
-# `kind` rules: free text that names something of the package, checked without importing torch
 NETWORK_NAME = re.compile(r"(?:MLP|MLP-BN|RES|RES-BN)-[1-9][0-9]{0,3}-[1-9][0-9]{0,5}|ResNet-18|VGG-16|ViT")
-KINDS = {"network": (NETWORK_NAME, "a network of lowrank.core.nets.zoo: MLP-L-H, MLP-BN-L-H, RES-L-H, RES-BN-L-H "
-                                   "(L, H positive), ResNet-18, VGG-16 or ViT")}
+FORMATS = {"network": "a network of lowrank.core.nets.zoo: MLP-L-H, MLP-BN-L-H, RES-L-H, RES-BN-L-H (L, H positive), "
+                      "ResNet-18, VGG-16 or ViT",
+           "file": "an existing file or empty", "folder": "an existing folder or empty"}
+# the Python types of an annotation and their JSON Schema types
+JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object",
+              type(None): "null"}
+TYPE_NAMES = {"integer": "int", "number": "float", "string": "str", "boolean": "bool", "array": "list",
+              "object": "mapping", "null": "None"}
 
 
 def is_seed(name: str) -> bool:
-    """`seed`, `seeds`, `*_seed`, `*_seeds`: integers in 0..2^32-1 whatever the cell says."""
+    """`seed`, `seeds`, `*_seed`, `*_seeds`: integers in 0..2^32-1 whatever the declaration says."""
     return name in ("seed", "seeds") or name.endswith(("_seed", "_seeds"))
 
 
-def _plain(x):
-    """NumPy scalars as the Python numbers they are (a library caller's np.int64(3) is 3)."""
-    module = type(x).__module__
-    if module == "numpy" and hasattr(x, "item") and getattr(x, "ndim", 1) == 0:
-        return x.item()
-    return x
+@functools.lru_cache(maxsize=1)
+def _validator_class():
+    """Draft 2020-12 with finite numbers, int64 integers (bools are neither) and the formats of
+    `FORMATS` (built on first use: `lowrank --help` imports no jsonschema)."""
+    import jsonschema
+
+    base = jsonschema.Draft202012Validator
+    checker = base.TYPE_CHECKER.redefine_many({
+        "number": lambda _, x: isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x),
+        "integer": lambda _, x: isinstance(x, int) and not isinstance(x, bool) and -INT_MAX - 1 <= x <= INT_MAX})
+    return jsonschema.validators.extend(base, type_checker=checker)
+
+
+@functools.lru_cache(maxsize=1)
+def _format_checker():
+    import jsonschema
+
+    formats = jsonschema.FormatChecker([])
+
+    @formats.checks("network")
+    def _network(x):
+        return not isinstance(x, str) or bool(NETWORK_NAME.fullmatch(x))
+
+    def readable(x, kind: str) -> bool:
+        if not isinstance(x, str) or not x:
+            return True
+        try:
+            path = Path(x).expanduser()
+        except RuntimeError:  # ~user of no user
+            return False
+        return (path.is_file() if kind == "file" else path.is_dir()) and os.access(path, os.R_OK)
+
+    formats.checks("file")(lambda x: readable(x, "file"))
+    formats.checks("folder")(lambda x: readable(x, "folder"))
+
+    return formats
+
+
+def _annotation_schema(node, where: str) -> dict:
+    """The JSON Schema of an annotation's AST: int, float, str, bool, list[X], dict, dict[str, X],
+    Optional[X], or the same as a string ("Optional[float]": papermill reads no `X | None`)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return _annotation_schema(ast.parse(node.value, mode="eval").body, where)
+    if isinstance(node, ast.Name) and node.id in ("int", "float", "str", "bool", "list", "dict"):
+        return {"type": JSON_TYPES[{"int": int, "float": float, "str": str, "bool": bool, "list": list,
+                                    "dict": dict}[node.id]]}
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
+        inner = node.slice
+        if node.value.id == "list":
+            return {"type": "array", "items": _annotation_schema(inner, where)}
+        if node.value.id == "dict" and isinstance(inner, ast.Tuple) and len(inner.elts) == 2:
+            return {"type": "object", "additionalProperties": _annotation_schema(inner.elts[1], where)}
+        if node.value.id == "Optional":
+            schema = _annotation_schema(inner, where)
+            return {**schema, "type": [schema["type"], "null"]}
+    raise ValueError(f"{where}: the annotation {ast.unparse(node)!r} is not one of int, float, str, bool, list[X], "
+                     f"dict, dict[str, X], 'Optional[X]'")
+
+
+def type_schema(kind) -> dict | None:
+    """The JSON Schema of a Python type (a sweep function's annotation), None where it says nothing."""
+    import typing
+
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if kind in JSON_TYPES and kind is not type(None):
+        return {"type": JSON_TYPES[kind]}
+    if origin in (list, tuple) and args:
+        inner = type_schema(args[0])
+        return {"type": "array", **({"items": inner} if inner else {})}
+    if origin is typing.Union and len(args) == 2 and type(None) in args:
+        inner = type_schema(next(a for a in args if a is not type(None)))
+        return {**inner, "type": [inner["type"], "null"]} if inner and isinstance(inner["type"], str) else None
+    return None
+
+
+def _default_schema(default) -> dict | None:
+    """The JSON Schema of a default without an annotation (a sweep function's argument)."""
+    if isinstance(default, (bool, int, float, str)):
+        return {"type": JSON_TYPES[type(default)]}
+    if isinstance(default, list):
+        kinds = {type(x) for x in default}
+        if kinds and kinds <= {int, float}:
+            return {"type": "array", "items": {"type": "number" if float in kinds else "integer"}}
+        if len(kinds) == 1 and kinds <= {bool, str}:
+            return {"type": "array", "items": {"type": JSON_TYPES[kinds.pop()]}}
+        return {"type": "array"}
+    return None
+
+
+def _types(schema: dict) -> list:
+    t = schema.get("type", [])
+    return [t] if isinstance(t, str) else list(t)
+
+
+def _merge(base: dict, stated: dict) -> dict:
+    """A type's schema with the keywords a declaration states (`items` and `additionalProperties`
+    keywords added to those of the type)."""
+    out = dict(base)
+    for key, value in stated.items():
+        if key in ("items", "additionalProperties") and isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return out
+
+
+def _implicit(name: str, schema: dict, default) -> dict:
+    """The rules every declaration has beside what it states (the module docstring's list)."""
+    schema = dict(schema)
+    if is_seed(name):
+        target = schema["items"] if "array" in _types(schema) and isinstance(schema.get("items"), dict) else schema
+        target["minimum"] = max(target.get("minimum", 0), 0)
+        target["maximum"] = min(target.get("maximum", SEED_MAX), SEED_MAX)
+    if isinstance(default, list) and default and "minItems" not in schema:
+        schema["minItems"] = 1
+    if isinstance(default, dict) and not {"properties", "propertyNames", "$ref"} & set(schema):
+        schema["propertyNames"] = {"enum": sorted(default)}
+    return schema
 
 
 @dataclass
 class ParameterSpec:
-    """One parameter of a notebook's parameter cell and the rules its values obey.
-
-    The value type is the default's (ints are accepted for floats); a list's element type is that
-    of the default's elements, or `type` (needed when the default is an empty list or None). Rules
-    on numbers (`min`, `max`: inclusive; `gt`, `lt`: strict) apply to every element of a list;
-    `min_len`, `max_len` bound a list's length (a non-empty default needs at least one element).
-    Numbers must be finite, integers fit in int64, seeds (see `is_seed`) lie in 0..2^32-1.
-    """
+    """One parameter: its default, its meaning (`comment`) and its JSON Schema (`schema`, with the
+    shared `$defs` it refers to in `definitions`)."""
 
     name: str
     default: object
     comment: str = ""
-    choices: list | None = None
-    items: list | None = None  # allowed elements of a list parameter
-    min: float | None = None
-    max: float | None = None
-    gt: float | None = None
-    lt: float | None = None
-    min_len: int | None = None
-    max_len: int | None = None
-    type: str | None = None  # element type of a list (or value type of a None default)
-    path: str | None = None  # "file" or "folder": a non-empty value must name an existing one
-    kind: str | None = None  # free text naming something (`KINDS`), e.g. "network"
-    keys: list | None = None  # allowed keys of a dict parameter (default: the default's keys)
+    schema: dict = field(default_factory=dict)
+    definitions: dict = field(default_factory=dict)
 
-    def __post_init__(self):
-        where = f"parameter {self.name!r}"
-        if self.kind is not None and self.kind not in KINDS:
-            raise ValueError(f"{where}: rule kind must be one of {sorted(KINDS)}, got {self.kind!r}")
-        if self.keys is not None and (not isinstance(self.keys, list) or not all(isinstance(k, str) for k in self.keys)):
-            raise ValueError(f"{where}: rule keys must be a list of names")
-        for key in ("min", "max", "gt", "lt"):
-            v = getattr(self, key)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
-                raise ValueError(f"{where}: rule {key} must be a finite number, got {v!r}")
-        for key in ("min_len", "max_len"):
-            v = getattr(self, key)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise ValueError(f"{where}: rule {key} must be a non-negative integer, got {v!r}")
-        if self.path not in (None, "file", "folder"):
-            raise ValueError(f"{where}: rule path must be file or folder, got {self.path!r}")
-        if self.path is not None and not isinstance(self.default, str):
-            raise ValueError(f"{where}: rule path needs a string default")
-        if self.type is not None and self.type not in TYPES:
-            raise ValueError(f"{where}: rule type must be one of {sorted(TYPES)}, got {self.type!r}")
-        for key in ("choices", "items"):
-            if getattr(self, key) is not None and not isinstance(getattr(self, key), list):
-                raise ValueError(f"{where}: rule {key} must be a list")
-        if is_seed(self.name):
-            self.min = 0 if self.min is None else max(self.min, 0)
-            self.max = SEED_MAX if self.max is None else min(self.max, SEED_MAX)
-        if self.min_len is None and isinstance(self.default, list) and self.default:
-            self.min_len = 1
+    def _resolved(self, schema: dict) -> dict:
+        """`schema` with a local `$ref` ("#/$defs/NAME") replaced by its definition."""
+        ref = schema.get("$ref")
+        if ref is None:
+            return schema
+        key = ref.removeprefix("#/$defs/")
+        if key not in self.definitions:
+            raise ValueError(f"parameter {self.name!r}: $ref {ref!r} names no shared definition "
+                             f"(there are {sorted(self.definitions)})")
+        return {**self._resolved(self.definitions[key]), **{k: v for k, v in schema.items() if k != "$ref"}}
 
-    def element_type(self):
-        """The type every scalar (or list element) must have, or None if any scalar goes."""
-        if self.type is not None:
-            return TYPES[self.type]
-        d = self.default
-        if isinstance(d, list):
-            kinds = {type(x) for x in d}
-            if kinds and kinds <= {int, float}:
-                return float if float in kinds else int
-            if len(kinds) == 1:
-                return kinds.pop()
-            if not kinds and any(getattr(self, k) is not None for k in ("min", "max", "gt", "lt")):
-                return float  # numeric rules on an empty default: numbers
-            return None
-        return None if d is None else type(d)
+    @property
+    def path(self) -> str | None:
+        """"file" or "folder" where the parameter names one the notebook reads, else None."""
+        fmt = self._resolved(self.schema).get("format")
+        return fmt if fmt in ("file", "folder") else None
 
-    def describe(self) -> str:
-        kind = type(self.default).__name__
-        el = self.element_type()
-        if isinstance(self.default, list) and el is not None:
-            kind = f"list of {el.__name__}"
-        elif self.default is None and el is not None:
-            kind = f"None or {el.__name__}"
-        elif isinstance(self.default, dict):
-            kind = f"mapping with keys from {self.keys if self.keys is not None else sorted(self.default)}"
-        parts = [kind]
-        if self.kind is not None:
-            parts.append(KINDS[self.kind][1])
-        for key, text in (("path", "an existing {} or empty"), ("choices", "one of {}"), ("items", "elements from {}"), ("min", ">= {}"), ("gt", "> {}"),
-                          ("max", "<= {}"), ("lt", "< {}"), ("min_len", "at least {} element(s)"),
-                          ("max_len", "at most {} element(s)")):
-            if getattr(self, key) is not None:
-                parts.append(text.format(getattr(self, key)))
-        return ", ".join(parts)
-
-    def _error(self, why: str) -> ParameterError:
-        return ParameterError(f"parameter {self.name!r}: {why}; allowed: {cut(self.describe())}")
-
-    def _scalar(self, x, kind, what: str = ""):
-        """One value (or list element, `what` = "element ") checked against the type and the numeric rules."""
-        x = _plain(x)
-        if kind is int and isinstance(x, float) and x.is_integer() and abs(x) <= 2**53:
-            x = int(x)  # 1e3, as papermill and YAML 1.2 read it: a float that is a whole number
-        shown = short(x)
-        if kind is bool:
-            if not isinstance(x, bool):
-                raise self._error(f"{what}{shown} is not a bool")
-        elif kind is int:
-            if isinstance(x, bool) or not isinstance(x, int):
-                raise self._error(f"{what}{shown} is not an int")
-        elif kind is float:
-            if isinstance(x, bool) or not isinstance(x, (int, float)):
-                raise self._error(f"{what}{shown} is not a number")
-            if not math.isfinite(x):
-                raise self._error(f"{what}{shown} is not a finite number")
-            x = float(x)
-            shown = short(x)
-        elif kind is str:
-            if not isinstance(x, str):
-                raise self._error(f"{what}{shown} is not a string")
-        elif kind is None:
-            if not isinstance(x, (bool, int, float, str)) and x is not None:
-                raise self._error(f"{what}{shown} is not a single value")
-            if isinstance(x, float) and not math.isfinite(x):
-                raise self._error(f"{what}{shown} is not a finite number")
-        if isinstance(x, (int, float)) and not isinstance(x, bool):
-            for key, bad, text in (("min", lambda b: x < b, "below the minimum"),
-                                   ("gt", lambda b: x <= b, "not above"),
-                                   ("max", lambda b: x > b, "above the maximum"),
-                                   ("lt", lambda b: x >= b, "not below")):
-                bound = getattr(self, key)
-                if bound is not None and bad(bound):
-                    raise self._error(f"{what}{shown} is {text}" + (f" {bound}" if key in ("gt", "lt") else ""))
-        if isinstance(x, int) and not isinstance(x, bool) and abs(x) > INT_MAX:
-            raise self._error(f"{what}{shown} does not fit in a 64-bit integer")
-        if self.kind is not None and isinstance(x, str) and not KINDS[self.kind][0].fullmatch(x):
-            raise self._error(f"{what}{shown} is not {KINDS[self.kind][1].split(':')[0]}")
-        return x
-
-    def check(self, value):
-        """Return `value` (ints converted for floats) or raise ParameterError saying what is allowed."""
-        d, kind = self.default, self.element_type()
+    def typed(self, value, schema: dict | None = None):
+        """`value` typed by the declared type: NumPy scalars and tuples as Python's, a whole float
+        as an int where an int is declared (1e3), an int as a float where a number is."""
+        schema = self._resolved(self.schema if schema is None else schema)
+        if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+            value = value.item()
         if isinstance(value, tuple) or type(value).__name__ == "ndarray":
             value = list(value)
-        if isinstance(d, dict):
-            return self._mapping(value)
-        if isinstance(d, list):
-            if not isinstance(value, list):
-                raise self._error(f"{short(value)} is not a list")
-            if self.min_len is not None and len(value) < self.min_len:
-                need = "is not a non-empty list" if self.min_len == 1 else f"has {len(value)} elements"
-                raise self._error(f"{short(value)} {need}; at least {self.min_len} needed")
-            if self.max_len is not None and len(value) > self.max_len:
-                raise self._error(f"{short(value)} has {len(value)} elements; at most {self.max_len} allowed")
-            out = []
-            for x in value:
-                out.append(self._scalar(x, kind, "element "))
-                if self.items is not None and out[-1] not in self.items:
-                    raise self._error(f"element {short(x)} is not allowed")
-            value = out
-        elif d is None:
-            value = None if value is None else self._scalar(value, kind)
-        else:
-            value = self._scalar(value, kind)
-        if self.choices is not None and value not in self.choices:
-            raise self._error(f"{short(value)} is not allowed")
-        if self.path is not None and value:
-            # the kernel runs in the notebook's folder: a path relative to the caller's is made absolute
-            found = Path(value).expanduser().absolute()
-            if not (found.is_file() if self.path == "file" else found.is_dir()):
-                raise self._error(f"{short(value)} is not an existing {self.path}")
-            if not os.access(found, os.R_OK):
-                raise self._error(f"{short(value)} is not readable")
-            value = str(found)
+        types = _types(schema)
+        if isinstance(value, bool):
+            return value
+        if "integer" in types and isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
+            return int(value)
+        if "number" in types and "integer" not in types and isinstance(value, int):
+            return float(value)
+        if isinstance(value, list) and isinstance(schema.get("items"), dict):
+            return [self.typed(x, schema["items"]) for x in value]
+        if isinstance(value, dict):
+            props, extra = schema.get("properties", {}), schema.get("additionalProperties")
+            return {k: self.typed(x, props[k]) if k in props else self.typed(x, extra) if isinstance(extra, dict) else x
+                    for k, x in value.items()}
         return value
 
-    def _mapping(self, value) -> dict:
-        """A dict parameter: names from `keys` (default: the default's keys), each value checked like
-        the default's value under that key (same type, the numeric rules of this parameter); keys
-        left out keep the default's value."""
-        if not isinstance(value, dict):
-            raise self._error(f"{short(value)} is not a mapping")
-        allowed = self.keys if self.keys is not None else list(self.default)
-        out = dict(self.default)
-        for key, x in value.items():
-            if not isinstance(key, str) or key not in allowed:
-                raise self._error(f"key {short(key)} is not allowed")
-            rules = {k: getattr(self, k) for k in ("min", "max", "gt", "lt")}
-            sub = ParameterSpec(f"{self.name}.{key}", self.default.get(key), **rules)
-            if isinstance(x, (list, tuple)) and not isinstance(sub.default, list):
-                sub = ParameterSpec(sub.name, [], **rules)
-            try:
-                out[key] = sub.check(x)
-            except ParameterError as err:
-                raise ParameterError(f"{err}".split("; allowed:")[0] + f"; allowed: {cut(self.describe())}") from None
-        return out
+    def from_text(self, text: str):
+        """A `-p NAME VALUE` value: the text itself for a str parameter (`-p data_root no` is "no"),
+        else read as YAML 1.2 (`parse_value`: 1e-3, [tanh, elu], {a: 1}, true)."""
+        if _types(self._resolved(self.schema)) == ["string"]:
+            return text
+        return parse_value(text)
+
+    def describe(self) -> str:
+        """What the parameter allows, in words (`lowrank list`, the book's rerun box)."""
+        return _describe(self._resolved(self.schema), self._resolved)
+
+    def check(self, value):
+        """`value` typed (`typed`) and checked against the schema; a `file`/`folder` made absolute, a
+        dict completed by the default's entries. ParameterError saying what is allowed otherwise."""
+        value = self.typed(value)
+        errors = list(_validator_class()({**self.schema, "$defs": self.definitions},
+                                         format_checker=_format_checker()).iter_errors(value))
+        if errors:
+            raise ParameterError(self._message(min(errors, key=_priority)))
+        if isinstance(self.default, dict) and isinstance(value, dict):
+            value = {**self.default, **value}
+        if self.path is not None and value:
+            value = str(Path(value).expanduser().absolute())  # the kernel runs in the notebook's folder
+        return value
+
+    def _message(self, error) -> str:
+        """One line from jsonschema's error: the parameter (`name.key` inside a mapping), the value
+        and what is wrong, then what the parameter allows."""
+        keys = [str(p) for p in error.absolute_path if isinstance(p, str)]
+        element = "element " if error.absolute_path and not isinstance(error.absolute_path[-1], str) else ""
+        x, rule, kind = error.instance, error.schema.get(error.validator) if isinstance(error.schema, dict) else None, \
+            error.validator
+        shown = short(x)
+        if kind == "type":
+            wanted = [t for t in ([rule] if isinstance(rule, str) else rule) if t != "null"]
+            if isinstance(x, int) and not isinstance(x, bool) and "integer" in wanted and not -INT_MAX - 1 <= x <= INT_MAX:
+                why = "does not fit in a 64-bit integer"
+            elif isinstance(x, float) and not math.isfinite(x) and {"number", "integer"} & set(wanted):
+                why = "is not a finite number"
+            else:
+                why = {"integer": "is not an int", "number": "is not a number", "string": "is not a string",
+                       "boolean": "is not a bool", "array": "is not a list", "object": "is not a mapping"}[wanted[0]]
+        elif kind == "minItems":
+            why = "is not a non-empty list" if rule == 1 else f"has {len(x)} elements"
+            why += f"; at least {rule} needed"
+        elif kind == "additionalProperties" or "propertyNames" in error.schema_path:
+            bad = x if kind != "additionalProperties" else next(k for k in x if k not in error.schema.get("properties", {}))
+            return self._line(keys, "", f"key {short(bad)} is not allowed")
+        elif kind == "format":
+            why = f"is not {FORMATS[rule].split(':')[0].removesuffix(' or empty')}"
+        elif kind == "maxItems":
+            why = f"has {len(x)} elements; at most {rule} allowed"
+        else:
+            why = {"minimum": "is below the minimum", "maximum": "is above the maximum",
+                   "exclusiveMinimum": f"is not above {rule}", "exclusiveMaximum": f"is not below {rule}",
+                   "enum": "is not allowed", "uniqueItems": "repeats a value (a grid that cannot show a trend)",
+                   }.get(kind, error.message)
+        return self._line(keys, element, f"{shown} {why}")
+
+    def _line(self, keys, element: str, what: str) -> str:
+        name = ".".join([self.name, *keys])
+        return f"parameter {name!r}: {element}{what}; allowed: {cut(self.describe())}"
+
+
+def _priority(error) -> tuple:
+    """Which of several errors to report: a wrong type (or a non-finite number) first, then the
+    declared rules, an int64 overflow last (a seed of 2^64 is above the seeds' maximum)."""
+    x = error.instance
+    overflow = error.validator == "type" and isinstance(x, int) and not isinstance(x, bool) and not \
+        -INT_MAX - 1 <= x <= INT_MAX
+    return (2 if overflow else 0 if error.validator == "type" else 1, list(map(str, error.absolute_path)))
+
+
+def _describe(schema: dict, resolve) -> str:
+    types = [t for t in _types(schema) if t != "null"]
+    kind = TYPE_NAMES.get(types[0], types[0]) if types else "any value"
+    items = resolve(schema["items"]) if isinstance(schema.get("items"), dict) else {}
+    if types == ["array"] and _types(items):
+        kind = f"list of {TYPE_NAMES[_types(items)[0]]}"
+    if types == ["object"]:
+        props = schema.get("properties") or {}
+        names = sorted(props) or schema.get("propertyNames", {}).get("enum")
+        kind = f"mapping with keys from {names}" if names else "mapping"
+    if "null" in _types(schema):
+        kind = f"None or {kind}"
+    parts = [kind]
+    for where, s in ((" ", schema), (" elements ", items),
+                     (" values ", schema.get("additionalProperties") if isinstance(schema.get("additionalProperties"), dict) else {})):
+        for key, text in (("format", "{}"), ("enum", "one of {}"), ("minimum", ">= {}"),
+                          ("exclusiveMinimum", "> {}"), ("maximum", "<= {}"), ("exclusiveMaximum", "< {}")):
+            if key in s:
+                shown = FORMATS.get(s[key], s[key]) if key == "format" else s[key]
+                prefix = "elements from" if where == " elements " and key == "enum" else ""
+                parts.append(f"{prefix} {shown}".strip() if prefix else text.format(shown))
+    for key, text in (("minItems", "at least {} element(s)"), ("maxItems", "at most {} element(s)"),
+                      ("uniqueItems", "no repeated values")):
+        if schema.get(key) not in (None, False):
+            parts.append(text.format(schema[key]))
+    return ", ".join(parts)
 
 
 def _comments(source: str) -> dict[int, str]:
@@ -278,18 +359,30 @@ def _comments(source: str) -> dict[int, str]:
     return out
 
 
-def _rules(comment: str, where: str) -> tuple[dict, str]:
-    """The YAML mapping `{...}` that ends a comment, and the comment without it."""
+def _keywords(comment: str, where: str) -> tuple[dict, str]:
+    """The YAML mapping `{...}` that ends a comment (the declaration's JSON Schema keywords), and the
+    comment without it (the meaning)."""
     if not (comment.endswith("}") and "{" in comment):
         return {}, comment
-    text = comment[comment.rindex("{"):]
+    start = _mapping_start(comment)
+    text = comment[start:]
     try:
-        rules = parse_yaml(text) or {}
+        keywords = parse_yaml(text) or {}
     except ValueError as err:
-        raise ValueError(f"{where}: unreadable rule {text!r}: {err}") from None
-    if not isinstance(rules, dict):
-        raise ValueError(f"{where}: rule {text!r} is not a mapping")
-    return rules, comment[: comment.rindex("{")].strip()
+        raise ValueError(f"{where}: unreadable keywords {text!r}: {err}") from None
+    if not isinstance(keywords, dict):
+        raise ValueError(f"{where}: keywords {text!r} are not a mapping")
+    return keywords, comment[:start].strip()
+
+
+def _mapping_start(comment: str) -> int:
+    """Where the flow mapping that ends `comment` starts (its braces may nest: {items: {enum: [a]}})."""
+    depth = 0
+    for i in range(len(comment) - 1, -1, -1):
+        depth += {"}": 1, "{": -1}.get(comment[i], 0)
+        if depth == 0:
+            return i
+    return comment.rindex("{")
 
 
 def _parameter_cell(name: str) -> str:
@@ -301,47 +394,71 @@ def _parameter_cell(name: str) -> str:
 
 
 def notebook_rules(name: str, path: Path | None = None) -> dict:
-    """What `RULES_FILE` (params/rules.yaml) says of notebook `name`: `{"memory_bytes": EXPR,
-    "rules": {parameter: {rule: value}}}` (either may be absent). The file keeps, outside the
-    notebooks, the rules a parameter cell's comments do not state: free text that names a network
-    (`kind: network`), file parameters (`path: file`), the keys of a dict parameter, and each
-    notebook's memory estimate."""
+    """What `RULES_FILE` (params/rules.yaml) says of notebook `name`: `{"memory_bytes": EXPR}` (or
+    nothing): the estimates the parameter cells do not state."""
     path = RULES_FILE if path is None else Path(path)
     if not path.is_file():
         return {}
     entry = load_yaml_mapping(path, "rules file", ValueError).get(name) or {}
-    if not isinstance(entry, dict) or set(entry) - {"memory_bytes", "rules"} or not isinstance(entry.get("rules", {}), dict):
-        raise ValueError(f"{path}: the entry of {name} must be a mapping with memory_bytes and rules")
+    if not isinstance(entry, dict) or set(entry) - {"memory_bytes"}:
+        raise ValueError(f"{path}: the entry of {name} must be a mapping with memory_bytes only (a parameter's rules "
+                         f"are its declaration in the parameter cell)")
     return entry
 
 
+def shared_definitions(path: Path | None = None) -> dict:
+    """The `$defs` of `RULES_FILE`: JSON Schemas several declarations refer to (`$ref: "#/$defs/NAME"`)."""
+    path = RULES_FILE if path is None else Path(path)
+    defs = load_yaml_mapping(path, "rules file", ValueError).get("$defs", {}) if path.is_file() else {}
+    if not isinstance(defs, dict):
+        raise ValueError(f"{path}: $defs must be a mapping of names to JSON Schemas")
+    return defs
+
+
+@functools.lru_cache(maxsize=4096)
+def _check_schema(text: str) -> None:
+    """jsonschema's meta-schema check of a declaration (JSON text), once per distinct declaration."""
+    _validator_class().check_schema(json.loads(text))
+
+
+def declare(name: str, default, *, schema: dict | None = None, keywords: dict | None = None, comment: str = "",
+            definitions: dict | None = None, where: str = "", check_default: bool = True) -> ParameterSpec:
+    """A ParameterSpec from a type's schema (None: from the default), the declared JSON Schema
+    keywords and the implicit rules; the schema itself is checked by jsonschema's meta-schema, and the
+    default against it (`check_default`: a function's required argument has none)."""
+    import jsonschema
+
+    where = where or f"parameter {name}"
+    base = schema if schema is not None else _default_schema(default) or {}
+    full = _implicit(name, _merge(base, keywords or {}), default)
+    try:
+        _check_schema(json.dumps(full, sort_keys=True))
+    except jsonschema.SchemaError as err:
+        raise ValueError(f"{where}: the declaration is not a JSON Schema: {cut(err.message)}") from None
+    spec = ParameterSpec(name, default, comment, full, dict(definitions or {}))
+    try:
+        if check_default:
+            spec.check(default)
+    except ParameterError as err:
+        raise ValueError(f"{where}: the default breaks its own declaration: {err}") from None
+    return spec
+
+
 def parameter_specs(name: str) -> dict[str, ParameterSpec]:
-    """The notebook's parameters with their defaults and allowed values (`RULE_KEYS`), from the
-    parameter cell's comments and `notebook_rules`; each default must obey its own rules."""
+    """The notebook's parameters, each from its declaration in the parameter cell (module docstring)."""
     source = _parameter_cell(name)
     defaults = notebooks.parameter_defaults_from_source(source)
     comments = _comments(source)
-    lines = {node.lineno: node.targets[0].id for node in ast.parse(source).body}
-    outside = notebook_rules(name).get("rules", {})
+    definitions = shared_definitions()
     specs = {}
-    for lineno, pname in lines.items():
+    for node in ast.parse(source).body:
+        pname = node.target.id if isinstance(node, ast.AnnAssign) else node.targets[0].id
         where = f"{name}: parameter {pname}"
-        rules, comment = _rules(comments.get(lineno, ""), where)
-        extra = outside.get(pname) or {}
-        if not isinstance(extra, dict):
-            raise ValueError(f"{RULES_FILE}: rules of {where} must be a mapping")
-        clash = sorted(k for k in set(rules) & set(extra) if rules[k] != extra[k])
-        if clash:
-            raise ValueError(f"{where}: the parameter cell and {RULES_FILE.name} disagree on {clash}")
-        rules = {**rules, **extra}
-        unknown = set(rules) - set(RULE_KEYS)
-        if unknown:
-            raise ValueError(f"{where}: unknown rule keys {sorted(unknown)}; rules are {list(RULE_KEYS)}")
-        specs[pname] = spec = ParameterSpec(pname, defaults[pname], comment, **rules)
-        try:
-            spec.check(defaults[pname])
-        except ParameterError as err:
-            raise ValueError(f"{name}: the default breaks its own rule: {err}") from None
+        if not isinstance(node, ast.AnnAssign):
+            raise ValueError(f"{where} has no type annotation (`{pname}: TYPE = ...`): papermill and `-p` type by it")
+        keywords, comment = _keywords(comments.get(node.end_lineno, ""), where)
+        specs[pname] = declare(pname, defaults[pname], schema=_annotation_schema(node.annotation, where),
+                               keywords=keywords, comment=comment, definitions=definitions, where=f"{name}: {pname}")
     return specs
 
 
@@ -352,7 +469,7 @@ def memory_estimate(name: str) -> str | None:
     source = _parameter_cell(name)
     found = None
     for lineno, comment in _comments(source).items():
-        rules, _ = _rules(comment, f"{name}: parameter cell line {lineno}")
+        rules, _ = _keywords(comment, f"{name}: parameter cell line {lineno}")
         if "memory_bytes" in rules:
             found = str(rules["memory_bytes"])
     if found is None and notebook_rules(name).get("memory_bytes") is not None:
@@ -500,15 +617,23 @@ def check_memory(name: str, params: dict) -> None:
                              f"(set LOWRANK_MEMORY_LIMIT to change it)")
 
 
-# YAML as the parameters are read everywhere (`-p` values, --params files, sweep specs, rule
-# comments): the safe loader; numbers as papermill and YAML 1.2 read them (1e-3 and 1.0e3 are
-# floats, where YAML 1.1 reads them as text); merge keys (`<<: *base`); no repeated key; and a
-# bounded size once aliases are expanded (an "alias bomb" of a few hundred bytes stands for
-# billions of values: refused before anything walks it).
+# YAML as the parameters are read everywhere (`-p` values, --params files, sweep specs, declaration
+# keywords): the safe loader with YAML 1.2's core schema (https://yaml.org/spec/1.2.2/#103-core-schema)
+# in place of PyYAML's YAML 1.1 resolvers: 1e-3 is a float, 010 is 10, and 1:30, 0b101, yes/no and
+# dates are text; merge keys (`<<: *base`), one per mapping; no repeated key; and a bounded size once
+# aliases are expanded (an "alias bomb" of a few hundred bytes stands for billions of values: refused
+# before anything walks it).
 YAML_MAX_VALUES = 100_000  # values (scalars, list elements, mapping entries) after alias expansion
 YAML_MAX_DEPTH = 50
 YAML_MAX_BYTES = 1 << 20
-_EXPONENT_FLOAT = re.compile(r"[-+]?(?:\.[0-9]+|[0-9][0-9_]*(?:\.[0-9_]*)?)[eE][-+]?[0-9]+$")
+CORE_SCHEMA = [  # (tag, regular expression, first characters) of YAML 1.2's core schema, and the merge key
+    ("null", r"~|null|Null|NULL|", ["~", "n", "N", ""]),
+    ("bool", r"true|True|TRUE|false|False|FALSE", list("tTfF")),
+    ("int", r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+", list("-+0123456789")),
+    ("float", r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)",
+     list("-+.0123456789")),
+    ("merge", r"<<", ["<"]),
+]
 _LOADER = None
 
 
@@ -521,9 +646,13 @@ def _loader():
 
     class Loader(yaml.SafeLoader):
         def construct_mapping(self, node, deep=False):
-            seen = set()
+            seen, merges = set(), 0
             for key_node, _ in node.value:
                 if key_node.tag == "tag:yaml.org,2002:merge":
+                    merges += 1
+                    if merges > 1:
+                        raise yaml.constructor.ConstructorError(None, None, "more than one merge key '<<' (merge a list: "
+                                                                "<<: [*a, *b])", key_node.start_mark)
                     continue
                 key = self.construct_object(key_node, deep=deep)
                 try:
@@ -536,7 +665,14 @@ def _loader():
                 seen.add(key)
             return super().construct_mapping(node, deep=deep)
 
-    Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+.0123456789"))
+        def construct_yaml_int(self, node):  # 1.2: 010 is ten, 0o10 eight (PyYAML's 1.1 reads 010 as eight)
+            text = self.construct_scalar(node)
+            return int(text[2:], 8) if text.startswith("0o") else int(text[2:], 16) if text.startswith("0x") else int(text)
+
+    Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)
+    Loader.yaml_implicit_resolvers = {}
+    for tag, pattern, first in CORE_SCHEMA:
+        Loader.add_implicit_resolver(f"tag:yaml.org,2002:{tag}", re.compile(f"^(?:{pattern})$"), first)
     _LOADER = Loader
     return Loader
 
@@ -624,16 +760,24 @@ def load_yaml_mapping(path, what: str = "parameter file", error=ParameterError) 
     return data
 
 
-def _load_yaml(path) -> dict:
-    return load_yaml_mapping(path)
+def _check_within(name: str, resolved: dict) -> None:
+    """A comment line `{within: {PARAMETER: OTHER}}` of the parameter cell: PARAMETER's elements must be
+    among OTHER's (a noise data set the run does not load would be dropped without a word)."""
+    for lineno, comment in _comments(_parameter_cell(name)).items():
+        keywords, _ = _keywords(comment, f"{name}: parameter cell line {lineno}")
+        for pname, other in (keywords.get("within") or {}).items():
+            left_out = [x for x in resolved[pname] if x not in resolved[other]]
+            if left_out:
+                raise ParameterError(f"parameter {pname!r}: {short(left_out)} not in {other} {short(resolved[other])}; "
+                                     f"give -p {pname} with elements of {other}")
 
 
 def resolve_parameters(name: str, *, scale: str = "ci", params_file=None, overrides: dict | None = None,
-                       memory: bool = True) -> dict:
+                       texts: dict | None = None, memory: bool = True) -> dict:
     """The full parameter set of a run: defaults, then the paper YAML (scale="paper"), then a
-    user's YAML, then `overrides`. Every given name and value is checked against the parameter
-    cell, and (`memory`, for a run on this machine) the whole set against the notebook's memory
-    estimate."""
+    user's YAML, then `overrides`, then `texts` (`-p NAME VALUE`: typed by each parameter's declared
+    type, `ParameterSpec.from_text`). Every given name and value is checked against its declaration,
+    and (`memory`, for a run on this machine) the whole set against the notebook's memory estimate."""
     if scale not in ("ci", "paper"):
         raise ParameterError(f"scale must be 'ci' or 'paper', got {scale!r}")
     specs = parameter_specs(name)
@@ -642,12 +786,13 @@ def resolve_parameters(name: str, *, scale: str = "ci", params_file=None, overri
         path = notebooks.paper_params_path(name)
         if not path.is_file():
             raise ParameterError(f"{name} has no paper-scale parameter file {path}")
-        given.update(_load_yaml(path))
-    user = _load_yaml(params_file) if params_file is not None else {}
-    bad = [k for k in (overrides or {}) if not isinstance(k, str)]
+        given.update(load_yaml_mapping(path))
+    user = load_yaml_mapping(params_file) if params_file is not None else {}
+    bad = [k for k in [*(overrides or {}), *(texts or {})] if not isinstance(k, str)]
     if bad:
         raise ParameterError(f"parameter names must be strings, got {short(bad[0])}")
     user.update(overrides or {})
+    user.update({k: specs[k].from_text(v) if k in specs else v for k, v in (texts or {}).items()})
     if "scale" in user:
         raise ParameterError("'scale' labels the starting point (ci defaults or the paper YAML): set it with --scale")
     given.update(user)
@@ -658,6 +803,7 @@ def resolve_parameters(name: str, *, scale: str = "ci", params_file=None, overri
             hint = f"; did you mean {close[0]!r}?" if close else f"; parameters are {sorted(specs)}"
             raise ParameterError(f"{name} has no parameter {key!r}{hint}")
         resolved[key] = specs[key].check(value)
+    _check_within(name, resolved)
     if memory:
         check_memory(name, resolved)
     return resolved

@@ -44,16 +44,16 @@ FOLDER_LISTING_MAX = 10_000  # files of a folder parameter listed in its digest
 
 
 def path_parameters(target: str) -> set[str]:
-    """The parameters of `target` that name a file or folder it reads: a notebook's with a `path`
-    rule (its cell or `RULES_FILE`), a function's (`module:callable`) with a `path` rule in its
-    module's `PARAMETER_RULES`."""
+    """The parameters of `target` that name a file or folder it reads: a notebook's declared with
+    `format: file` (or `folder`), a function's (`module:callable`) with that format in its module's
+    `PARAMETER_RULES`."""
     if ":" in target:
         module, _, attr = target.partition(":")
         try:
             rules = (getattr(importlib.import_module(module), "PARAMETER_RULES", {}) or {}).get(attr, {})
         except ImportError:
             return set()
-        return {k for k, r in rules.items() if isinstance(r, dict) and r.get("path")}
+        return {k for k, r in rules.items() if isinstance(r, dict) and r.get("format") in ("file", "folder")}
     return {k for k, spec in parameter_specs(target).items() if spec.path}
 
 

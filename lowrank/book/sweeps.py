@@ -21,7 +21,7 @@ would run any command. Other modules are allowed only when named in the environm
 an explicit opt-in of the person running the sweep.
 
 Every point is validated before anything runs (a function's points by the rules of its module's
-`PARAMETER_RULES` and its annotations, in the vocabulary of `lowrank run`; a function that takes one
+`PARAMETER_RULES` (JSON Schema keywords) and its annotations, as `lowrank run` checks a notebook's; a function that takes one
 config dataclass, as `train_point` takes a `PointConfig`, has that dataclass's fields as its
 parameters), as are the output
 folder, `--jobs` (a positive integer), a Ray `--address` (reachable within a few bounded tries),
@@ -232,31 +232,26 @@ def call_with_parameters(fn, params: dict):
 
 def function_specs(fn) -> dict[str, rules.ParameterSpec]:
     """`lowrank.book.rules.ParameterSpec` of each argument of a sweep function: the type from its
-    plain annotation (int, float, str, bool) or its default, the rules from its module's
-    `PARAMETER_RULES[function name]` (the vocabulary of a notebook's parameter cell)."""
+    annotation (int, float, str, bool, list[X], Optional[X]) or its default, the JSON Schema keywords
+    from its module's `PARAMETER_RULES[function name]` (as a notebook's declarations state them)."""
     import typing
 
     try:
         hints = typing.get_type_hints(config_class(fn) or fn)
-    except Exception:  # unresolvable annotations: the defaults and rules alone
+    except Exception:  # unresolvable annotations: the defaults and keywords alone
         hints = {}
     stated = (getattr(importlib.import_module(fn.__module__), "PARAMETER_RULES", {}) or {}).get(fn.__name__, {})
     specs = {}
     for name, param in sweep_parameters(fn).items():
-        kind = hints.get(name)
         default = None if param.default is inspect.Parameter.empty else param.default
         if isinstance(default, tuple):
             default = list(default)
-        if kind in (int, float, str, bool) and not isinstance(default, kind):
-            given = {"type": kind.__name__}
-        elif default is None and kind not in (int, float, str, bool):
+        schema = rules.type_schema(hints.get(name)) if name in hints else None
+        if schema is None and default is None:
             continue  # nothing known of its type: the function's own business
-        else:
-            given = {}
-        r = {**given, **stated.get(name, {})}
-        if "path" in r and not isinstance(default, str):
-            r.pop("path")
-        specs[name] = rules.ParameterSpec(name, default, **r)
+        specs[name] = rules.declare(name, default, schema=schema, keywords=stated.get(name, {}),
+                                    where=f"{fn.__module__}:{fn.__name__} argument {name}",
+                                    check_default=param.default is not inspect.Parameter.empty)
     return specs
 
 

@@ -9,15 +9,10 @@ from __future__ import annotations
 import functools
 import gzip
 import hashlib
-import http.client
 import os
 import pickle
 import shutil
-import socket
-import sys
 import tarfile
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import NamedTuple
 
@@ -31,6 +26,7 @@ __all__ = [
     "DATA_ENV",
     "MIRRORS_ENV",
     "user_data_dir",
+    "expand",
     "default_data_root",
     "resolve_root",
     "present",
@@ -67,16 +63,21 @@ def _checkout_root() -> Path | None:
 
 
 def user_data_dir() -> Path:
-    """The user's data folder for `lowrank` (as platformdirs places it): `$XDG_DATA_HOME/lowrank`
+    """The user's data folder for `lowrank`, as platformdirs places it: `$XDG_DATA_HOME/lowrank`
     or `~/.local/share/lowrank` on Linux, `~/Library/Application Support/lowrank` on macOS,
     `%LOCALAPPDATA%\\lowrank` on Windows."""
-    if sys.platform == "win32":
-        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
-    elif sys.platform == "darwin":
-        base = Path.home() / "Library" / "Application Support"
-    else:
-        base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
-    return base / "lowrank"
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("lowrank", appauthor=False))
+
+
+def expand(path) -> Path:
+    """`path` with `~` / `~user` expanded; ValueError with one line for a user who does not exist."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:  # pathlib: "Could not determine home directory."
+        user = str(path).split("/", 1)[0]
+        raise ValueError(f"{path}: there is no user {user[1:]!r} whose home {user} names") from None
 
 
 def default_data_root() -> Path:
@@ -85,7 +86,7 @@ def default_data_root() -> Path:
     (an installed copy: never a folder inside site-packages)."""
     env = os.environ.get(DATA_ENV, "").strip()
     if env:
-        return Path(env).expanduser()
+        return expand(env)
     checkout = _checkout_root()
     return checkout / DEFAULT_DATA_ROOT if checkout is not None else user_data_dir()
 
@@ -98,7 +99,7 @@ def resolve_root(root=None) -> Path:
     repository root)."""
     if root in (None, ""):
         return default_data_root()
-    path = Path(root).expanduser()
+    path = expand(root)
     default = path == Path(DEFAULT_DATA_ROOT)
     if default and os.environ.get(DATA_ENV, "").strip():
         return default_data_root()
@@ -266,12 +267,22 @@ def mnist(root, normalize: bool = True) -> Dataset:
     """
     root = resolve_root(root)
     arrays = {}
+    paths = {}
     for key, stem in _MNIST_FILES.items():
         candidates = [d / f"{stem}{ext}" for d in (root, root / "MNIST" / "raw") for ext in ("", ".gz")]
         found = next((p for p in candidates if p.is_file()), None)
         if found is None:
             raise _missing(root, "MNIST", [f"{s}[.gz]" for s in _MNIST_FILES.values()])
-        arrays[key] = _read_idx(found)
+        paths[key], arrays[key] = found, _read_idx(found)
+    for split in ("train", "test"):  # what the files say of each other, before anything trains on them
+        x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+        if x.ndim != 3 or x.shape[1:] != (28, 28) or y.ndim != 1:
+            raise ValueError(f"{paths[f'x_{split}']} holds {x.shape} and {paths[f'y_{split}']} {y.shape}: MNIST is "
+                             f"N x 28 x 28 images and N labels")
+        if len(x) != len(y):
+            raise ValueError(f"{paths[f'x_{split}']} holds {len(x)} images but {paths[f'y_{split}']} {len(y)} labels")
+        if y.size and int(y.max()) >= 10:
+            raise ValueError(f"{paths[f'y_{split}']} holds the label {int(y.max())}: MNIST has 10 classes (0..9)")
     x_tr = arrays["x_train"].astype(np.float32)[:, None] / 255.0
     x_te = arrays["x_test"].astype(np.float32)[:, None] / 255.0
     if normalize:
@@ -287,11 +298,19 @@ def cifar10(root, normalize: bool = True) -> Dataset:
     folder = next((d for d in (root, root / "cifar-10-batches-py") if all((d / n).is_file() for n in names)), None)
     if folder is None:
         raise _missing(root, "CIFAR-10", names)
+    published = dict(SOURCES["cifar10"].expect)
 
     def batch(name):
-        with open(folder / name, "rb") as fh:
-            b = pickle.load(fh, encoding="bytes")
-        return b[b"data"].reshape(-1, 3, 32, 32).astype(np.float32) / 255.0, np.asarray(b[b"labels"])
+        raw = (folder / name).read_bytes()
+        got = _md5(raw)
+        if got != published[name]:  # a batch is a pickle, which can run code when read: only the published ones are
+            raise ValueError(f"{folder / name} is not the published CIFAR-10 batch (md5 {got}, published "
+                             f"{published[name]}) and is not read: remove it and run `lowrank data fetch cifar10`")
+        b = pickle.loads(raw, encoding="bytes")
+        y = np.asarray(b[b"labels"])
+        if y.size and not 0 <= int(y.min()) <= int(y.max()) < 10:
+            raise ValueError(f"{folder / name} holds labels outside 0..9")
+        return b[b"data"].reshape(-1, 3, 32, 32).astype(np.float32) / 255.0, y
 
     parts = [batch(n) for n in names[:5]]
     x_tr, y_tr = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
@@ -363,7 +382,7 @@ def one_hot(y: torch.Tensor, num_classes: int) -> torch.Tensor:
     return torch.nn.functional.one_hot(y, num_classes).to(torch.float32)
 
 
-# ---- fetching: `lowrank data fetch mnist|cifar10` -------------------------------------------------
+# ---- fetching: `lowrank data fetch mnist|cifar10` (pooch) ------------------------------------------
 
 class FetchError(RuntimeError):
     """A download failed (unreachable, cut short, wrong checksum); the message is one line."""
@@ -374,7 +393,7 @@ class DataSource(NamedTuple):
 
     files: (file name, published md5) pairs; mirrors: base URLs tried in order (each ends in "/");
     folder: sub-folder of the root the files are written to; extract_to: for an archive, the folder
-    (below the root) it unpacks into, complete when it holds every name in `expect`.
+    (below the root) it unpacks into, complete when it holds every file of `expect`, (name, md5) pairs.
     """
 
     files: tuple
@@ -385,7 +404,9 @@ class DataSource(NamedTuple):
 
 
 # MNIST: the four IDX files with the md5 sums torchvision publishes (torchvision.datasets.MNIST.resources),
-# from torchvision's mirror, then LeCun's page. CIFAR-10: Krizhevsky's python archive and its published md5.
+# from torchvision's mirror, then LeCun's page. CIFAR-10: Krizhevsky's python archive and its published md5,
+# and the md5 of each batch in it (torchvision.datasets.CIFAR10.train_list, test_list): `cifar10()` unpickles
+# only files with these sums.
 SOURCES = {
     "mnist": DataSource(
         files=(("train-images-idx3-ubyte.gz", "f68b3c2dcbeaaa9fbdd348bbdeb94873"),
@@ -398,16 +419,14 @@ SOURCES = {
         files=(("cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a"),),
         mirrors=("https://www.cs.toronto.edu/~kriz/",),
         extract_to="cifar-10-batches-py",
-        expect=tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)),
+        expect=(("data_batch_1", "c99cafc152244af753f735de768cd75f"), ("data_batch_2", "d4bba439e000b95fd0a9bffe97cbabec"),
+                ("data_batch_3", "54ebc095f3ab1f0389bbae665268c751"), ("data_batch_4", "634d18415352ddfa80567beed471001a"),
+                ("data_batch_5", "482c414d41f54cd18b22e5b47cb7c3cb"), ("test_batch", "40351d587109b95175f43aff81a1287e"))),
 }
 
 
-def _md5(path: Path) -> str:
-    h = hashlib.md5(usedforsecurity=False)  # the published sums are md5: integrity, not security
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+def _md5(data: bytes) -> str:
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()  # the published sums are md5: integrity
 
 
 class _Offline(Exception):
@@ -418,76 +437,57 @@ class _Refused(Exception):
     """A mirror answered with an HTTP error (403 of a moved S3 bucket, 404, 5xx): try the next one."""
 
 
-def _open(url: str, offset: int, timeout: float):
-    """The response for `url` from byte `offset` on (HTTP Range), None when nothing is left to send;
-    raises _Offline when the server cannot be reached, _Refused on an HTTP error."""
-    req = urllib.request.Request(url, headers={"Range": f"bytes={offset}-"} if offset else {})
-    try:
-        return urllib.request.urlopen(req, timeout=timeout)
-    except urllib.error.HTTPError as err:
-        if err.code == 416 and offset:  # range not satisfiable: the partial file is complete
-            return None
-        raise _Refused(f"HTTP {err.code} {err.reason}") from None
-    except (urllib.error.URLError, socket.timeout, ConnectionError) as err:
-        raise _Offline(getattr(err, "reason", err)) from None
-
-
-def _receive(resp, part: Path, offset: int, desc: str, progress: bool) -> tuple[int | None, str]:
-    """Write the response body to `part` (appended from `offset`); return (expected size, why it ended)."""
-    from tqdm.auto import tqdm
-
-    length = resp.headers.get("Content-Length")
-    total = offset + int(length) if length is not None else None
-    cause = "connection closed"
-    with open(part, "ab" if offset else "wb") as fh, \
-            tqdm(total=total, initial=offset, unit="B", unit_scale=True, desc=desc, disable=not progress,
-                 leave=False) as bar:
-        try:
-            for block in iter(lambda: resp.read(1 << 16), b""):
-                fh.write(block)
-                bar.update(len(block))
-        except (OSError, ValueError, http.client.HTTPException) as err:  # reset, timeout, IncompleteRead
-            cause = type(err).__name__
-            total = total if total is not None else -1
-        fh.flush()
-        os.fsync(fh.fileno())
-    return total, cause
-
-
 def download(url: str, target, md5: str, *, progress: bool = True, timeout: float = 30.0) -> Path:
-    """Download `url` to `target` and check its md5; resumable and atomic.
+    """Download `url` to `target` with pooch, checked against `md5`; atomic.
 
-    Bytes go to a hidden `.<name>.part` beside the target, continued by an HTTP Range request when a
-    previous attempt was cut short; only a file whose md5 equals `md5` is renamed to `target`. A wrong
-    checksum removes the partial file. Returns `target`; an existing verified target is kept.
-    Raises FetchError (cut short: the partial file is kept for the next attempt; wrong checksum),
-    _Refused (an HTTP error) or _Offline (no connection).
+    pooch writes a temporary file beside the target and renames it only once its md5 equals `md5`;
+    a wrong checksum or a transfer cut short leaves nothing (the next attempt starts again). Returns
+    `target`; an existing verified target is kept. Raises FetchError (cut short, wrong checksum, an
+    existing file that is not the published one), _Refused (an HTTP error) or _Offline (no connection).
     """
+    import logging
+
+    import pooch
+    import requests
+
     target = Path(target)
     if target.is_file():
-        if _md5(target) == md5:
+        if pooch.file_hash(str(target), alg="md5") == md5:
             return target
         raise FetchError(f"{target} exists but its md5 is not the published {md5}: remove it and fetch again")
-    part = target.with_name(f".{target.name}.part")
-    offset = part.stat().st_size if part.is_file() else 0
-    resp = _open(url, offset, timeout)
-    if resp is not None:
-        target.parent.mkdir(parents=True, exist_ok=True)  # only once a server answered
-        with resp:
-            if offset and resp.status != 206:  # the server ignored Range: start again
-                offset = 0
-            total, cause = _receive(resp, part, offset, target.name, progress)
-        size = part.stat().st_size
-        if total is not None and size != total:
-            raise FetchError(f"{url} stopped at {size} of {total if total >= 0 else '?'} bytes ({cause}); "
-                             f"run the command again to resume from {part}")
-    got = _md5(part)
-    if got != md5:
-        part.unlink()
+    made = [p for p in (target.parent, *target.parent.parents) if not p.exists()]  # pooch makes the folder first
+    logging.getLogger("pooch").setLevel(logging.WARNING)  # no "Downloading data from ..." line per file
+    try:
+        pooch.retrieve(url, known_hash=f"md5:{md5}", fname=target.name, path=target.parent,
+                       downloader=pooch.HTTPDownloader(progressbar=progress, timeout=timeout))
+    except requests.exceptions.HTTPError as err:
+        raise _Refused(f"HTTP {err.response.status_code} {err.response.reason}") from None
+    except requests.exceptions.ChunkedEncodingError as err:  # the body ended before its Content-Length
+        raise FetchError(f"{url} was cut short ({type(err).__name__}); nothing was kept, run the command again") from None
+    except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as err:
+        raise _Offline(type(err).__name__) from None
+    except ValueError as err:  # pooch: the downloaded file's hash does not match
+        got = str(err).split("(", 1)[-1].split(")", 1)[0]
         raise FetchError(f"{url}: md5 {got} is not the published {md5} (corrupt or truncated file); "
-                         f"nothing was kept, run the command again")
-    os.replace(part, target)
+                         f"nothing was kept, run the command again") from None
+    finally:
+        for folder in made:  # a failed download leaves no empty folder behind
+            if folder.is_dir() and not target.is_file() and not any(folder.iterdir()):
+                folder.rmdir()
     return target
+
+
+def _verified(folder: Path, expect) -> bool:
+    """Whether `folder` holds every file of `expect` ((name, md5) pairs); FetchError for one that
+    is there with another md5."""
+    if not all((folder / n).is_file() for n, _ in expect):
+        return False
+    for name, md5 in expect:
+        got = _md5((folder / name).read_bytes())
+        if got != md5:
+            raise FetchError(f"{folder / name} is there but its md5 {got} is not the published {md5}: remove "
+                             f"{folder} and fetch again")
+    return True
 
 
 def _extract(archive: Path, root: Path, source: DataSource) -> None:
@@ -499,9 +499,10 @@ def _extract(archive: Path, root: Path, source: DataSource) -> None:
         with tarfile.open(archive, "r:gz") as tar:
             tar.extractall(tmp, filter="data")
         inner = tmp / source.extract_to
-        missing = [n for n in source.expect if not (inner / n).is_file()]
+        missing = [n for n, _ in source.expect if not (inner / n).is_file()]
         if missing:
             raise FetchError(f"{archive} does not hold {source.extract_to}/{missing[0]}")
+        _verified(inner, source.expect)
         shutil.rmtree(final, ignore_errors=True)
         os.rename(inner, final)
     except (tarfile.TarError, OSError, EOFError) as err:
@@ -524,7 +525,8 @@ def fetch(name: str, root=None, *, sources: dict | None = None, progress: bool =
         $LOWRANK_DATA_MIRRORS (base URLs separated by spaces: an institute's mirror holding the same
         file names) replaces every source's mirrors.
 
-    Returns the root. Verified files already present are not downloaded again. A mirror that cannot be
+    Returns the root. Verified files already present are not downloaded again; an unpacked archive
+    found in place is checked file by file (FetchError for one that is not the published one). A mirror that cannot be
     reached or answers with an HTTP error (403, 404, 5xx) is passed over for the next one. Raises
     FetchError with a one-line message; when no mirror served a file, it names each mirror's failure,
     the files, where to get them and the folder to put them in.
@@ -535,9 +537,9 @@ def fetch(name: str, root=None, *, sources: dict | None = None, progress: bool =
     mirrors = os.environ.get(MIRRORS_ENV, "").split()
     if mirrors:
         source = source._replace(mirrors=tuple(m if m.endswith("/") else m + "/" for m in mirrors))
-    root = resolve_root(None) if root in (None, "") else Path(root).expanduser()
+    root = resolve_root(None) if root in (None, "") else expand(root)
     folder = root / source.folder
-    if source.extract_to and all((root / source.extract_to / n).is_file() for n in source.expect):
+    if source.extract_to and _verified(root / source.extract_to, source.expect):
         return root
     for fname, md5 in source.files:
         reasons, offline = [], True

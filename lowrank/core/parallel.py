@@ -9,14 +9,14 @@ value for value (the workers run torch's CPU kernels of the calling process, wha
 ATEN_CPU_CAPABILITY says by then). `function` must be importable by name (a module-level function, or a
 `functools.partial` of one), as the spawned processes import it.
 
-The pool of each size is kept for the session (a page calls it once per figure, and a spawned process
-starts by importing torch and the package again). A worker ignores SIGINT: Jupyter interrupts and shuts a
-kernel down through its process group, and the kernel's process ends the pool.
+The workers are joblib's loky executor, reused across calls and resized to `workers` (a page calls it
+once per figure, and a spawned process starts by importing torch and the package again); they stop
+after `IDLE_SECONDS` without a task. A worker ignores SIGINT: Jupyter interrupts and shuts a kernel
+down through its process group, and the kernel's process ends the pool.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Callable, Iterable
 
 import torch
@@ -30,7 +30,7 @@ __all__ = ["check_workers", "map_tasks"]
 _ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 _CPU_PATH = "ATEN_CPU_CAPABILITY"  # read once by torch when it loads: "default", "avx2", "avx512", ...
-_POOLS: dict = {}  # workers -> a process pool kept for the session
+IDLE_SECONDS = 300  # an idle worker stops after this (loky's default, 10 s, would restart them per figure)
 
 
 def check_workers(workers) -> int:
@@ -47,17 +47,6 @@ def _start_worker():
     # and the workers would each print a KeyboardInterrupt traceback
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     device.reproducible(cpu_threads=1)  # two workers on two cores: one thread each
-
-
-def _pool(workers: int):
-    pool = _POOLS.get(workers)
-    if pool is None:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        pool = _POOLS[workers] = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                                     initializer=_start_worker)
-    return pool
 
 
 def map_tasks(function: Callable, tasks: Iterable, workers: int = 1, desc: str | None = None) -> list:
@@ -81,17 +70,10 @@ def map_tasks(function: Callable, tasks: Iterable, workers: int = 1, desc: str |
 
     if workers == 1 or len(tasks) < 2:
         return [function(task) for task in progress(tasks)]
-    # the workers start at the first submission, with one BLAS thread each and torch's CPU kernels of this
-    # process (ATEN_CPU_CAPABILITY set since it started would otherwise give them other rounding)
-    worker_env = {**_ONE_THREAD, _CPU_PATH: torch.backends.cpu.get_cpu_capability().lower()}
-    saved = {name: os.environ.get(name) for name in worker_env}
-    os.environ.update(worker_env)
-    try:
-        results = _pool(workers).map(function, tasks, chunksize=max(1, len(tasks) // (8 * workers)))
-        return list(progress(results))
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    from joblib.externals.loky import get_reusable_executor
+
+    # the workers get, before anything loads, one BLAS thread each and torch's CPU kernels of this process
+    # (ATEN_CPU_CAPABILITY set since it started would otherwise give them other rounding)
+    env = {**_ONE_THREAD, _CPU_PATH: torch.backends.cpu.get_cpu_capability().lower()}
+    pool = get_reusable_executor(workers, timeout=IDLE_SECONDS, initializer=_start_worker, env=env)
+    return list(progress(pool.map(function, tasks, chunksize=max(1, len(tasks) // (8 * workers)))))

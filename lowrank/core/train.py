@@ -704,15 +704,17 @@ def train_point(config: PointConfig) -> pd.DataFrame:
 # the run settings an ensemble's members may differ in (everything else is shared)
 ENSEMBLE_KEYS = ("lr", "weight_decay", "momentum", "seed")
 
-# The rules a sweep checks on `train_point`'s arguments before any run starts (the vocabulary of
-# `lowrank.book.runs.ParameterSpec`, read by `lowrank.book.sweeps`); the function checks them again.
+# The rules a sweep checks on `train_point`'s arguments before any run starts (JSON Schema keywords,
+# as a notebook's parameter declarations state them; read by `lowrank.book.sweeps`); the function
+# checks them again.
 PARAMETER_RULES = {"train_point": {
-    "model": {"kind": "network"}, "dataset": {"choices": ["digits", "mnist1d", "mnist", "cifar10"]},
-    "batch_size": {"min": 1}, "lr": {"gt": 0}, "epochs": {"min": 1}, "weight_decay": {"min": 0},
-    "momentum": {"min": 0, "lt": 1}, "milestones": {"type": "int", "min": 1}, "lr_decay": {"gt": 0},
-    "eps": {"gt": 0}, "loss": {"choices": sorted(LOSSES)}, "rotation": {"choices": sorted(ROTATIONS)},
-    "seed": {"min": 0}, "cnn_width": {"gt": 0}, "vit_dim": {"min": 1}, "vit_depth": {"min": 1},
-    "checkpoint_every": {"min": 1}, "eval_every": {"min": 1},
+    "model": {"format": "network"}, "dataset": {"enum": ["digits", "mnist1d", "mnist", "cifar10"]},
+    "batch_size": {"minimum": 1}, "lr": {"exclusiveMinimum": 0}, "epochs": {"minimum": 1},
+    "weight_decay": {"minimum": 0}, "momentum": {"minimum": 0, "exclusiveMaximum": 1},
+    "milestones": {"items": {"type": "integer", "minimum": 1}}, "lr_decay": {"exclusiveMinimum": 0},
+    "eps": {"exclusiveMinimum": 0}, "loss": {"enum": sorted(LOSSES)}, "rotation": {"enum": sorted(ROTATIONS)},
+    "seed": {"minimum": 0}, "cnn_width": {"exclusiveMinimum": 0}, "vit_dim": {"minimum": 1}, "vit_depth": {"minimum": 1},
+    "checkpoint_every": {"minimum": 1}, "eval_every": {"minimum": 1},
 }}
 
 
