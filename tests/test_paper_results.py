@@ -62,8 +62,10 @@ def test_a_result_whose_paper_file_changed_is_stale(tmp_path, monkeypatch):
 
 def test_only_paper_scale_runs_with_verdicts_are_stored(tmp_path):
     ci = rules.resolve_parameters(NAME, scale="ci")
-    with pytest.raises(rules.ParameterError, match="not a paper-scale run: parameters .*'n'"):
+    with pytest.raises(rules.ParameterError, match="a ci-scale run; only laptop and paper-scale runs are stored"):
         pr.store_run(_run_folder(tmp_path, ci), root=tmp_path / "results")
+    with pytest.raises(rules.ParameterError, match="not a paper-scale run: parameters .*'n'"):
+        pr.store_run(_run_folder(tmp_path / "n", {**ci, "scale": "paper"}), root=tmp_path / "results")
     with pytest.raises(rules.ParameterError, match="no verdicts"):
         pr.store_run(_run_folder(tmp_path / "b", pr.paper_parameters(NAME), verdicts={}), root=tmp_path / "results")
     assert not (tmp_path / "results").exists()
@@ -287,5 +289,5 @@ def test_readme_shows_the_stored_timings():
     assert block.strip().startswith(table), "run `python bench/run.py --only paper`"
     after = block.strip()[len(table):].strip()  # mf_vs_ntk's floor, written beside a current result only
     stored = pr.paper_results("gradients/mf_vs_ntk")
-    assert bool(after) == (stored is not None and not stored["stale"]), "run `python bench/run.py --only paper`"
+    assert bool(after) == (stored is not None and not stored["parameters_stale"]), "run `python bench/run.py --only paper`"
     assert not after or after.startswith("`gradients/mf_vs_ntk`'s floor on this machine")

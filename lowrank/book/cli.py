@@ -1,7 +1,7 @@
 """The `lowrank` command: rerun any notebook of the book with new parameters.
 
     lowrank list [PART/NAME]
-    lowrank run PART/NAME [-p NAME VALUE ...] [--params FILE.yaml] [--scale ci|paper] [--force]
+    lowrank run PART/NAME [-p NAME VALUE ...] [--params FILE.yaml] [--scale ci|laptop|paper] [--force]
     lowrank report RUN_FOLDER [RUN_FOLDER ...] [-o report.html]
     lowrank sweep SPEC.yaml [--executor local|ray] [--address HOST:PORT] [--jobs N] [--collect]
     lowrank goldens measure PART/NAME [PART/NAME ...] [--seeds 0-4] [--check]
@@ -98,8 +98,8 @@ def cmd_sweep(args) -> int:
               f"{', trained as ensembles' if p['ensemble'] else ''}")
         for k, values in p["grid"].items():
             print(f"  {k}: {values}")
-        hours = p["estimated_seconds"] / 3600
-        print(f"estimated cost: {hours:.3g} h of training (measured seconds per epoch, {', '.join(p['measured_on']) or 'no measurement'}"
+        seconds = p["estimated_seconds"]
+        print(f"estimated cost: {'unknown' if seconds is None else f'{seconds / 3600:.3g} h'} of training (measured seconds per epoch, {', '.join(p['measured_on']) or 'no measurement'}"
               f"{'; runs costed one by one, an upper bound for ensembles' if p['ensemble'] else ''})"
               + (f"; no measured time for {len(p['unmeasured'])} (model, dataset, batch size): {', '.join(p['unmeasured'])}"
                  if p["unmeasured"] else ""))
@@ -236,7 +236,8 @@ def parser() -> argparse.ArgumentParser:
                        help="set a parameter (repeatable); VALUE typed as papermill types it (1e-3 is 0.001, "
                             "True, None), else YAML ([0.1, 0.2], true, .inf)")
     p_run.add_argument("--params", metavar="FILE", help="YAML file of parameters")
-    p_run.add_argument("--scale", choices=["ci", "paper"], default="ci", help="start from ci defaults or paper YAML")
+    p_run.add_argument("--scale", choices=list(notebooks.SCALES), default="ci",
+                       help="start from the ci defaults, the laptop YAML (params/laptop/) or the paper YAML (params/paper/)")
     p_run.add_argument("--force", action="store_true", help="rerun even if a run folder with this hash exists")
     p_rep = sub.add_parser("report", help="render run folders as one standalone HTML page")
     p_rep.add_argument("folders", nargs="+", metavar="RUN_FOLDER", help="run folders written by `lowrank run`")

@@ -1,4 +1,12 @@
-"""The paper-scale book: `python -m lowrank.book.build --scale paper` (`make paper`).
+"""The laptop- and paper-scale builds: `python -m lowrank.book.build --scale laptop|paper` (`make laptop`,
+`make paper`).
+
+Laptop scale (`execute_laptop`): every notebook with a laptop file (`params/laptop/<part>/<name>.yaml`)
+whose stored result in `results/laptop/` is missing or stale (its parameters or code changed:
+`lowrank.book.paper_results.stored_result`) is executed on this machine, one at a time, into
+`_build/laptop/executed/`, and its result stored with provenance; a current stored result is not run
+again, so a fresh clone runs nothing. No separate HTML: the ci book's ledger and pages show the laptop
+column from `results/laptop/`.
 
 Every notebook of the book is executed with its paper file on the best device present, one at a
 time, into `_build/paper/executed/<part>/<name>.ipynb` (keyed like the ci build, plus the hash of its
@@ -23,18 +31,21 @@ from lowrank.book import notebooks, pages, paper_results, rules, runs
 from lowrank.book.keys import execution_key
 from lowrank.book.paper_results import REAL_DATA, required_data  # noqa: F401 (re-exported)
 
-__all__ = ["PAPER", "required_data", "missing_data", "execute_paper", "paper_toc", "main"]
+__all__ = ["PAPER", "LAPTOP", "required_data", "missing_data", "execute_paper", "execute_laptop", "paper_toc", "main",
+           "laptop_main"]
 
 PAPER = pages.BUILD / "paper"
 EXECUTED = PAPER / "executed"
 FIGURES = PAPER / "figures"
+LAPTOP = pages.BUILD / "laptop"
+LAPTOP_CELL_TIMEOUT = 3600  # a laptop page is sized for at most 600 s (lowrank.book.laptop); a cell past an hour is a fault
 CACHE = PAPER / ".jupyter_cache"
 PAPER_CELL_TIMEOUT = 48 * 3600  # seconds per cell: a paper-scale training cell may run for hours
 HEARTBEAT_S = 60.0  # how often a running notebook reports its elapsed time and cell
 
 
-def executed_path(name: str) -> Path:
-    return EXECUTED / f"{name}.ipynb"
+def executed_path(name: str, scale: str = "paper") -> Path:
+    return (EXECUTED if scale == "paper" else LAPTOP / "executed") / f"{name}.ipynb"
 
 
 def missing_data(name: str, params: dict) -> str | None:
@@ -54,11 +65,12 @@ def _key(name: str, params: dict) -> str:
     return execution_key(name) + runs.run_hash(name, params)
 
 
-def _progress(name: str) -> str:
+def _progress(name: str, scale: str = "paper") -> str:
     """`cell k of n` from papermill's partial output notebook (it is rewritten after every cell)."""
     import nbformat
 
-    for partial in executed_path(name).parent.glob(f".{executed_path(name).stem}.*/output.ipynb"):
+    out = executed_path(name, scale)
+    for partial in out.parent.glob(f".{out.stem}.*/output.ipynb"):
         try:
             nb = nbformat.read(partial, as_version=4)
         except Exception:  # being rewritten this instant
@@ -70,29 +82,38 @@ def _progress(name: str) -> str:
     return ""
 
 
-def _heartbeat(name: str, t0: float, stop: threading.Event) -> None:
+def _heartbeat(name: str, t0: float, stop: threading.Event, scale: str = "paper") -> None:
     while not stop.wait(HEARTBEAT_S):
-        print(f"      {name}: {time.time() - t0:.0f} s elapsed{_progress(name)}", flush=True)
+        print(f"      {name}: {time.time() - t0:.0f} s elapsed{_progress(name, scale)}", flush=True)
+
+
+def _execute_and_store(name: str, params: dict, scale: str) -> float:
+    """Execute `name` at `scale` (`lowrank.book.runs.execute`, the run folders' own execution), store its
+    result with its figures' data; return the wall time in seconds."""
+    out = executed_path(name, scale)
+    for leftover in out.parent.glob(f".{out.stem}.*"):  # a killed earlier run's
+        shutil.rmtree(leftover, ignore_errors=True)
+    figures = (FIGURES if scale == "paper" else LAPTOP / "figures") / name
+    shutil.rmtree(figures, ignore_errors=True)  # a figure the notebook no longer draws must not be stored
+    t0 = time.time()
+    stop = threading.Event()
+    threading.Thread(target=_heartbeat, args=(name, t0, stop, scale), daemon=True).start()
+    try:
+        found, provenance = runs.execute(name, params, out, figures, figure_url=f"../../figures/{name}",
+                                         timeout=PAPER_CELL_TIMEOUT if scale == "paper" else LAPTOP_CELL_TIMEOUT)
+    finally:
+        stop.set()
+    paper_results.store(name, params, found, {**provenance, "run_folder": None}, scale=scale, figure_dir=figures)
+    return provenance["wall_s"]
 
 
 def _execute_one(name: str, params: dict) -> float:
-    """Execute `name` at paper scale (`lowrank.book.runs.execute`, the run folders' own execution),
-    store its result; return the wall time in seconds."""
+    """Execute `name` at paper scale and store its result; return the wall time in seconds."""
     key_path = EXECUTED / f"{name}.key"
     key_path.unlink(missing_ok=True)
-    for leftover in executed_path(name).parent.glob(f".{executed_path(name).stem}.*"):  # a killed earlier run's
-        shutil.rmtree(leftover, ignore_errors=True)
-    t0 = time.time()
-    stop = threading.Event()
-    threading.Thread(target=_heartbeat, args=(name, t0, stop), daemon=True).start()
-    try:
-        found, provenance = runs.execute(name, params, executed_path(name), FIGURES / name,
-                                         figure_url=f"../../figures/{name}", timeout=PAPER_CELL_TIMEOUT)
-    finally:
-        stop.set()
-    paper_results.store(name, params, found, {**provenance, "run_folder": None})
+    wall = _execute_and_store(name, params, "paper")
     key_path.write_text(_key(name, params))
-    return provenance["wall_s"]
+    return wall
 
 
 def execute_paper(names, force: bool = False) -> tuple[list[str], dict[str, str]]:
@@ -136,6 +157,65 @@ def execute_paper(names, force: bool = False) -> tuple[list[str], dict[str, str]
     if failed:
         raise SystemExit(f"{len(failed)} notebook(s) failed at paper scale: {', '.join(sorted(failed))}")
     return ready, skipped
+
+
+def execute_laptop(names, force: bool = False) -> tuple[list[str], dict[str, str]]:
+    """Execute at laptop scale each of `names` whose stored result (results/laptop/) is missing or
+    stale, or all with `force`, one at a time, storing each result.
+
+    Returns (the notebooks with a current stored laptop result, `{skipped name: reason}`: no laptop
+    file, or one its parameter checks reject). A failing notebook stops nothing: it is reported, and
+    the build exits non-zero at the end.
+    """
+    from lowrank.core.device import describe_device
+
+    print(f"laptop scale on {describe_device()}", flush=True)
+    ready, skipped, failed = [], {}, {}
+    for i, name in enumerate(names, 1):
+        tag = f"  [{i}/{len(names)}] {name}"
+        if not notebooks.scale_params_path(name, "laptop").is_file():
+            skipped[name] = "no laptop file"
+            continue
+        try:
+            params = rules.resolve_parameters(name, scale="laptop")
+        except rules.ParameterError as err:
+            skipped[name] = str(err)
+            print(f"{tag}: skipped: {err}", flush=True)
+            continue
+        stored = paper_results.stored_result(name, scale="laptop")
+        if not force and stored is not None and not stored["stale"]:
+            ready.append(name)
+            print(f"{tag}: current (stored {stored['provenance'].get('stored', '')[:10]})", flush=True)
+            continue
+        why = "no stored result" if stored is None else f"stale: {stored['stale_reason']}" if stored["stale"] else "forced"
+        print(f"{tag}: executing at laptop scale ({why}; started {time.strftime('%H:%M:%S')})", flush=True)
+        try:
+            wall = _execute_and_store(name, params, "laptop")
+        except Exception as err:  # report, go on with the next notebook
+            failed[name] = err
+            print(f"{tag}: FAILED ({type(err).__name__}: {str(err)[-2000:]})", flush=True)
+            continue
+        ready.append(name)
+        print(f"{tag}: {wall:.1f} s, result stored in results/laptop/{name}/", flush=True)
+    if failed:
+        raise SystemExit(f"{len(failed)} notebook(s) failed at laptop scale: {', '.join(sorted(failed))}")
+    return ready, skipped
+
+
+def laptop_main(only=None, *, force: bool = False) -> None:
+    """`python -m lowrank.book.build --scale laptop [--only ...] [--force]` (`make laptop`)."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    names = list(only) if only else pages.book_notebooks()
+    for name in names:
+        notebooks.source_path(name)  # a clear error for a wrong name
+    start = time.time()
+    ready, skipped = execute_laptop(names, force=force)
+    without = sorted(n for n, why in skipped.items() if why == "no laptop file")
+    print(f"{len(ready)} notebook(s) with a current laptop result ({time.time() - start:.0f} s)"
+          + (f"; {len(without)} without a laptop file: {', '.join(without)}" if without else ""))
+    rejected = {n: why for n, why in skipped.items() if why != "no laptop file"}
+    if rejected:
+        raise SystemExit(f"{len(rejected)} laptop file(s) rejected: {', '.join(sorted(rejected))}")
 
 
 def paper_toc(executed: list[str]) -> dict:

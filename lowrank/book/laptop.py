@@ -1,0 +1,176 @@
+"""The laptop scale's parameter files, sized from each page's mechanism before training.
+
+A laptop file `params/laptop/<part>/<name>.yaml` holds the smallest sizes at which every claim of the
+page reaches its regime: for Part II's rank pages, the run length at which the accumulated weight decay
+`A = sum_t mu_t lambda / (1 - beta)` of every slice of the page's statistic (its largest over the
+slice's runs with weight decay, `lowrank.sgd.ranks.epochs_to_regime`) reaches the page's own
+`regime_needed`. Everything else is the notebook's ci defaults (synthetic or bundled data, nothing
+downloaded, at least 3 seeds pooled in each statistic). Its estimated wall time
+(`lowrank.book.costs.page_seconds`, from bench/epoch_seconds.csv) must fit `PAGE_BUDGET_S`.
+
+    python -m lowrank.book.laptop --write [PART/NAME ...]   # (re)write the files from the grids
+    python -m lowrank.book.laptop --check                   # every file's run length is the computed one
+
+A test runs `check` (tests/test_paper_results.py): a laptop file's run length is never typed by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import yaml
+
+from lowrank.book import notebooks, rules
+
+__all__ = ["PAGE_BUDGET_S", "TIER_BUDGET_S", "SizedPage", "SIZED_PAGES", "page_grid", "regime_epochs", "laptop_text",
+           "write", "check", "main"]
+
+PAGE_BUDGET_S = 600.0  # a laptop page on 2 CPU cores (issue 43)
+TIER_BUDGET_S = 3600.0  # the whole laptop tier
+
+
+def _rank_grid(params: dict, *, batch_sizes, lrs, weight_decays) -> list[dict]:
+    from lowrank.sgd import ranks
+
+    seeds = list(range(params["seed"], params["seed"] + params["seeds"]))
+    return ranks.experiment_grid(batch_sizes=batch_sizes, lrs=lrs, weight_decays=weight_decays,
+                                 momenta=[params["momentum"], params["variant_momentum"]], seeds=seeds)
+
+
+@dataclass(frozen=True)
+class SizedPage:
+    """How a page's grid and slices are read from its parameters (as its training cell builds them)."""
+    grid: Callable[[dict], list]  # parameters -> run dicts (batch_size, lr, weight_decay, momentum, seed)
+    slices: tuple  # the slices whose regime each verdict needs: one momentum and one statistic slice
+    why: str  # in words, for the file's leading comment
+
+
+SIZED_PAGES = {
+    "sgd/rank_vs_weight_decay": SizedPage(
+        lambda p: _rank_grid(p, batch_sizes=p["batch_sizes"], lrs=[p["lr"]], weight_decays=p["weight_decays"]),
+        ("momentum", "batch_size"), "each batch size's lambda trend (its largest lambda)"),
+    "sgd/rank_vs_batch_size": SizedPage(
+        lambda p: _rank_grid(p, batch_sizes=p["batch_sizes"], lrs=p["lrs"], weight_decays=[p["weight_decay"], 0.0]),
+        ("momentum", "lr"), "each learning rate's B trend (its smallest B)"),
+    "sgd/rank_vs_learning_rate": SizedPage(
+        lambda p: _rank_grid(p, batch_sizes=p["batch_sizes"], lrs=p["lrs"], weight_decays=[p["weight_decay"], 0.0]),
+        ("momentum", "batch_size"), "each batch size's mu trend (its largest mu)"),
+}
+
+
+def _sized(name: str) -> SizedPage:
+    if name not in SIZED_PAGES:
+        raise ValueError(f"{name}: no sizing rule (pages sized from their mechanism: {', '.join(SIZED_PAGES)})")
+    return SIZED_PAGES[name]
+
+
+def page_grid(name: str, params: dict) -> list[dict]:
+    """The run dicts page `name` trains with `params`."""
+    return _sized(name).grid(params)
+
+
+def _n_train(dataset: str) -> int:
+    from lowrank.core import datasets
+
+    if dataset in ("mnist", "cifar10"):
+        raise ValueError(f"the laptop scale downloads nothing: {dataset} is a paper-scale data set")
+    return int(datasets.load(dataset).x_train.shape[0])
+
+
+def regime_epochs(name: str, params: dict):
+    """(epochs, table): the smallest run length at which every slice of page `name` with `params`
+    reaches `params["regime_needed"]`, and `lowrank.sgd.ranks.epochs_to_regime`'s table per slice.
+    A slice without weight decay cannot reach it: ValueError."""
+    from lowrank.sgd import ranks
+
+    page = _sized(name)
+    table = ranks.epochs_to_regime(page_grid(name, params), n_train=_n_train(params["dataset"]),
+                                   target=params["regime_needed"], slices=list(page.slices),
+                                   milestones=params["milestones"], lr_decay=params["lr_decay"])
+    if not table["reachable"].all():
+        raise ValueError(f"{name}: a slice has no run with weight decay, so no run length reaches the regime")
+    return int(table["epochs"].max()), table
+
+
+def laptop_text(name: str) -> str:
+    """The laptop file of `name`: a leading comment (how its run length was computed, per slice, and
+    its estimated cost), `scale: laptop`, and `epochs`."""
+    from lowrank.book import costs
+
+    params = rules.resolve_parameters(name, scale="ci", memory=False)
+    epochs, table = regime_epochs(name, params)
+    page = _sized(name)
+    sized = {**params, "epochs": epochs, "scale": "laptop"}
+    seconds = costs.page_seconds(name, sized)
+    per_slice = ", ".join(f"{' '.join(f'{k} {row[k]:g}' for k in page.slices)}: {int(row['epochs'])}"
+                          for _, row in table.iterrows())
+    lines = [f"# Laptop scale, sized from the mechanism before training (python -m lowrank.book.laptop --write; never by hand):",
+             f"# the run length at which the accumulated weight decay A = sum_t mu_t lambda / (1 - beta) of {page.why}",
+             f"# reaches regime_needed = {params['regime_needed']:g}, for every momentum. Epochs per slice: {per_slice}.",
+             f"# The ci defaults otherwise ({params['model']} on {params['dataset']}, {params['seeds']} seeds pooled). "
+             f"Estimated cost: {costs.format_seconds(seconds)} (bench/epoch_seconds.csv; budget {PAGE_BUDGET_S:.0f} s).",
+             "scale: laptop", f"epochs: {epochs}"]
+    return "\n".join(lines) + "\n"
+
+
+def write(names=None) -> list[str]:
+    """(Re)write the laptop files of `names` (default every sized page); returns those that changed.
+    A page whose estimated cost exceeds `PAGE_BUDGET_S` is refused (ValueError): it needs a larger scale."""
+    from lowrank.book import costs
+
+    changed = []
+    for name in names or list(SIZED_PAGES):
+        text = laptop_text(name)
+        epochs = yaml.safe_load(text)["epochs"]
+        seconds = costs.page_seconds(name, {**rules.resolve_parameters(name, memory=False), "epochs": epochs})
+        if seconds is not None and seconds > PAGE_BUDGET_S:
+            raise ValueError(f"{name}: {epochs} epochs are estimated at {seconds:.0f} s, over the laptop budget of "
+                             f"{PAGE_BUDGET_S:.0f} s: it needs a larger scale")
+        path = notebooks.scale_params_path(name, "laptop")
+        if not path.is_file() or path.read_text() != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            changed.append(name)
+    return changed
+
+
+def check() -> list[str]:
+    """Mismatches between the laptop files and what the sizing computes: a sized page without a file,
+    a file whose `epochs` differs from `regime_epochs`, a file of a page with no sizing rule."""
+    problems = []
+    root = notebooks.REPO_ROOT / "params" / "laptop"
+    files = {p.relative_to(root).with_suffix("").as_posix() for p in root.glob("*/*.yaml")}
+    for name in sorted(files - set(SIZED_PAGES)):
+        problems.append(f"{name}: a laptop file without a sizing rule in lowrank.book.laptop.SIZED_PAGES")
+    for name in SIZED_PAGES:
+        if name not in files:
+            problems.append(f"{name}: no laptop file (python -m lowrank.book.laptop --write {name})")
+            continue
+        stored = rules.load_yaml_mapping(notebooks.scale_params_path(name, "laptop"))
+        params = rules.resolve_parameters(name, scale="laptop", memory=False)
+        want, _ = regime_epochs(name, params)
+        if stored.get("epochs") != want:
+            problems.append(f"{name}: epochs {stored.get('epochs')} in the laptop file, {want} computed from its grid")
+    return problems
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", nargs="*", metavar="PART/NAME", help="write the laptop files (default: every sized page)")
+    mode.add_argument("--check", action="store_true", help="compare every laptop file with the computed run length")
+    args = ap.parse_args(argv)
+    if args.check:
+        problems = check()
+        print("\n".join(problems) or f"{len(SIZED_PAGES)} laptop files match their computed run lengths")
+        return 1 if problems else 0
+    for name in write(args.write or None):
+        print(f"wrote {notebooks.scale_params_path(name, 'laptop')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
