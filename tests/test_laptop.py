@@ -189,3 +189,25 @@ def test_the_build_command_takes_the_laptop_scale(monkeypatch):
     monkeypatch.setattr(paper_build, "laptop_main", lambda only, force=False: seen.append((only, force)))
     build.main(["--scale", "laptop", "--only", "sgd/rank_vs_weight_decay", "--force"])
     assert seen == [(["sgd/rank_vs_weight_decay"], True)]
+
+
+def test_pages_beyond_the_laptop_budget_read_needs_a_larger_scale_with_their_cost():
+    """The conv / transformer pages: their paper sweeps' points, each costed by hand at a made-up 10 s per
+    CPU epoch and 0.5 s per GPU epoch, add up to the printed CPU- and GPU-hours; unmeasured is unknown."""
+    from lowrank.book import ledger, sweeps
+
+    for name, specs in laptop.LARGER_SCALE.items():
+        points = [p for s in specs for p in sweeps.load_spec(notebooks.REPO_ROOT / s).points]
+        assert points and all(p["model"] in ("ResNet-18", "VGG-16", "ViT") for p in points), name
+        timings = {(p["model"], p["dataset"], p["batch_size"], 1, dev): (secs, "test")
+                   for p in points for dev, secs in (("cpu", 10.0), ("cuda", 0.5))}
+        cost = laptop.larger_scale_cost(name, timings)
+        assert cost["cpu_seconds"] == pytest.approx(sum(10.0 * p["epochs"] for p in points))
+        assert cost["gpu_seconds"] == pytest.approx(sum(0.5 * p["epochs"] for p in points))
+        text = laptop.larger_scale_text(name, timings)
+        assert text.startswith("needs a larger scale") and f"{cost['cpu_seconds'] / 3600:,.0f} CPU-hours" in text
+        assert "unknown CPU-hours (one thread) and unknown GPU-hours" in laptop.larger_scale_text(name, {})
+        assert not notebooks.scale_params_path(name, "laptop").is_file(), "a page beyond the budget has no laptop file"
+        title, short, outcome = ledger._laptop_not_run(name)
+        assert outcome == "needs a larger scale" and "CPU-hours" in short and "GPU-hours" in short
+    assert laptop.larger_scale_cost("sgd/rank_vs_weight_decay") is None

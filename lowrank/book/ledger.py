@@ -434,13 +434,21 @@ def _stale_badge(reason: str | None) -> str:
     return f' <span class="outcome-badge outcome-none stale-badge" title="{_e(why)}">stale</span>'
 
 
-def _laptop_not_run(name: str) -> tuple[str, str]:
-    """(title, short) of a page without a laptop result."""
+def _laptop_not_run(name: str) -> tuple[str, str, str | None]:
+    """(title, short, outcome) of a page without a laptop result: its laptop file has not run, or its
+    claims need a larger scale (`lowrank.book.laptop.LARGER_SCALE`: outcome LARGER_SCALE, with the cost
+    in CPU- and GPU-hours), or it has no laptop file yet."""
+    from lowrank.book import laptop
     from lowrank.book.notebooks import scale_params_path
 
     if scale_params_path(name, "laptop").is_file():
-        return "its laptop file has not run yet (`make laptop`)", "not run yet"
-    return "no laptop file: not sized for the laptop scale yet", "no laptop file"
+        return "its laptop file has not run yet (`make laptop`)", "not run yet", None
+    cost = laptop.larger_scale_cost(name)
+    if cost is not None:
+        hours = lambda s: "unknown" if s is None else f"{s / 3600:,.0f}"
+        return (laptop.larger_scale_text(name), f"{hours(cost['cpu_seconds'])} CPU-hours, "
+                f"{hours(cost['gpu_seconds'])} GPU-hours", LARGER_SCALE)
+    return "no laptop file: not sized for the laptop scale yet", "no laptop file", None
 
 
 def matrix_html(rows: list[dict], part: str, base: str) -> str:
@@ -460,8 +468,11 @@ def matrix_html(rows: list[dict], part: str, base: str) -> str:
             if found:
                 cells.append(_count_cell(found) + (_stale_badge(stale[f"{scale}_stale_reason"]) if stale else ""))
                 continue
-            title, short = _laptop_not_run(name) if scale == "laptop" else (not_run_reason(name), not_run_reason(name, short=True))
-            cells.append(f'<span class="outcome-badge outcome-none" title="{_e(title)}">not run</span> <small>{_e(short)}</small>')
+            title, short, outcome = _laptop_not_run(name) if scale == "laptop" else \
+                (not_run_reason(name), not_run_reason(name, short=True), None)
+            style = OUTCOME_STYLE[outcome] if outcome else "none"
+            cells.append(f'<span class="outcome-badge outcome-{style}" title="{_e(title)}">{_e(outcome or "not run")}</span> '
+                         f'<small>{_e(short)}</small>')
         body.append(f'<tr><td data-label="page"><small class="claim-id">{_e(mine[0]["claim_id"])}</small> '
                     f'<a href="{_e(base)}notebooks/{_e(name)}.html">{_title_html(name)}</a></td>'
                     f'<td data-label="ci scale">{_count_cell(ci)}</td><td data-label="laptop scale">{cells[0]}</td>'

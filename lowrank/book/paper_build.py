@@ -116,98 +116,97 @@ def _execute_one(name: str, params: dict) -> float:
     return wall
 
 
-def execute_paper(names, force: bool = False) -> tuple[list[str], dict[str, str]]:
-    """Execute `names` at paper scale (those not current, or all with `force`), one at a time.
-
-    Returns (the notebooks with a current executed paper-scale notebook, `{skipped name: reason}`).
-    A failing notebook stops nothing: it is reported, and the build exits non-zero at the end.
-    """
+def _execute_stale(names, scale: str, force: bool, skip, current) -> tuple[list[str], dict[str, str]]:
+    """Execute at `scale`, one at a time, each of `names` that `skip(name, params)` (a reason, or None)
+    does not skip and `current(name, params)` (`(is_current, why)`) does not find current, unless
+    `force`; store each result. A failing notebook stops nothing: it is reported, and the build exits
+    non-zero at the end. Returns (the notebooks with a current result, `{skipped name: reason}`)."""
     from lowrank.core.device import describe_device
 
-    print(f"paper scale on {describe_device()}", flush=True)
+    print(f"{scale} scale on {describe_device()}", flush=True)
     ready, skipped, failed = [], {}, {}
     for i, name in enumerate(names, 1):
         tag = f"  [{i}/{len(names)}] {name}"
         try:
-            params = rules.resolve_parameters(name, scale="paper")
+            params = rules.resolve_parameters(name, scale=scale)
         except rules.ParameterError as err:
             skipped[name] = str(err)
             print(f"{tag}: skipped: {err}", flush=True)
             continue
-        reason = missing_data(name, params)
+        reason = skip(name, params)
         if reason:
             skipped[name] = reason
             print(f"{tag}: skipped: {reason}", flush=True)
             continue
-        key_path = EXECUTED / f"{name}.key"
-        if not force and executed_path(name).is_file() and key_path.is_file() and \
-                key_path.read_text() == _key(name, params):
+        is_current, why = current(name, params)
+        if is_current and not force:
             ready.append(name)
-            print(f"{tag}: current (cache hit)", flush=True)
+            print(f"{tag}: {why}", flush=True)
             continue
-        print(f"{tag}: executing at paper scale (started {time.strftime('%H:%M:%S')})", flush=True)
+        print(f"{tag}: executing at {scale} scale ({'forced' if is_current else why}; started "
+              f"{time.strftime('%H:%M:%S')})", flush=True)
         try:
-            wall = _execute_one(name, params)
+            wall = _execute_one(name, params) if scale == "paper" else _execute_and_store(name, params, scale)
         except Exception as err:  # report, go on with the next notebook
             failed[name] = err
             print(f"{tag}: FAILED ({type(err).__name__}: {str(err)[-2000:]})", flush=True)
             continue
         ready.append(name)
-        print(f"{tag}: {wall:.1f} s, result stored in results/paper/{name}/", flush=True)
+        print(f"{tag}: {wall:.1f} s, result stored in results/{scale}/{name}/", flush=True)
     if failed:
-        raise SystemExit(f"{len(failed)} notebook(s) failed at paper scale: {', '.join(sorted(failed))}")
+        raise SystemExit(f"{len(failed)} notebook(s) failed at {scale} scale: {', '.join(sorted(failed))}")
     return ready, skipped
+
+
+def execute_paper(names, force: bool = False) -> tuple[list[str], dict[str, str]]:
+    """Execute `names` at paper scale (those not current, or all with `force`), one at a time.
+
+    Returns (the notebooks with a current executed paper-scale notebook, `{skipped name: reason}`):
+    skipped are those whose data set is absent or whose paper file is missing or rejected.
+    """
+    def current(name, params):
+        key_path = EXECUTED / f"{name}.key"
+        hit = executed_path(name).is_file() and key_path.is_file() and key_path.read_text() == _key(name, params)
+        return hit, "current (cache hit)" if hit else "not executed with this code and these parameters"
+
+    return _execute_stale(names, "paper", force, missing_data, current)
 
 
 def execute_laptop(names, force: bool = False) -> tuple[list[str], dict[str, str]]:
-    """Execute at laptop scale each of `names` whose stored result (results/laptop/) is missing or
-    stale, or all with `force`, one at a time, storing each result.
+    """Execute at laptop scale each of `names` with a laptop file whose stored result (results/laptop/)
+    is missing or stale, or all with `force`, one at a time, storing each result.
 
-    Returns (the notebooks with a current stored laptop result, `{skipped name: reason}`: no laptop
-    file, or one its parameter checks reject). A failing notebook stops nothing: it is reported, and
-    the build exits non-zero at the end.
+    Returns (the notebooks with a current stored laptop result, `{skipped name: reason}`: "no laptop
+    file", or why its laptop file is rejected).
     """
-    from lowrank.core.device import describe_device
+    names = list(names)
+    without = {n: "no laptop file" for n in names if not notebooks.scale_params_path(n, "laptop").is_file()}
 
-    print(f"laptop scale on {describe_device()}", flush=True)
-    ready, skipped, failed = [], {}, {}
-    for i, name in enumerate(names, 1):
-        tag = f"  [{i}/{len(names)}] {name}"
-        if not notebooks.scale_params_path(name, "laptop").is_file():
-            skipped[name] = "no laptop file"
-            continue
-        try:
-            params = rules.resolve_parameters(name, scale="laptop")
-        except rules.ParameterError as err:
-            skipped[name] = str(err)
-            print(f"{tag}: skipped: {err}", flush=True)
-            continue
+    def current(name, params):
         stored = paper_results.stored_result(name, scale="laptop")
-        if not force and stored is not None and not stored["stale"]:
-            ready.append(name)
-            print(f"{tag}: current (stored {stored['provenance'].get('stored', '')[:10]})", flush=True)
-            continue
-        why = "no stored result" if stored is None else f"stale: {stored['stale_reason']}" if stored["stale"] else "forced"
-        print(f"{tag}: executing at laptop scale ({why}; started {time.strftime('%H:%M:%S')})", flush=True)
-        try:
-            wall = _execute_and_store(name, params, "laptop")
-        except Exception as err:  # report, go on with the next notebook
-            failed[name] = err
-            print(f"{tag}: FAILED ({type(err).__name__}: {str(err)[-2000:]})", flush=True)
-            continue
-        ready.append(name)
-        print(f"{tag}: {wall:.1f} s, result stored in results/laptop/{name}/", flush=True)
-    if failed:
-        raise SystemExit(f"{len(failed)} notebook(s) failed at laptop scale: {', '.join(sorted(failed))}")
-    return ready, skipped
+        if stored is None:
+            return False, "no stored result"
+        if stored["stale"]:
+            return False, f"stale: {stored['stale_reason']}"
+        return True, f"current (stored {stored['provenance'].get('stored', '')[:10]})"
+
+    ready, skipped = _execute_stale([n for n in names if n not in without], "laptop", force, lambda n, p: None, current)
+    return ready, {**without, **skipped}
 
 
-def laptop_main(only=None, *, force: bool = False) -> None:
-    """`python -m lowrank.book.build --scale laptop [--only ...] [--force]` (`make laptop`)."""
+def _start(only) -> list[str]:
+    """The notebooks to build (`only`, else the book's), each name checked; SIGTERM made an exit."""
+    # `timeout`, a cancelled CI job: unwind (temporary files removed, kernel shut down) instead of dying
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     names = list(only) if only else pages.book_notebooks()
     for name in names:
         notebooks.source_path(name)  # a clear error for a wrong name
+    return names
+
+
+def laptop_main(only=None, *, force: bool = False) -> None:
+    """`python -m lowrank.book.build --scale laptop [--only ...] [--force]` (`make laptop`)."""
+    names = _start(only)
     start = time.time()
     ready, skipped = execute_laptop(names, force=force)
     without = sorted(n for n, why in skipped.items() if why == "no laptop file")
@@ -271,11 +270,7 @@ def render(executed: list[str]) -> Path:
 
 
 def main(only=None, *, force: bool = False, html: bool = True) -> None:
-    # `timeout`, a cancelled CI job: unwind (temporary files removed, kernel shut down) instead of dying
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    names = list(only) if only else pages.book_notebooks()
-    for name in names:
-        notebooks.source_path(name)  # a clear error for a wrong name
+    names = _start(only)
     start = time.time()
     ready, skipped = execute_paper(names, force=force)
     if skipped:
