@@ -211,3 +211,28 @@ def test_pages_beyond_the_laptop_budget_read_needs_a_larger_scale_with_their_cos
         title, short, outcome = ledger._laptop_not_run(name)
         assert outcome == "needs a larger scale" and "CPU-hours" in short and "GPU-hours" in short
     assert laptop.larger_scale_cost("sgd/rank_vs_weight_decay") is None
+
+
+@pytest.mark.slow  # starts a kernel and trains the page: about a minute on 2 cores
+def test_the_cheapest_stored_laptop_page_reruns_to_its_stored_verdicts(tmp_path):
+    """The cheapest stored laptop result (by its recorded wall time), rerun from its laptop file as the build
+    runs it, gives every stored verdict again: the same outcome, and the measured value within the
+    verdict's recorded tolerance (its golden entry's, measured over 5 seed offsets and 2 CPU code paths at ci
+    scale; 1e-9 for a verdict without one). A stale stored result fails here: `make laptop` reruns it."""
+    from lowrank.book import goldens, runs
+
+    stored = {n: pr.stored_result(n, scale="laptop") for n in pr.stored_names(scale="laptop")}
+    assert stored, "no stored laptop result: run `make laptop`"
+    name = min(stored, key=lambda n: stored[n]["provenance"]["wall_s"])
+    assert not stored[name]["stale"], f"{name}: {stored[name]['stale_reason']} (run `make laptop`)"
+    params = rules.resolve_parameters(name, scale="laptop")
+    assert params == stored[name]["provenance"]["parameters"]
+    found, _ = runs.execute(name, params, tmp_path / "notebook.ipynb", tmp_path / "figures")
+    golden = goldens.load().get(name, {})
+    assert set(found) == set(stored[name]["verdicts"])
+    for key, was in stored[name]["verdicts"].items():
+        now = found[key]
+        tolerance = golden.get(key, {}).get("abs", 1e-9)
+        assert now["outcome"] == was["outcome"], f"{name} {key}: {now['outcome']}, stored {was['outcome']}"
+        assert abs(now["measured"] - was["measured"]) <= tolerance, \
+            f"{name} {key}: {now['measured']}, stored {was['measured']} (tolerance {tolerance})"

@@ -152,7 +152,7 @@ def laptop_text(name: str) -> str:
              f"# the run length at which the accumulated weight decay A = sum_t mu_t lambda / (1 - beta) of {page.why}",
              f"# reaches regime_needed = {params['regime_needed']:g}, for every momentum. Epochs per slice: {per_slice}.",
              f"# The ci defaults otherwise ({params['model']} on {params['dataset']}, {params['seeds']} seeds pooled). "
-             f"Estimated cost: {costs.format_seconds(seconds)} (bench/epoch_seconds.csv; budget {PAGE_BUDGET_S:.0f} s).",
+             f"Estimated training: {costs.format_seconds(seconds)} (bench/epoch_seconds.csv; page budget {PAGE_BUDGET_S:.0f} s).",
              "scale: laptop", f"epochs: {epochs}"]
     return "\n".join(lines) + "\n"
 
