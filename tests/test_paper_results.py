@@ -78,7 +78,7 @@ def test_cli_store_and_list(tmp_path, monkeypatch, capsys):
     assert cli.main(["results", "store", str(folder)]) == 0
     assert cli.main(["results", "list"]) == 0
     out = capsys.readouterr().out
-    assert f"{NAME}: 1 verdicts, 60.0 s on cpu (2 threads), commit abc: current" in out
+    assert f"paper {NAME}: 1 verdicts, 60.0 s on cpu (2 threads), commit abc: current" in out
 
 
 @pytest.mark.parametrize("name", pr.stored_names())

@@ -195,22 +195,23 @@ def cmd_data(args) -> int:
 
 
 def cmd_results(args) -> int:
-    """`lowrank results store FOLDER...`: keep paper-scale runs' verdicts and provenance in results/paper/;
-    `lowrank results list`: each stored result, current or stale."""
+    """`lowrank results store FOLDER...`: keep laptop- and paper-scale runs' verdicts and provenance in
+    results/<scale>/; `lowrank results list`: each stored result, current or stale (and why)."""
     from lowrank.book import paper_results as pr
 
     if args.action == "store":
         for folder in args.folders:
             print(f"stored {pr.store_run(folder)}")
         return 0
-    if not pr.stored_names():
-        print(f"no paper-scale results in {pr.RESULTS} (`make paper`, or `lowrank results store RUN_FOLDER`)")
-    for name in pr.stored_names():
-        r = pr.paper_results(name)
-        p = r["provenance"]
-        state = f"STALE ({r['stale_reason']})" if r["stale"] else "current"
-        print(f"{name}: {len(r['verdicts'])} verdicts, {p.get('wall_s')} s on {p.get('device')}, "
-              f"commit {str((p.get('git') or {}).get('commit'))[:10]}: {state}")
+    for scale in pr.STORED_SCALES:
+        if not pr.stored_names(scale=scale):
+            print(f"no {scale}-scale results in {pr.results_root(scale)} (`make {scale}`, or `lowrank results store RUN_FOLDER`)")
+        for name in pr.stored_names(scale=scale):
+            r = pr.stored_result(name, scale=scale)
+            p = r["provenance"]
+            state = f"STALE ({r['stale_reason']})" if r["stale"] else "current"
+            print(f"{scale} {name}: {len(r['verdicts'])} verdicts, {p.get('wall_s')} s on {p.get('device')}, "
+                  f"commit {str((p.get('git') or {}).get('commit'))[:10]}: {state}")
     return 0
 
 

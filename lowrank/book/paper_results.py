@@ -79,16 +79,19 @@ def paper_parameters(name: str) -> dict:
     return scale_parameters(name, "paper")
 
 
+CODE_KEY_DIFFERS = "the notebook or a module it imports (its code key differs; stored before per-file digests)"
+
+
 def code_changes(name: str, provenance: dict) -> list[str]:
     """What changed in the code of `name` since the run `provenance` records: the files of its
     `code_files` that differ today, were removed or are new (the notebook, a `lowrank` module it
-    imports); for a record without `code_files`, ["code key"] when its `code` differs from today's
-    `lowrank.book.keys.code_key(name)`. Empty when the code is the run's."""
+    imports); for a record without `code_files` (stored before they were recorded), [CODE_KEY_DIFFERS]
+    when its `code` differs from today's `lowrank.book.keys.code_key(name)`. Empty when the code is the run's."""
     from lowrank.book import keys
 
     stored = provenance.get("code_files")
     if not isinstance(stored, dict):
-        return [] if provenance.get("code") == keys.code_key(name) else ["code key"]
+        return [] if provenance.get("code") == keys.code_key(name) else [CODE_KEY_DIFFERS]
     now = keys.code_files(name)
     return sorted(f for f in set(stored) | set(now) if stored.get(f) != now.get(f))
 
