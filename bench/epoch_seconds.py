@@ -37,22 +37,23 @@ from lowrank.sgd import ranks
 
 OUT = costs.EPOCH_SECONDS
 REPO = Path(__file__).resolve().parents[1]
-FIELDS = costs.FIELDS + ["method"]
+FIELDS = costs.FIELDS + ["load", "method"]
 # the training sets' sizes and input shapes of the paper's data sets (read from disk only at paper scale)
 PAPER_DATA = {"cifar10": (50_000, (3, 32, 32), 10), "mnist": (60_000, (1, 28, 28), 10)}
 
 
-def _where(threads: int) -> tuple[str, str]:
-    """(device kind, where): the host, its GPU or thread count, and the machine's load when measured
-    (a shared machine's timings are upper bounds of an idle one's)."""
+def _where(threads: int) -> tuple[str, str, str]:
+    """(device kind, where, load): the host with its GPU or thread count and the day, and the machine's
+    1-minute load average on its CPUs when measured (the `load` column)."""
     from lowrank.core.io import machine_load
 
     dev = device.get_device()
     load = machine_load()
-    at = f", load {load.get('load_average_1m')} on {load.get('cpus')} CPUs, {time.strftime('%Y-%m-%d')}"
+    day = time.strftime("%Y-%m-%d")
+    at = f"{load.get('load_average_1m')} on {load.get('cpus')} CPUs"
     if dev.type == "cuda":
-        return "cuda", f"cuda:{platform.node()} ({torch.cuda.get_device_name()}{at})"
-    return "cpu", f"cpu:{platform.node()} ({threads} thread{'s' if threads != 1 else ''}, CPU seconds{at})"
+        return "cuda", f"cuda:{platform.node()} ({torch.cuda.get_device_name()}, {day})", at
+    return "cpu", f"cpu:{platform.node()} ({threads} thread{'s' if threads != 1 else ''}, CPU seconds, {day})", at
 
 
 def _clock() -> float:
@@ -77,9 +78,9 @@ def measure_pages(threads: int) -> list[dict]:
                                  lr_decay=p["lr_decay"])
                 walls[epochs] = _clock() - t
             seconds = max((walls[3] - walls[1]) / 2, 0.0)
-            kind, where = _where(threads)
+            kind, where, load = _where(threads)
             rows.append({"model": p["model"], "dataset": p["dataset"], "batch_size": B, "members": len(group),
-                         "device": kind, "seconds_per_epoch": round(seconds, 4), "measured_on": where,
+                         "device": kind, "seconds_per_epoch": round(seconds, 4), "measured_on": where, "load": load,
                          "method": f"{name}: its ensemble at B = {B}, (3 epochs - 1 epoch) / 2"})
             print(rows[-1], flush=True)
     return rows
@@ -132,9 +133,9 @@ def measure_architectures(threads: int, steps: int) -> list[dict]:
         if dev.type == "cuda":
             torch.cuda.synchronize()
         per_step = (_clock() - t) / steps
-        kind, where = _where(threads)
+        kind, where, load = _where(threads)
         rows.append({"model": p["model"], "dataset": p["dataset"], "batch_size": B, "members": 1, "device": kind,
-                     "seconds_per_epoch": round(per_step * (n_train // B), 4), "measured_on": where,
+                     "seconds_per_epoch": round(per_step * (n_train // B), 4), "measured_on": where, "load": load,
                      "method": f"{steps} SGD steps on random inputs x {n_train // B} steps per epoch (no evaluation, "
                                "no rank tracking: a lower bound)"})
         print(rows[-1], flush=True)
