@@ -403,7 +403,7 @@ def landing_html(rows: list[dict], base: str) -> str:
         total = sum(len(claims[n]) for n in pages)
         text = (f"<strong>Part {part}</strong> ({_e(PAPERS[part].split(':')[0])}): {agree} of {total} claims agree "
                 f"({where} of its {len(pages)} pages{f'; {len(stale)} stored result(s) stale' if stale else ''}). "
-                f"Every claim holds on {len(holds)} page{'s' if len(holds) != 1 else ''}")
+                + (f"Every claim holds on {_page_links(holds, base)}" if holds else "No page has every claim holding"))
         text += f"; a claim fails on {_page_links(fails, base)}" if fails else "; no claim fails"
         text += (f"; {len(open_)} page{'s are' if len(open_) != 1 else ' is'} undecided (uninformative, unstable or "
                  f"needing a larger scale)" if open_ else "")
@@ -598,9 +598,9 @@ def _page_row(r: dict, toc_files: set[str]) -> str:
     return f'<tr class="page-row"><th colspan="4" scope="rowgroup"><span class="claim-id">{_e(r["claim_id"])}</span> {title}</th></tr>'
 
 
-def _part_table(rows: list[dict], toc_files: set[str]) -> str:
-    """Rows in claims.yaml order, each page's under a row naming the page."""
-    head = ["verdict (links to its row on its page)", "ci scale", "laptop scale", "paper scale"]
+def _part_table(rows: list[dict], toc_files: set[str], first: str = "verdict (links to its row on its page)") -> str:
+    """Rows in claims.yaml order, each page's under a row naming the page; `first` heads the verdicts."""
+    head = [first, "ci scale", "laptop scale", "paper scale"]
     body, page = [], None
     for r in rows:
         if r["notebook"] != page and r["verdict"] is not None:
@@ -620,10 +620,10 @@ def page_scales_html(name: str, executed: Path, results_root: Path | None = None
     if not rows:
         return ""
     ran = [s for s in SCALES[1:] if any(r.get(s) for r in rows)]
-    said = (f"stored {' and '.join(ran)}-scale results (results/{{laptop,paper}}/, with provenance)" if ran
-            else "no stored laptop- or paper-scale result yet")
+    said = (f"stored {' and '.join(ran)}-scale results ({', '.join(f'results/{s}/' for s in ran)}, with provenance)"
+            if ran else "no stored laptop- or paper-scale result yet")
     return (f'<p class="page-scales-note">Each verdict of this page at ci scale (above) beside its {said}.</p>'
-            + _part_table(rows, set()))
+            + _part_table(rows, set(), first="verdict"))
 
 
 def _raw(text: str) -> list[str]:
