@@ -103,7 +103,7 @@ def test_every_architecture_the_laptop_and_paper_files_use_is_measured():
     assert missing == [], "run `python bench/epoch_seconds.py --architectures`"
     for name in laptop.SIZED_PAGES:
         params = rules.resolve_parameters(name, scale="laptop", memory=False)
-        seconds = costs.page_seconds(name, params, timings=timings)
+        seconds = laptop.page_seconds(name, params, timings=timings)
         assert seconds is not None, f"{name}: run `python bench/epoch_seconds.py --pages`"
         assert seconds <= laptop.PAGE_BUDGET_S, f"{name}: {seconds:.0f} s of training over the laptop budget"
     assert all(s > 0 for s, _ in timings.values()), "a measurement of zero: rerun it"

@@ -136,8 +136,8 @@ def test_a_page_is_costed_by_its_batch_size_ensembles(tmp_path):
     rows = [{"model": params["model"], "dataset": params["dataset"], "batch_size": B, "members": n, "device": "cpu",
              "seconds_per_epoch": 0.1 * B, "measured_on": "cpu:test"} for B, n in groups.items()]
     t = _timings(tmp_path, rows)
-    assert costs.page_seconds(name, params, timings=t) == pytest.approx(params["epochs"] * sum(0.1 * B for B in groups))
-    assert costs.page_seconds(name, params, timings=_timings(tmp_path, rows[:1])) is None
+    assert laptop.page_seconds(name, params, timings=t) == pytest.approx(params["epochs"] * sum(0.1 * B for B in groups))
+    assert laptop.page_seconds(name, params, timings=_timings(tmp_path, rows[:1])) is None
 
 
 def test_build_at_laptop_scale_runs_only_what_is_stale(tmp_path, monkeypatch, capsys):

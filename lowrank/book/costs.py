@@ -10,7 +10,7 @@ cost unknown (None), printed as "unknown".
     epoch_seconds(model, dataset, batch_size, members=1)  # one measurement, or None
     training_seconds(groups)                              # [(model, dataset, B, members, epochs)] -> (seconds, unmeasured)
     sweep_seconds(points)                                 # a sweep's points costed one by one
-    page_seconds(name, params)                            # a sized page (lowrank.book.laptop) at params
+    lowrank.book.laptop.page_seconds(name, params)        # a page sized for the laptop scale, at params
     format_seconds(seconds)                               # "412 s (0.11 CPU-hours)" or "unknown"
 """
 
@@ -20,7 +20,7 @@ import csv
 from pathlib import Path
 
 __all__ = ["EPOCH_SECONDS", "FIELDS", "read_timings", "epoch_seconds", "training_seconds", "sweep_seconds",
-           "page_seconds", "format_seconds", "UNKNOWN"]
+           "format_seconds", "UNKNOWN"]
 
 EPOCH_SECONDS = Path(__file__).resolve().parents[2] / "bench" / "epoch_seconds.csv"
 FIELDS = ["model", "dataset", "batch_size", "members", "device", "seconds_per_epoch", "measured_on"]
@@ -79,19 +79,6 @@ def sweep_seconds(points, device: str = "cpu", timings: dict | None = None) -> t
         total += found[0] * int(p["epochs"])
         where.add(found[1])
     return (None if unmeasured else total), sorted(unmeasured), sorted(where)
-
-
-def page_seconds(name: str, params: dict, device: str = "cpu", timings: dict | None = None) -> float | None:
-    """The training seconds of a sized page (`lowrank.book.laptop.SIZED_PAGES`) at `params`: each batch
-    size's ensemble (every run of the page at that batch size, trained together as the page trains
-    them) for `params["epochs"]`; None when a group is not measured."""
-    from lowrank.book import laptop
-
-    grid = laptop.page_grid(name, params)
-    sizes = sorted({g["batch_size"] for g in grid})
-    groups = [(params["model"], params["dataset"], B, sum(g["batch_size"] == B for g in grid), params["epochs"])
-              for B in sizes]
-    return training_seconds(groups, device, timings)[0]
 
 
 def format_seconds(seconds: float | None, device: str = "cpu") -> str:

@@ -6,7 +6,7 @@ page reaches its regime: for Part II's rank pages, the run length at which the a
 slice's runs with weight decay, `lowrank.sgd.ranks.epochs_to_regime`) reaches the page's own
 `regime_needed`. Everything else is the notebook's ci defaults (synthetic or bundled data, nothing
 downloaded, at least 3 seeds pooled in each statistic). Its estimated wall time
-(`lowrank.book.costs.page_seconds`, from bench/epoch_seconds.csv) must fit `PAGE_BUDGET_S`.
+(`page_seconds`, from bench/epoch_seconds.csv) must fit `PAGE_BUDGET_S`.
 
     python -m lowrank.book.laptop --write [PART/NAME ...]   # (re)write the files from the grids
     python -m lowrank.book.laptop --check                   # every file's run length is the computed one
@@ -25,7 +25,8 @@ import yaml
 
 from lowrank.book import notebooks, rules
 
-__all__ = ["PAGE_BUDGET_S", "TIER_BUDGET_S", "SizedPage", "SIZED_PAGES", "LARGER_SCALE", "page_grid", "regime_epochs",
+__all__ = ["PAGE_BUDGET_S", "TIER_BUDGET_S", "SizedPage", "SIZED_PAGES", "LARGER_SCALE", "page_grid", "page_seconds",
+           "regime_epochs",
            "laptop_text", "larger_scale_cost", "larger_scale_text", "write", "check", "main"]
 
 PAGE_BUDGET_S = 600.0  # a laptop page on 2 CPU cores (issue 43)
@@ -113,6 +114,18 @@ def page_grid(name: str, params: dict) -> list[dict]:
     return _sized(name).grid(params)
 
 
+def page_seconds(name: str, params: dict, device: str = "cpu", timings: dict | None = None) -> float | None:
+    """The training seconds of a sized page at `params`: each batch size's ensemble (every run of the
+    page at that batch size, trained together as the page trains them) for `params["epochs"]`, from
+    `lowrank.book.costs`' measurements; None when a group is not measured."""
+    from lowrank.book import costs
+
+    grid = page_grid(name, params)
+    groups = [(params["model"], params["dataset"], B, sum(g["batch_size"] == B for g in grid), params["epochs"])
+              for B in sorted({g["batch_size"] for g in grid})]
+    return costs.training_seconds(groups, device, timings)[0]
+
+
 def _n_train(dataset: str) -> int:
     from lowrank.core import datasets
 
@@ -145,7 +158,7 @@ def laptop_text(name: str) -> str:
     epochs, table = regime_epochs(name, params)
     page = _sized(name)
     sized = {**params, "epochs": epochs, "scale": "laptop"}
-    seconds = costs.page_seconds(name, sized)
+    seconds = page_seconds(name, sized)
     per_slice = ", ".join(f"{' '.join(f'{k} {row[k]:g}' for k in page.slices)}: {int(row['epochs'])}"
                           for _, row in table.iterrows())
     lines = [f"# Laptop scale, sized from the mechanism before training (python -m lowrank.book.laptop --write; never by hand):",
@@ -166,7 +179,7 @@ def write(names=None) -> list[str]:
     for name in names or list(SIZED_PAGES):
         text = laptop_text(name)
         epochs = yaml.safe_load(text)["epochs"]
-        seconds = costs.page_seconds(name, {**rules.resolve_parameters(name, memory=False), "epochs": epochs})
+        seconds = page_seconds(name, {**rules.resolve_parameters(name, memory=False), "epochs": epochs})
         if seconds is not None and seconds > PAGE_BUDGET_S:
             raise ValueError(f"{name}: {epochs} epochs are estimated at {seconds:.0f} s, over the laptop budget of "
                              f"{PAGE_BUDGET_S:.0f} s: it needs a larger scale")
