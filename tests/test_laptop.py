@@ -236,3 +236,19 @@ def test_the_cheapest_stored_laptop_page_reruns_to_its_stored_verdicts(tmp_path)
         assert now["outcome"] == was["outcome"], f"{name} {key}: {now['outcome']}, stored {was['outcome']}"
         assert abs(now["measured"] - was["measured"]) <= tolerance, \
             f"{name} {key}: {now['measured']}, stored {was['measured']} (tolerance {tolerance})"
+
+
+def test_a_page_over_the_budget_is_refused_before_any_file_is_written(tmp_path, monkeypatch):
+    monkeypatch.setattr(notebooks, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(laptop, "page_seconds", lambda name, params, **kw: 700.0)
+    with pytest.raises(ValueError, match="over the laptop budget of 600 s: it needs a larger scale"):
+        laptop.write()
+    monkeypatch.setattr(laptop, "page_seconds", lambda name, params, **kw: 1500.0 if "batch" in name else 590.0)
+    with pytest.raises(ValueError, match="over the laptop budget"):
+        laptop.write(["sgd/rank_vs_batch_size"])
+    monkeypatch.setattr(laptop, "page_seconds", lambda name, params, **kw: 590.0)
+    assert laptop.write(["sgd/rank_vs_weight_decay"]) == ["sgd/rank_vs_weight_decay"]
+    assert not (tmp_path / "params" / "laptop" / "sgd" / "rank_vs_batch_size.yaml").exists()
+    monkeypatch.setattr(laptop, "TIER_BUDGET_S", 1000.0)
+    with pytest.raises(ValueError, match="over the tier's 1000 s"):
+        laptop.write()

@@ -5,13 +5,13 @@ page reaches its regime: for Part II's rank pages, the run length at which the a
 `A = sum_t mu_t lambda / (1 - beta)` of every slice of the page's statistic (its largest over the
 slice's runs with weight decay, `lowrank.sgd.ranks.epochs_to_regime`) reaches the page's own
 `regime_needed`. Everything else is the notebook's ci defaults (synthetic or bundled data, nothing
-downloaded, at least 3 seeds pooled in each statistic). Its estimated wall time
-(`page_seconds`, from bench/epoch_seconds.csv) must fit `PAGE_BUDGET_S`.
+downloaded, at least 3 seeds pooled in each statistic). Its estimated training time (`page_seconds`,
+from bench/epoch_seconds.csv) must fit `PAGE_BUDGET_S`, and the tier's `TIER_BUDGET_S`.
 
     python -m lowrank.book.laptop --write [PART/NAME ...]   # (re)write the files from the grids
     python -m lowrank.book.laptop --check                   # every file's run length is the computed one
 
-A test runs `check` (tests/test_paper_results.py): a laptop file's run length is never typed by hand.
+A test runs `check` (tests/test_laptop.py): a laptop file's run length is never typed by hand.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ import yaml
 from lowrank.book import notebooks, rules
 
 __all__ = ["PAGE_BUDGET_S", "TIER_BUDGET_S", "SizedPage", "SIZED_PAGES", "LARGER_SCALE", "page_grid", "page_seconds",
-           "regime_epochs",
-           "laptop_text", "larger_scale_cost", "larger_scale_text", "write", "check", "main"]
+           "regime_epochs", "laptop_text", "larger_scale_cost", "larger_scale_text", "write", "check", "main"]
 
 PAGE_BUDGET_S = 600.0  # a laptop page on 2 CPU cores (issue 43)
 TIER_BUDGET_S = 3600.0  # the whole laptop tier
@@ -149,40 +148,50 @@ def regime_epochs(name: str, params: dict):
     return int(table["epochs"].max()), table
 
 
-def laptop_text(name: str) -> str:
-    """The laptop file of `name`: a leading comment (how its run length was computed, per slice, and
-    its estimated cost), `scale: laptop`, and `epochs`."""
-    from lowrank.book import costs
-
+def _sized_run(name: str) -> tuple[dict, object, float | None]:
+    """(the laptop parameters, the per-slice table, the estimated training seconds) of page `name`:
+    its ci defaults with the run length `regime_epochs` computes."""
     params = rules.resolve_parameters(name, scale="ci", memory=False)
     epochs, table = regime_epochs(name, params)
-    page = _sized(name)
     sized = {**params, "epochs": epochs, "scale": "laptop"}
-    seconds = page_seconds(name, sized)
+    return sized, table, page_seconds(name, sized)
+
+
+def laptop_text(name: str) -> str:
+    """The laptop file of `name`: a leading comment (how its run length was computed, per slice, and
+    its estimated training time), `scale: laptop`, and `epochs`."""
+    from lowrank.book import costs
+
+    sized, table, seconds = _sized_run(name)
+    page = _sized(name)
     per_slice = ", ".join(f"{' '.join(f'{k} {row[k]:g}' for k in page.slices)}: {int(row['epochs'])}"
                           for _, row in table.iterrows())
-    lines = [f"# Laptop scale, sized from the mechanism before training (python -m lowrank.book.laptop --write; never by hand):",
+    lines = ["# Laptop scale, sized from the mechanism before training (python -m lowrank.book.laptop --write; never by hand):",
              f"# the run length at which the accumulated weight decay A = sum_t mu_t lambda / (1 - beta) of {page.why}",
-             f"# reaches regime_needed = {params['regime_needed']:g}, for every momentum. Epochs per slice: {per_slice}.",
-             f"# The ci defaults otherwise ({params['model']} on {params['dataset']}, {params['seeds']} seeds pooled). "
+             f"# reaches regime_needed = {sized['regime_needed']:g}, for every momentum. Epochs per slice: {per_slice}.",
+             f"# The ci defaults otherwise ({sized['model']} on {sized['dataset']}, {sized['seeds']} seeds pooled). "
              f"Estimated training: {costs.format_seconds(seconds)} (bench/epoch_seconds.csv; page budget {PAGE_BUDGET_S:.0f} s).",
-             "scale: laptop", f"epochs: {epochs}"]
+             "scale: laptop", f"epochs: {sized['epochs']}"]
     return "\n".join(lines) + "\n"
 
 
 def write(names=None) -> list[str]:
     """(Re)write the laptop files of `names` (default every sized page); returns those that changed.
-    A page whose estimated cost exceeds `PAGE_BUDGET_S` is refused (ValueError): it needs a larger scale."""
-    from lowrank.book import costs
-
-    changed = []
-    for name in names or list(SIZED_PAGES):
-        text = laptop_text(name)
-        epochs = yaml.safe_load(text)["epochs"]
-        seconds = page_seconds(name, {**rules.resolve_parameters(name, memory=False), "epochs": epochs})
+    A page whose estimated training exceeds `PAGE_BUDGET_S`, or pages whose sum exceeds `TIER_BUDGET_S`,
+    are refused (ValueError) before any file is written: they need a larger scale."""
+    names = list(names or SIZED_PAGES)
+    texts, total = {}, 0.0
+    for name in names:
+        sized, _, seconds = _sized_run(name)
         if seconds is not None and seconds > PAGE_BUDGET_S:
-            raise ValueError(f"{name}: {epochs} epochs are estimated at {seconds:.0f} s, over the laptop budget of "
-                             f"{PAGE_BUDGET_S:.0f} s: it needs a larger scale")
+            raise ValueError(f"{name}: {sized['epochs']} epochs are estimated at {seconds:.0f} s of training, over the "
+                             f"laptop budget of {PAGE_BUDGET_S:.0f} s: it needs a larger scale")
+        total += seconds or 0.0
+        texts[name] = laptop_text(name)
+    if total > TIER_BUDGET_S:
+        raise ValueError(f"the laptop pages are estimated at {total:.0f} s of training, over the tier's {TIER_BUDGET_S:.0f} s")
+    changed = []
+    for name, text in texts.items():
         path = notebooks.scale_params_path(name, "laptop")
         if not path.is_file() or path.read_text() != text:
             path.parent.mkdir(parents=True, exist_ok=True)
