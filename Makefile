@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: book test unit reproduce diff paper env clean browser lab
+.PHONY: book test unit reproduce diff laptop paper env clean browser lab
 
 # The environment: a venv with the locked stack (pyproject.toml's ranges, requirements/lock.txt's exact
 # versions), rebuilt when either changes. The lock pins torch's public version: add PyTorch's CPU index
@@ -52,6 +52,12 @@ reproduce: book
 # The verdicts of the built notebooks that differ from tests/golden_verdicts.yaml (also within tolerance).
 diff: book
 	$(VENV)/bin/lowrank diff -o _build/verdict-diff.md
+
+# Every notebook with a laptop file (params/laptop/) whose stored result in results/laptop/ is missing or
+# stale (its parameters, its notebook or a module it imports changed), on this machine's CPUs, one at a
+# time: minutes per page, sized from each mechanism (lowrank.book.laptop). A current result is not rerun.
+laptop: $(STAMP)
+	$(VENV)/bin/python -m lowrank.book.build --scale laptop
 
 # Every notebook at paper scale (params/paper/) on the best device present (a GPU when there is one:
 # hours; some notebooks need `lowrank data fetch mnist|cifar10` first, else they are skipped with a

@@ -331,7 +331,7 @@ def bench_paper():
     for name in notebooks.list_notebooks():
         paper_results.write_cost_line(name)
         r = paper_results.paper_results(name)
-        if r is None or r["stale"]:
+        if r is None or r["parameters_stale"]:
             continue
         p = r["provenance"]
         load = (p.get("load_at_start") or {}).get("load_average_1m")
@@ -343,7 +343,7 @@ def bench_paper():
             part_one.append(p["wall_s"])
     table = paper_results.timing_table()
     stored = paper_results.paper_results("gradients/mf_vs_ntk")
-    if stored is not None and not stored["stale"]:  # the one page with a floor: its products alone
+    if stored is not None and not stored["parameters_stale"]:  # the one page with a floor: its products alone
         w = mf_vs_ntk_work(3)
         wall = stored["provenance"]["wall_s"]
         table += (f"\n\n`gradients/mf_vs_ntk`'s floor on this machine: its {w['products']} products of "

@@ -81,3 +81,50 @@ def test_ci_table_comes_from_one_ci_run(tmp_path):
     assert "| `.ci/run` stage: book | 300 | | 29% |" in text and "| `.ci/run` in all | 1020 | <= 1200 | |" in text
     assert "| floor of the ci book's execution on 2 workers (max of sum / 2, slowest page) | 50 |" in text
     assert text.index("page p/b") < text.index("page p/a") < text.index("page p/c")  # slowest first
+
+
+def _epoch_bench():
+    spec = importlib.util.spec_from_file_location("bench_epoch_seconds", ROOT / "bench" / "epoch_seconds.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_every_architecture_the_laptop_and_paper_files_use_is_measured():
+    """bench/epoch_seconds.csv holds a CPU time per epoch for every (model, dataset, batch size) of the
+    sweep specs (the paper's Part II architectures) and for every batch-size ensemble of each laptop
+    page, so that no dry run prints a cost of zero and every laptop file's cost is known."""
+    from lowrank.book import costs, laptop, rules
+
+    timings = costs.read_timings()
+    bench = _epoch_bench()
+    missing = [(p["model"], p["dataset"], p["batch_size"]) for p in bench._architecture_combos()
+               if (p["model"], p["dataset"], int(p["batch_size"]), 1, "cpu") not in timings]
+    assert missing == [], "run `python bench/epoch_seconds.py --architectures`"
+    for name in laptop.SIZED_PAGES:
+        params = rules.resolve_parameters(name, scale="laptop", memory=False)
+        seconds = laptop.page_seconds(name, params, timings=timings)
+        assert seconds is not None, f"{name}: run `python bench/epoch_seconds.py --pages`"
+        assert seconds <= laptop.PAGE_BUDGET_S, f"{name}: {seconds:.0f} s of training over the laptop budget"
+    assert all(s > 0 for s, _ in timings.values()), "a measurement of zero: rerun it"
+
+
+def test_epoch_bench_measures_and_replaces_rows(tmp_path, monkeypatch):
+    """One real measurement at a tiny size (2 SGD steps of an MLP on the digits), written beside an older row
+    of another key, and replacing an older row of its own key."""
+    bench = _epoch_bench()
+    monkeypatch.setattr(bench, "_architecture_combos", lambda: [{"model": "MLP-BN-2-8", "dataset": "digits",
+                                                                 "batch_size": 64}])
+    rows = bench.measure_architectures(threads=1, steps=2)
+    assert len(rows) == 1 and rows[0]["members"] == 1 and rows[0]["device"] == "cpu"
+    assert rows[0]["seconds_per_epoch"] > 0 and rows[0]["measured_on"].startswith("cpu:")
+    assert "2 SGD steps" in rows[0]["method"] and f"x {1438 // 64} steps per epoch" in rows[0]["method"]
+    out = tmp_path / "t.csv"
+    out.write_text("model,dataset,batch_size,members,device,seconds_per_epoch,measured_on,method\n"
+                   "MLP-BN-2-8,digits,64,1,cpu,99.0,old,old\nM,digits,8,1,cpu,2.0,kept,kept\n")
+    bench.write(rows, out)
+    from lowrank.book import costs
+
+    t = costs.read_timings(out)
+    assert t[("M", "digits", 8, 1, "cpu")] == (2.0, "kept")
+    assert t[("MLP-BN-2-8", "digits", 64, 1, "cpu")][0] == rows[0]["seconds_per_epoch"] != 99.0

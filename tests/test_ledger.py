@@ -4,7 +4,10 @@ import html as html_text
 import re
 from collections import Counter
 
+import pytest
+
 from lowrank.book import ledger
+from test_html import DESKTOP, PHONE, _open, browser, server  # noqa: F401 (fixtures of the landing-page test)
 
 
 def _row(name, outcome, part="II", kind="claim", **details):
@@ -71,3 +74,142 @@ def test_an_unstable_row_shows_how_often_each_outcome_came():
 def test_tolerances_that_cover_the_range_are_counted():
     golden = {"sgd/x": {"a": {"tolerance_covers_range": True}, "b": {}}}
     assert "1 verdict(s) vary" in ledger.summary_html([_row("a", "unstable")], "../", golden=golden)
+
+
+def _claim(name, outcome):
+    return {"name": name, "kind": "claim", "outcome": outcome, "measured": 0.9, "controls": [], "expected": "",
+            "threshold": {}, "details": {}}
+
+
+def _three_scales(monkeypatch):
+    """Part II: page X at ci only, page Y with a laptop result (stale), page Z at paper scale."""
+    monkeypatch.setattr(ledger, "page_title", lambda name: {"sgd/x": "Page X", "sgd/y": "Page Y", "sgd/z": "Page Z"}[name])
+    monkeypatch.setattr(ledger, "not_run_reason", lambda name, short=False: "no CIFAR-10 here")
+    return [_row("a", "agrees"), _row("b", "disagrees"),
+            {**_row("c", "needs a larger scale"), "notebook": "sgd/y", "laptop": _claim("c", "disagrees"),
+             "laptop_stale": True, "laptop_stale_reason": "code changed since the run: lowrank/sgd/ranks.py"},
+            {**_row("d", "agrees"), "notebook": "sgd/y", "laptop": _claim("d", "agrees")},
+            {**_row("e", "disagrees"), "notebook": "sgd/z", "paper": _claim("e", "agrees"), "paper_date": "2026-12-01"}]
+
+
+def _text(html):
+    return html_text.unescape(re.sub(r"<[^>]+>", "", html))
+
+
+def test_the_landing_sentence_says_what_holds_and_fails_at_each_pages_largest_scale(monkeypatch):
+    """Counted by hand: X at ci (1 of 2 agree, one fails), Y at laptop (1 of 2, one fails, stale), Z at
+    paper (1 of 1 agrees, though it disagrees at ci): 3 of 5 claims agree; every claim holds on Z only."""
+    rows = _three_scales(monkeypatch)
+    html = ledger.landing_html(rows, "../")
+    assert html.count('class="paper-answer"') == 1 and 'data-part="II" data-scale="paper"' in html
+    assert _text(html) == ("Part II (Galanti, Siegel, Gupte and Poggio): 3 of 5 claims agree (paper scale on 1, laptop "
+                           "scale on 1, ci scale on 1 of its 3 pages; 1 stored result(s) stale). Every claim holds on "
+                           "Page Z; a claim fails on Page X, Page Y. Its pages.")
+    assert '<a href="../notebooks/sgd/x.html">Page X</a>' in html and 'href="../book/sgd/index.html"' in html
+    counts = ledger.ledger_counts(rows, "laptop")["claim"]
+    assert counts == Counter({"agrees": 1, "disagrees": 1})
+
+
+def test_the_ledger_shows_ci_laptop_and_paper_side_by_side_with_stale_marked(monkeypatch):
+    rows = _three_scales(monkeypatch)
+    matrix = ledger.matrix_html(rows, "II", "../")
+    assert "<th>ci scale</th><th>laptop scale</th><th>paper scale</th>" in matrix
+    assert matrix.count('data-label="laptop scale"') == 3  # one cell per page
+    assert 'title="stale: code changed since the run: lowrank/sgd/ranks.py">stale<' in matrix
+    assert "no laptop file" in matrix  # pages X and Z have none (sgd/x, sgd/z are not notebooks)
+    table = ledger._part_table(rows, set())
+    assert "<th>laptop scale</th>" in table and table.count('data-label="laptop scale"') == len(rows)
+    text = _text(ledger.paper_summary_html(rows, "II", "../"))
+    assert text.startswith("At paper scale (1 of 3 pages run), 1 of 1 claim agrees: every claim agrees on Page Z")
+    assert "At laptop scale (1 of 3 pages run, 1 stale), 1 of 2 claims agrees and 1 disagrees." in text
+    summary = ledger.summary_html(rows, "../", golden={})
+    assert 'data-scale="laptop"' in summary and "At laptop scale (Part II only): 2 claims, 0 checks" in summary
+
+
+def test_ledger_rows_read_stored_laptop_results(tmp_path):
+    """A real executed ci notebook is not needed for the stored side: rows of a page with a stored laptop
+    result carry it, dated, and current."""
+    import json
+
+    import nbformat
+
+    from lowrank.book import paper_results as pr, rules
+    from lowrank.book.verdicts import GLUE_PREFIX
+
+    name = "sgd/rank_vs_weight_decay"
+    ci = {"name": "wd_rank_trend", "claim_id": "II-4", "kind": "claim", "outcome": "agrees", "measured": 1.1}
+    cell = nbformat.v4.new_code_cell("", outputs=[nbformat.v4.new_output(
+        "display_data", data={"text/plain": json.dumps(ci)},
+        metadata={"scrapbook": {"name": f"{GLUE_PREFIX}wd_rank_trend", "mime_prefix": ""}})])
+    executed = tmp_path / "x.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[cell]), executed)
+    pr.store(name, rules.resolve_parameters(name, scale="laptop", memory=False), {"wd_rank_trend": {**ci, "measured": 1.3}},
+             {"wall_s": 5.0, "end": "2026-12-03T06:00:00+00:00"}, tmp_path / "laptop", scale="laptop")
+    rows = [r for r in ledger.ledger_rows({name: executed}, tmp_path / "paper", tmp_path / "laptop")
+            if r["notebook"] == name and r["verdict"]]
+    assert json.dumps(rows[0]["verdict"]["measured"]) == "1.1"
+    assert rows[0]["laptop"]["measured"] == 1.3 and rows[0]["laptop_date"] == "2026-12-03"
+    assert rows[0]["laptop_stale"] is False and rows[0]["paper"] is None
+
+
+def test_a_page_shows_its_own_verdicts_at_each_scale(tmp_path):
+    """The table a notebook page shows below its verdicts: one row per verdict it glued, ci | laptop |
+    paper, the stored laptop result beside the ci one."""
+    import json
+
+    import nbformat
+
+    from lowrank.book import paper_results as pr, rules
+    from lowrank.book.verdicts import GLUE_PREFIX
+
+    name = "sgd/rank_vs_weight_decay"
+    ci = {"name": "wd_rank_trend", "claim_id": "II-4", "kind": "claim", "outcome": "disagrees", "measured": 0.7,
+          "controls": [], "expected": "", "threshold": {}}
+    cell = nbformat.v4.new_code_cell("", outputs=[nbformat.v4.new_output(
+        "display_data", data={"text/plain": json.dumps(ci)},
+        metadata={"scrapbook": {"name": f"{GLUE_PREFIX}wd_rank_trend", "mime_prefix": ""}})])
+    executed = tmp_path / "x.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[cell]), executed)
+    assert "no stored laptop- or paper-scale result yet" in ledger.page_scales_html(name, executed, tmp_path / "p", tmp_path / "l")
+    pr.store(name, rules.resolve_parameters(name, scale="laptop", memory=False),
+             {"wd_rank_trend": {**ci, "outcome": "agrees", "measured": 1.3}}, {"wall_s": 5.0}, tmp_path / "l", scale="laptop")
+    html = ledger.page_scales_html(name, executed, tmp_path / "p", tmp_path / "l")
+    assert "beside its stored laptop-scale results (results/laptop/, with provenance)" in html
+    assert html.count('class="kind-claim"') == 1 and "<th>verdict</th>" in html
+    cells = re.findall(r'<td data-label="(\w+) scale" class="outcome-cell">(.*?)</td>', html)
+    assert [c[0] for c in cells] == ["ci", "laptop", "paper"]
+    assert "disagrees" in cells[0][1] and "agrees" in cells[1][1] and "1.3" in cells[1][1] and "not run" in cells[2][1]
+    empty = tmp_path / "empty.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(), empty)
+    assert ledger.page_scales_html(name, empty) == ""
+
+
+# ---- the landing page's first screen (#43, #47 item 1): one generated sentence per paper saying what
+# holds, what fails and at which scale, on the first screen of a desktop (1366 x 900) and within the first
+# two screens of a phone (390 x 844), its links working -------------------------------------------------
+
+_ANSWERS = """() => [...document.querySelectorAll('p.paper-answer')].map(p => {
+  const r = p.getBoundingClientRect();
+  return {part: p.dataset.part, scale: p.dataset.scale, top: r.top + window.scrollY, bottom: r.bottom + window.scrollY,
+          text: p.innerText, links: [...p.querySelectorAll('a')].map(a => a.href)};
+})"""
+
+
+@pytest.mark.book  # reads the built HTML book in Chromium (tests/test_html.py's server and browser)
+@pytest.mark.parametrize("viewport, screens", [(DESKTOP, 1), (PHONE, 2)], ids=["desktop", "phone"])
+def test_each_papers_answer_is_on_the_first_screens(browser, server, viewport, screens):  # noqa: F811
+    tab, outside, errors = _open(browser, server, "book/intro.html", viewport)
+    try:
+        answers = tab.evaluate(_ANSWERS)
+        assert [a["part"] for a in answers] == list(ledger.PARTS), "one sentence per paper, in order"
+        for a in answers:
+            assert a["scale"] in ledger.SCALES and "claims agree" in a["text"]
+            assert "Every claim holds on" in a["text"] or "No page has every claim holding" in a["text"]
+            assert a["bottom"] <= screens * viewport["height"], \
+                f"Part {a['part']}'s answer ends at {a['bottom']:.0f} px, below {screens} screen(s) of {viewport['height']} px"
+            assert a["links"], f"Part {a['part']}'s answer links to its pages"
+        for href in {h for a in answers for h in a["links"]}:
+            assert tab.request.get(href).ok, f"{href} does not load"
+        assert not errors
+    finally:
+        tab.context.close()

@@ -62,8 +62,10 @@ def test_a_result_whose_paper_file_changed_is_stale(tmp_path, monkeypatch):
 
 def test_only_paper_scale_runs_with_verdicts_are_stored(tmp_path):
     ci = rules.resolve_parameters(NAME, scale="ci")
-    with pytest.raises(rules.ParameterError, match="not a paper-scale run: parameters .*'n'"):
+    with pytest.raises(rules.ParameterError, match="a ci-scale run; only laptop and paper-scale runs are stored"):
         pr.store_run(_run_folder(tmp_path, ci), root=tmp_path / "results")
+    with pytest.raises(rules.ParameterError, match="not a paper-scale run: parameters .*'n'"):
+        pr.store_run(_run_folder(tmp_path / "n", {**ci, "scale": "paper"}), root=tmp_path / "results")
     with pytest.raises(rules.ParameterError, match="no verdicts"):
         pr.store_run(_run_folder(tmp_path / "b", pr.paper_parameters(NAME), verdicts={}), root=tmp_path / "results")
     assert not (tmp_path / "results").exists()
@@ -76,7 +78,7 @@ def test_cli_store_and_list(tmp_path, monkeypatch, capsys):
     assert cli.main(["results", "store", str(folder)]) == 0
     assert cli.main(["results", "list"]) == 0
     out = capsys.readouterr().out
-    assert f"{NAME}: 1 verdicts, 60.0 s on cpu (2 threads), commit abc: current" in out
+    assert f"paper {NAME}: 1 verdicts, 60.0 s on cpu (2 threads), commit abc: current" in out
 
 
 @pytest.mark.parametrize("name", pr.stored_names())
@@ -287,5 +289,76 @@ def test_readme_shows_the_stored_timings():
     assert block.strip().startswith(table), "run `python bench/run.py --only paper`"
     after = block.strip()[len(table):].strip()  # mf_vs_ntk's floor, written beside a current result only
     stored = pr.paper_results("gradients/mf_vs_ntk")
-    assert bool(after) == (stored is not None and not stored["stale"]), "run `python bench/run.py --only paper`"
+    assert bool(after) == (stored is not None and not stored["parameters_stale"]), "run `python bench/run.py --only paper`"
     assert not after or after.startswith("`gradients/mf_vs_ntk`'s floor on this machine")
+
+
+# ---- staleness by code: a real edit of an imported module, in a copy of the repository -----------------
+
+_STATE = """
+import json, sys
+from lowrank.book import paper_results as pr
+name = sys.argv[1]
+if sys.argv[2:] == ["store"]:
+    v = {"identity_residual": {"name": "identity_residual", "claim_id": "I-1", "kind": "check", "measured": 1e-15,
+                               "outcome": "holds", "scale": "paper"}}
+    pr.store(name, pr.paper_parameters(name), v, {"wall_s": 1.0, "code": None})
+r = pr.paper_results(name)
+print(json.dumps({"stale": r["stale"], "reason": r["stale_reason"]}))
+"""
+
+
+def _state(copy, *args):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _STATE, NAME, *args], cwd=copy, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin", "HOME": str(copy)}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow  # four interpreters, each importing the package (10 s on an idle machine)
+def test_a_stored_result_goes_stale_when_an_imported_module_is_edited(tmp_path):
+    """In a copy of the package, notebooks and parameter files: a stored result is current; an edit of a
+    module its notebook imports makes it stale, naming the file; undone, it is current again; an edit
+    of a module the notebook does not import leaves it current."""
+    from lowrank.book import keys
+
+    copy = tmp_path / "repo"
+    for part in ("lowrank", "notebooks", "params"):
+        shutil.copytree(notebooks.REPO_ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "tests").mkdir()
+    shutil.copy(notebooks.REPO_ROOT / "tests" / "golden_verdicts.yaml", copy / "tests")
+    assert _state(copy, "store") == {"stale": False, "reason": None}
+    used = set(keys.code_files(NAME))
+    edited = copy / "lowrank" / "gradients" / "decomposition.py"
+    assert "lowrank/gradients/decomposition.py" in used
+    original = edited.read_text()
+    edited.write_text(original + "\n# an edit\n")
+    assert _state(copy) == {"stale": True, "reason": "code changed since the run: lowrank/gradients/decomposition.py"}
+    edited.write_text(original)
+    assert _state(copy) == {"stale": False, "reason": None}
+    unused = next(p for p in sorted((copy / "lowrank").rglob("*.py"))
+                  if p.relative_to(copy).as_posix() not in used)
+    unused.write_text(unused.read_text() + "\n# an edit\n")
+    assert _state(copy) == {"stale": False, "reason": None}
+
+
+def test_the_stored_part_one_paper_results_read_stale_where_their_code_key_differs():
+    """Stored before per-file digests: each result whose code key is not today's reads stale, and the
+    ledger's rows say so (their keys predate this code, so today all of them do)."""
+    from lowrank.book import keys, ledger
+
+    names = pr.stored_names()
+    assert names, "results/paper/ holds the Part I results"
+    for name in names:
+        r = pr.paper_results(name)
+        differs = r["provenance"].get("code") != keys.code_key(name)
+        assert r["stale"] == differs and (not differs or "code changed since the run" in r["stale_reason"]), name
+        assert r["parameters_stale"] is False, name
+    v = {"name": "identity_residual", "claim_id": "I-1", "kind": "check", "measured": 1e-15, "outcome": "holds",
+         "controls": [], "threshold": {"op": "<=", "value": 1e-12, "origin": "identity"}, "expected": "round-off"}
+    row = {"claim_id": "I-1", "notebook": names[0], "exists": True, "verdict": v, "paper": v, "paper_stale": True,
+           "paper_stale_reason": "code changed since the run: code key"}
+    assert 'title="stale: code changed since the run: code key">stale<' in ledger._row_html(row, set())

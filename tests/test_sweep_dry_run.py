@@ -18,8 +18,12 @@ def test_plan_counts_grid_and_costs_from_measured_times(tmp_path, capsys):
     s = sweeps.load_spec(spec, output=tmp_path / "out")
     p = sweeps.plan(s, timings)
     assert p["runs"] == 4 and p["grid"] == {"batch_size": [8, 16], "lr": [0.05, 0.1]}
-    assert p["estimated_seconds"] == 2 * 2.0 * 3  # two B=16 runs x 3 epochs; B=8 unmeasured
+    assert p["estimated_seconds"] is None  # B=8 unmeasured: the cost is unknown, not the B=16 runs' alone
     assert p["unmeasured"] == ["('MLP-BN-2-8', 'digits', 8)"] and p["finished"] == 0
+    with timings.open("a", newline="") as f:
+        csv.writer(f).writerow(["MLP-BN-2-8", "digits", 8, 5.0, "cpu:test"])
+    assert sweeps.plan(s, timings)["estimated_seconds"] == 2 * 2.0 * 3 + 2 * 5.0 * 3  # 2 runs per B x 3 epochs
     assert cli.main(["sweep", str(spec), "--output", str(tmp_path / "out"), "--dry-run"]) == 0
-    assert "nothing was run" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "nothing was run" in out and "estimated cost: unknown of training" in out  # bench/ has no MLP-BN-2-8
     assert not (tmp_path / "out").exists()

@@ -193,6 +193,10 @@ def rerun_section(name: str, docname: str = "", reproduce_page: str | None = Non
     intro += nodes.Text(":")
     section += intro
     lines = ["# this page at ci scale (the defaults below)", f"lowrank run {name}"]
+    laptop_path = notebooks.scale_params_path(name, "laptop")
+    if laptop_path.is_file():
+        lines += [f"# sized to reach each claim's regime on a laptop ({laptop_path.relative_to(ROOT)})",
+                  f"lowrank run {name} --scale laptop"]
     if paper_path.is_file():
         lines += [f"# the paper's sizes ({paper_path.relative_to(ROOT)})", f"lowrank run {name} --scale paper"]
     if example is not None:
@@ -225,12 +229,29 @@ def rerun_section(name: str, docname: str = "", reproduce_page: str | None = Non
     return section
 
 
+def scales_section(name: str) -> nodes.section | None:
+    """"This page at each scale": the page's verdicts at ci, laptop and paper scale side by side
+    (`lowrank.book.ledger.page_scales_html`), in the ci book only."""
+    from lowrank.book import ledger
+
+    html = ledger.page_scales_html(name, _SCALE["executed"] / f"{name}.ipynb") if _SCALE["scale"] == "ci" else ""
+    if not html:
+        return None
+    section = nodes.section(ids=["this-page-at-each-scale"], names=["this page at each scale"])
+    section += nodes.title(text="This page at each scale")
+    section += nodes.raw("", html, format="html")
+    return section
+
+
 def _add_rerun_section(app, doctree):
     name = _notebook_name(app.env.docname)
     if name is None:
         return
     top = next(iter(doctree.findall(nodes.section)), None)
     reproduce = REPRODUCE_PAGE if REPRODUCE_PAGE in app.env.found_docs else None
+    scales = scales_section(name)
+    if scales is not None:
+        (top if top is not None else doctree).append(scales)
     (top if top is not None else doctree).append(rerun_section(name, app.env.docname, reproduce))
 
 

@@ -1,6 +1,7 @@
 """Build the book: execute every notebook at ci scale (once, cached), then Jupyter Book.
 
     python -m lowrank.book.build [--jobs N] [--no-html] [--force]
+    python -m lowrank.book.build --scale laptop [--only PART/NAME ...] [--force]   (`make laptop`)
     python -m lowrank.book.build --scale paper [--only PART/NAME ...] [--no-html] [--force]   (`make paper`)
 
 Each notebook is executed by papermill into `_build/executed/<part>/<name>.ipynb`, keyed by a
@@ -16,6 +17,11 @@ a one-line message each notebook whose data set is not in its `data_root` (`lowr
 stores each result with its provenance in `results/paper/<part>/<name>/`; and renders the
 paper-scale book from that folder alone into `_build/paper/_build/html/` (its own jupyter-cache and
 table of contents: the executed notebooks and the prose pages).
+
+`--scale laptop` executes, one at a time, every notebook with a laptop file (`params/laptop/`) whose
+stored result in `results/laptop/` is missing or stale (parameters or code changed), stores each
+with its provenance, and renders nothing: the ci book shows the laptop column
+(`lowrank.book.paper_build.execute_laptop`).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from pathlib import Path
 
 from lowrank.book import pages
 from lowrank.book.keys import execution_key
-from lowrank.book.notebooks import REPO_ROOT, execute, source_path
+from lowrank.book.notebooks import REPO_ROOT, SCALES, execute, source_path
 from lowrank.book.pages import book_notebooks, build_html, executed_path, fill_jupyter_cache, toc_files
 
 def _key_path(name: str) -> Path:
@@ -108,9 +114,15 @@ def main(argv=None) -> None:
     ap.add_argument("--list-executed", action="store_true", help="print the executed notebooks of the book, longest first, and exit")
     ap.add_argument("--keys", action="store_true", help="print each notebook's execution key and exit (book.yml "
                     "keys its cache of executed notebooks by them)")
-    ap.add_argument("--scale", choices=["ci", "paper"], default="ci",
-                    help="paper: every notebook with its paper file on the best device, into _build/paper/")
+    ap.add_argument("--scale", choices=list(SCALES), default="ci",
+                    help="laptop: the stale laptop results, stored in results/laptop/; paper: every notebook with its "
+                         "paper file on the best device, into _build/paper/")
     args = ap.parse_args(argv)
+    if args.scale == "laptop":
+        from lowrank.book import paper_build
+
+        paper_build.laptop_main(args.only, force=args.force)
+        return
     if args.scale == "paper":
         from lowrank.book import paper_build
 

@@ -1,7 +1,7 @@
 """The `lowrank` command: rerun any notebook of the book with new parameters.
 
     lowrank list [PART/NAME]
-    lowrank run PART/NAME [-p NAME VALUE ...] [--params FILE.yaml] [--scale ci|paper] [--force] [--dry-run]
+    lowrank run PART/NAME [-p NAME VALUE ...] [--params FILE.yaml] [--scale ci|laptop|paper] [--force] [--dry-run]
     lowrank report RUN_FOLDER [RUN_FOLDER ...] [-o report.html]
     lowrank sweep SPEC.yaml [--executor local|ray] [--address HOST:PORT] [--jobs N] [--collect]
     lowrank goldens measure PART/NAME [PART/NAME ...] [--seeds 0-4] [--check]
@@ -64,7 +64,7 @@ def run_cost(name: str, params: dict, scale: str) -> str:
     defaults, the paper file's `# Cost` line when they are its values, else the training alone from
     measured seconds per epoch (bench/epoch_seconds.csv) where the parameters name a network, a data
     set, epochs and batch sizes it has measured; otherwise "unknown". Nothing is guessed."""
-    from lowrank.book import pages, sweeps
+    from lowrank.book import costs, pages
 
     if params == rules.resolve_parameters(name, memory=False):
         seconds = pages.recorded_page_seconds(pages.PAGE_SECONDS).get(name)
@@ -78,14 +78,12 @@ def run_cost(name: str, params: dict, scale: str) -> str:
             return f"{line.partition(': ')[2].rstrip('.')} (measured by `make paper`: the Cost line of {paper})"
     batches = params.get("batch_sizes", [params["batch_size"]] if "batch_size" in params else None)
     if all(k in params for k in ("model", "dataset", "epochs")) and batches:
-        measured = sweeps.measured_epoch_seconds(sweeps.EPOCH_SECONDS)
-        keys = [(params["model"], params["dataset"], int(b)) for b in batches]
-        if keys and all(k in measured for k in keys):
-            seconds = sum(measured[k][0] for k in keys) * int(params["epochs"])
-            where = ", ".join(sorted({measured[k][1] for k in keys}))
-            return (f"at least {seconds:.3g} s of training: one {params['model']} on {params['dataset']} for "
-                    f"{params['epochs']} epochs at each batch size, from measured seconds per epoch "
-                    f"(bench/epoch_seconds.csv, {where}); the page's other settings train more")
+        seconds, _ = costs.training_seconds([(params["model"], params["dataset"], int(b), 1, params["epochs"])
+                                             for b in batches])
+        if seconds is not None:
+            return (f"at least {costs.format_seconds(seconds)} of training: one {params['model']} on "
+                    f"{params['dataset']} for {params['epochs']} epochs at each batch size, from measured seconds "
+                    "per epoch (bench/epoch_seconds.csv); the page's other settings train more")
     return "unknown (no measurement for these parameters)"
 
 
@@ -131,8 +129,8 @@ def cmd_sweep(args) -> int:
               f"{', trained as ensembles' if p['ensemble'] else ''}")
         for k, values in p["grid"].items():
             print(f"  {k}: {values}")
-        hours = p["estimated_seconds"] / 3600
-        print(f"estimated cost: {hours:.3g} h of training (measured seconds per epoch, {', '.join(p['measured_on']) or 'no measurement'}"
+        seconds = p["estimated_seconds"]
+        print(f"estimated cost: {'unknown' if seconds is None else f'{seconds / 3600:.3g} h'} of training (measured seconds per epoch, {', '.join(p['measured_on']) or 'no measurement'}"
               f"{'; runs costed one by one, an upper bound for ensembles' if p['ensemble'] else ''})"
               + (f"; no measured time for {len(p['unmeasured'])} (model, dataset, batch size): {', '.join(p['unmeasured'])}"
                  if p["unmeasured"] else ""))
@@ -228,22 +226,23 @@ def cmd_data(args) -> int:
 
 
 def cmd_results(args) -> int:
-    """`lowrank results store FOLDER...`: keep paper-scale runs' verdicts and provenance in results/paper/;
-    `lowrank results list`: each stored result, current or stale."""
+    """`lowrank results store FOLDER...`: keep laptop- and paper-scale runs' verdicts and provenance in
+    results/<scale>/; `lowrank results list`: each stored result, current or stale (and why)."""
     from lowrank.book import paper_results as pr
 
     if args.action == "store":
         for folder in args.folders:
             print(f"stored {pr.store_run(folder)}")
         return 0
-    if not pr.stored_names():
-        print(f"no paper-scale results in {pr.RESULTS} (`make paper`, or `lowrank results store RUN_FOLDER`)")
-    for name in pr.stored_names():
-        r = pr.paper_results(name)
-        p = r["provenance"]
-        state = f"STALE ({r['stale_reason']})" if r["stale"] else "current"
-        print(f"{name}: {len(r['verdicts'])} verdicts, {p.get('wall_s')} s on {p.get('device')}, "
-              f"commit {str((p.get('git') or {}).get('commit'))[:10]}: {state}")
+    for scale in pr.STORED_SCALES:
+        if not pr.stored_names(scale=scale):
+            print(f"no {scale}-scale results in {pr.results_root(scale)} (`make {scale}`, or `lowrank results store RUN_FOLDER`)")
+        for name in pr.stored_names(scale=scale):
+            r = pr.stored_result(name, scale=scale)
+            p = r["provenance"]
+            state = f"STALE ({r['stale_reason']})" if r["stale"] else "current"
+            print(f"{scale} {name}: {len(r['verdicts'])} verdicts, {p.get('wall_s')} s on {p.get('device')}, "
+                  f"commit {str((p.get('git') or {}).get('commit'))[:10]}: {state}")
     return 0
 
 
@@ -269,7 +268,8 @@ def parser() -> argparse.ArgumentParser:
                        help="set a parameter (repeatable); VALUE typed by the parameter's declared type: the text "
                             "itself for a str parameter, else YAML 1.2 (1e-3, [0.1, 0.2], true, .inf)")
     p_run.add_argument("--params", metavar="FILE", help="YAML file of parameters")
-    p_run.add_argument("--scale", choices=["ci", "paper"], default="ci", help="start from ci defaults or paper YAML")
+    p_run.add_argument("--scale", choices=list(notebooks.SCALES), default="ci",
+                       help="start from the ci defaults, the laptop YAML (params/laptop/) or the paper YAML (params/paper/)")
     p_run.add_argument("--force", action="store_true", help="rerun even if a run folder with this hash exists")
     p_run.add_argument("--dry-run", action="store_true", help="print the notebook, parameters, run folder and "
                        "estimated cost; run nothing")

@@ -18,7 +18,7 @@ from pathlib import Path
 from lowrank.book.notebooks import read_notebook, source_path
 from lowrank.core.io import digest
 
-__all__ = ["PACKAGE", "module_file", "imported_modules", "lowrank_sources", "execution_key", "code_key"]
+__all__ = ["PACKAGE", "module_file", "imported_modules", "lowrank_sources", "execution_key", "code_key", "code_files"]
 
 PACKAGE = Path(__file__).resolve().parents[1]  # lowrank/
 
@@ -84,6 +84,17 @@ def execution_key(name: str) -> str:
     code = "\n".join(c.source for c in read_notebook(name).cells if c.cell_type == "code")
     used = [part for p in lowrank_sources(code) for part in (p.relative_to(PACKAGE).as_posix(), p)]
     return digest(src, *used, json.dumps(goldens.recorded_block(name), sort_keys=True, default=str))
+
+
+def code_files(name: str) -> dict[str, str]:
+    """`{path relative to the repository: file digest}` of notebook `name`'s source and of every
+    `lowrank` file it uses (`lowrank_sources`): stored with a result, so that a later edit can be
+    named file by file (`lowrank.book.paper_results.code_changes`). Unlike `execution_key` it leaves
+    out the golden entries, which change only how the ci book reports a verdict."""
+    src = source_path(name)
+    code = "\n".join(c.source for c in read_notebook(name).cells if c.cell_type == "code")
+    root = PACKAGE.parent
+    return {p.relative_to(root).as_posix(): digest(p) for p in [src, *lowrank_sources(code)]}
 
 
 def code_key(target: str) -> str:

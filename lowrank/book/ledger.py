@@ -1,15 +1,18 @@
 """The claims ledger: every claim of the book with the verdicts its notebook glued, as a dashboard.
 
 Written by the book build (`book/ledger.md`, generated, not committed) from the executed ci-scale
-notebooks and, where they exist, the stored paper-scale results under `results/paper/`. It reads only what the
-notebooks glued. Claims and checks are counted apart: the headline counts claims only, and a claim
+notebooks and, where they exist, the stored laptop- and paper-scale results under `results/laptop/` and
+`results/paper/` (a stored result whose parameters or code changed since its run is marked stale). It
+reads only what the notebooks glued. Claims and checks are counted apart: the headline counts claims only, and a claim
 whose negative control also meets its threshold is "uninformative", never agreement.
 
-The page opens with the summary, which is also the landing page's answer (`summary_html`, included by
+The landing page opens with one generated sentence per paper (`landing_html`: what holds and what
+fails, each page at the largest scale it ran at, linked). The ledger page opens with the summary, which
+the landing page also includes (`summary_html`, included by
 book/intro.md): what each outcome word means, the counts at each scale, and for each paper generated
 sentences (which pages agree at the largest scale measured, what has not run at paper scale and why)
 with its pages by scale as badges. Then one table per part, one row per claim (its description with
-the verdict's `latex` rendered, the outcome at ci and at paper scale; threshold and controls folded),
+the verdict's `latex` rendered, the outcome at ci, laptop and paper scale; threshold and controls folded),
 the part's checks folded below. Each verdict links to its row on its page (anchor `verdict-<name>`,
 set by book/_ext/reader.py). No number in these sentences is typed: all are counted from the verdicts.
 """
@@ -26,13 +29,13 @@ import nbformat
 import yaml
 
 from lowrank.book import paper_results as _paper_results_module
-from lowrank.book.paper_results import paper_results
 from lowrank.book.notebooks import REPO_ROOT, list_notebooks, verdicts
 from lowrank.book.verdicts import CHECK_OUTCOMES, CLAIM_OUTCOMES, LARGER_SCALE, UNSTABLE, stability_text
 
-__all__ = ["CLAIMS", "PARTS", "OUTCOME_STYLE", "MEANING", "ledger_rows", "ledger_counts", "counts_by_part",
-           "ledger_markdown", "summary_html", "paper_summary_html", "matrix_html", "math_segments", "math_html",
-           "description_html", "write_ledger"]
+__all__ = ["CLAIMS", "PARTS", "SCALES", "OUTCOME_STYLE", "MEANING", "ledger_rows", "ledger_counts", "counts_by_part",
+           "ledger_markdown", "summary_html", "paper_summary_html", "landing_html", "matrix_html", "page_scales_html",
+           "math_segments",
+           "math_html", "description_html", "write_ledger"]
 
 CLAIMS = REPO_ROOT / "book" / "claims.yaml"
 PARTS = {"I": "Part I: rank-two gradients", "II": "Part II: SGD and weight decay", "III": "Part III: square loss"}
@@ -40,21 +43,28 @@ PARTS = {"I": "Part I: rank-two gradients", "II": "Part II: SGD and weight decay
 # how a count reads: "12 agree", "3 checks hold"
 LABEL = {"agrees": "agree", "disagrees": "disagree", "uninformative": "uninformative",
          LARGER_SCALE: "need a larger scale", UNSTABLE: "unstable", "holds": "hold", "fails": "fail", "loose": "loose"}
+# the scales side by side, smallest first, and the row key of each one's verdict
+SCALES = ("ci", "laptop", "paper")
+ROW_KEY = {"ci": "verdict", "laptop": "laptop", "paper": "paper"}
 OUTCOME_STYLE = {"agrees": "good", "holds": "good", "disagrees": "bad", "fails": "bad", "uninformative": "weak",
                  LARGER_SCALE: "pending", UNSTABLE: "weak", "loose": "weak"}
 
 
-def _paper_result(name: str, results_root: Path | None) -> dict | None:
-    """The stored paper-scale result of `name` (results/paper/, `lowrank results store`), with its date
-    and whether its parameters still match the notebook's paper file."""
-    found = paper_results(name, results_root)
+def _stored_result(name: str, root: Path | None, scale: str) -> dict | None:
+    """The stored result of `name` at `scale` (results/<scale>/, `lowrank results store`), with its date
+    and whether it is stale (its parameters or code changed since the run) and why."""
+    found = _paper_results_module.stored_result(name, root, scale)
     if found is None:
         return None
-    return {"date": found["provenance"].get("end", "")[:10], "verdicts": found["verdicts"], "stale": found["stale"]}
+    return {"date": found["provenance"].get("end", "")[:10], "verdicts": found["verdicts"], "stale": found["stale"],
+            "stale_reason": found["stale_reason"]}
 
 
-def ledger_rows(executed: dict[str, Path], results_root: Path | None = None) -> list[dict]:
-    """One row per (claim, verdict); claims without a notebook yet get one row saying so.
+def ledger_rows(executed: dict[str, Path], results_root: Path | None = None, laptop_root: Path | None = None) -> list[dict]:
+    """One row per (claim, verdict); claims without a notebook yet get one row saying so. Each row has
+    the ci verdict (`verdict`) and, when stored, the laptop and paper ones (`laptop`, `paper`, each with
+    `<scale>_date`, `<scale>_stale` and `<scale>_stale_reason`); `results_root` / `laptop_root` replace
+    results/paper/ and results/laptop/.
 
     A verdict whose claim id is not the notebook's row in claims.yaml is listed too (under its own
     id), so that the ledger counts every glued verdict.
@@ -72,7 +82,7 @@ def ledger_rows(executed: dict[str, Path], results_root: Path | None = None) -> 
             rows.append({"claim_id": c["claim_id"], "notebook": name, "exists": name in existing, "verdict": None})
             continue
         nb = nbformat.read(path, as_version=4)
-        paper = _paper_result(name, results_root)
+        stored = {"paper": _stored_result(name, results_root, "paper"), "laptop": _stored_result(name, laptop_root, "laptop")}
         found_all = verdicts(nb)
         found = [v for v in found_all.values() if v["claim_id"] == c["claim_id"]]
         if c["claim_id"] == by_notebook[name][-1]:  # the notebook's last claims.yaml row takes the unlisted ones
@@ -82,10 +92,12 @@ def ledger_rows(executed: dict[str, Path], results_root: Path | None = None) -> 
                 if (name, v["name"]) in seen:
                     continue
                 seen.add((name, v["name"]))
-            pv = paper["verdicts"].get(v["name"]) if paper and v else None
-            rows.append({"claim_id": v["claim_id"] if v else c["claim_id"], "notebook": name, "exists": True, "verdict": v,
-                         "paper": pv, "paper_date": paper["date"] if pv else None,
-                         "paper_stale": bool(pv and paper["stale"])})
+            row = {"claim_id": v["claim_id"] if v else c["claim_id"], "notebook": name, "exists": True, "verdict": v}
+            for scale, found in stored.items():
+                sv = found["verdicts"].get(v["name"]) if found and v else None
+                row |= {scale: sv, f"{scale}_date": found["date"] if sv else None,
+                        f"{scale}_stale": bool(sv and found["stale"]), f"{scale}_stale_reason": found["stale_reason"] if sv else None}
+            rows.append(row)
     return rows
 
 
@@ -96,11 +108,11 @@ def beyond_paper(row: dict) -> bool:
 
 
 def ledger_counts(rows: list[dict], scale: str = "ci") -> dict[str, Counter]:
-    """`{kind: Counter(outcome)}` over the measured rows at `scale` ("ci" or "paper"), the papers' own
-    claims only (verdicts beyond the paper are counted by `beyond_paper`)."""
+    """`{kind: Counter(outcome)}` over the measured rows at `scale` ("ci", "laptop" or "paper"), the
+    papers' own claims only (verdicts beyond the paper are counted by `beyond_paper`)."""
     counts: dict[str, Counter] = {"claim": Counter(), "check": Counter()}
     for r in rows:
-        v = r["verdict"] if scale == "ci" else r.get("paper")
+        v = r.get(ROW_KEY[scale])
         if v and not beyond_paper(r):
             counts[v["kind"]][v["outcome"]] += 1
     return counts
@@ -266,7 +278,7 @@ def not_run_reason(name: str, short: bool = False) -> str:
 
 
 def _page_claims(rows: list[dict], name: str, scale: str) -> list[dict]:
-    key = "verdict" if scale == "ci" else "paper"
+    key = ROW_KEY[scale]
     return [r[key] for r in rows if r["notebook"] == name and r.get(key) and r[key]["kind"] == "claim"
             and not beyond_paper(r)]
 
@@ -314,28 +326,46 @@ def _claim_words(claims: Counter) -> str:
     return ", ".join(words[:-1]) + (" and " if len(words) > 1 else "") + words[-1]
 
 
+def _ran(part_rows: list[dict], pages: list[str], scale: str) -> list[str]:
+    """The pages of `pages` with a verdict at `scale` (all of them at ci)."""
+    key = ROW_KEY[scale]
+    return [n for n in pages if any(r["notebook"] == n and r.get(key) for r in part_rows)]
+
+
+def _largest_scale(part_rows: list[dict], pages: list[str]) -> str:
+    """The largest scale at which any page of a part ran: "paper", "laptop" or "ci"."""
+    return next(s for s in reversed(SCALES) if s == "ci" or _ran(part_rows, pages, s))
+
+
 def paper_summary_html(rows: list[dict], part: str, base: str) -> str:
     """Generated sentences on a part: its claims' outcomes at each scale, which pages agree at the
     largest scale measured, and what has not run at paper scale and why."""
     part_rows = [r for r in rows if _part(r) == part and not beyond_paper(r)]
     pages = list(dict.fromkeys(r["notebook"] for r in part_rows if r.get("verdict")))
-    ran = [n for n in pages if any(r["notebook"] == n and r.get("paper") for r in part_rows)]
+    largest = _largest_scale(part_rows, pages)
     sentences = []
-    for scale, names in (("paper", ran), ("ci", pages)):
+    for scale in reversed(SCALES):
+        names = _ran(part_rows, pages, scale) if scale != "ci" else pages
         counts = ledger_counts(part_rows, scale)["claim"]
         if not sum(counts.values()):
             continue
-        where = f"At paper scale ({len(ran)} of {len(pages)} pages run)" if scale == "paper" else "At ci scale"
+        stale = sum(any(r["notebook"] == n and r.get(f"{scale}_stale") for r in part_rows) for n in names)
+        where = "At ci scale" if scale == "ci" else \
+            f"At {scale} scale ({len(names)} of {len(pages)} pages run{f', {stale} stale' if stale else ''})"
         text = f"{where}, {_claim_words(counts)}"
-        if scale == "paper" or not ran:  # the pages by outcome, at the largest scale measured
+        if scale == largest:  # the pages by outcome, at the largest scale measured
             claims = {n: _page_claims(part_rows, n, scale) for n in names}
             groups = {g: [n for n in names if _page_group(claims[n]) == g] for g in PAGE_GROUPS}
             said = [f"{PAGE_GROUPS[g]} {_page_links(ns, base, claims)}" for g, ns in groups.items() if ns]
             text += ": " + "; ".join(said) if said else ""
         sentences.append(text + ".")
-    if not ran and sum(ledger_counts(part_rows, "ci")["claim"].values()):
+    if largest == "ci" and sum(ledger_counts(part_rows, "ci")["claim"].values()):
         sentences.append("No paper-scale result exists yet, so these outcomes say how the claims fare at small "
                          "sizes, not whether the paper's figures reproduce.")
+    elif largest == "laptop":
+        sentences.append("No paper-scale result exists yet: the laptop results are sized so that each claim's "
+                         "mechanism reaches its regime, on the small data sets ci uses, not the paper's.")
+    ran = _ran(part_rows, pages, "paper")
     missing = [n for n in pages if n not in ran]
     if missing:
         reasons: dict[str, list[str]] = {}
@@ -346,6 +376,40 @@ def paper_summary_html(rows: list[dict], part: str, base: str) -> str:
                 f"{len(ns)} pages: {_code(_e(why))}" for why, ns in reasons.items()]
         sentences.append(f"{lead} ({'; '.join(said)}).")
     return f'<p class="paper-summary" data-part="{part}">' + " ".join(sentences) + "</p>"
+
+
+PART_INDEX = {"I": "gradients", "II": "sgd", "III": "square"}  # book/<folder>/index.md, each part's overview
+
+
+def landing_html(rows: list[dict], base: str) -> str:
+    """The landing page's first screen: one generated sentence per paper, what holds and what fails,
+    each page counted at the largest scale it ran at (paper, laptop, else ci) and that scale named, the
+    failing pages linked, then a link to the part's pages. A stale stored result counts and is said so."""
+    out = []
+    for part in PARTS:
+        part_rows = [r for r in rows if _part(r) == part and not beyond_paper(r)]
+        pages = list(dict.fromkeys(r["notebook"] for r in part_rows if r.get("verdict")))
+        if not pages:
+            continue
+        at = {n: next(s for s in reversed(SCALES) if s == "ci" or n in _ran(part_rows, [n], s)) for n in pages}
+        claims = {n: _page_claims(part_rows, n, at[n]) for n in pages}
+        holds = [n for n in pages if claims[n] and all(v["outcome"] == "agrees" for v in claims[n])]
+        fails = [n for n in pages if any(v["outcome"] == "disagrees" for v in claims[n])]
+        open_ = [n for n in pages if claims[n] and n not in holds and n not in fails]
+        stale = [n for n in pages if at[n] != "ci" and any(r["notebook"] == n and r.get(f"{at[n]}_stale") for r in part_rows)]
+        scales = Counter(at.values())
+        where = ", ".join(f"{scale} scale on {scales[scale]}" for scale in reversed(SCALES) if scales[scale])
+        agree = sum(v["outcome"] == "agrees" for n in pages for v in claims[n])
+        total = sum(len(claims[n]) for n in pages)
+        text = (f"<strong>Part {part}</strong> ({_e(PAPERS[part].split(':')[0])}): {agree} of {total} claims agree "
+                f"({where} of its {len(pages)} pages{f'; {len(stale)} stored result(s) stale' if stale else ''}). "
+                + (f"Every claim holds on {_page_links(holds, base)}" if holds else "No page has every claim holding"))
+        text += f"; a claim fails on {_page_links(fails, base)}" if fails else "; no claim fails"
+        text += (f"; {len(open_)} page{'s are' if len(open_) != 1 else ' is'} undecided (uninformative, unstable or "
+                 f"needing a larger scale)" if open_ else "")
+        text += f'. <a href="{_e(base)}book/{PART_INDEX[part]}/index.html">Its pages</a>.'
+        out.append(f'<p class="paper-answer" data-part="{part}" data-scale="{_largest_scale(part_rows, pages)}">{text}</p>')
+    return "".join(out)
 
 
 def _code(text: str) -> str:
@@ -365,27 +429,57 @@ def _count_cell(v_list: list[dict]) -> str:
     return out or "—"
 
 
+def _stale_badge(reason: str | None) -> str:
+    why = f"stale: {reason}" if reason else "stale: its parameters or code changed since this run"
+    return f' <span class="outcome-badge outcome-none stale-badge" title="{_e(why)}">stale</span>'
+
+
+def _laptop_not_run(name: str) -> tuple[str, str, str | None]:
+    """(title, short, outcome) of a page without a laptop result: its laptop file has not run, or its
+    claims need a larger scale (`lowrank.book.laptop.LARGER_SCALE`: outcome LARGER_SCALE, with the cost
+    in CPU- and GPU-hours), or it has no laptop file yet."""
+    from lowrank.book import laptop
+    from lowrank.book.notebooks import scale_params_path
+
+    if scale_params_path(name, "laptop").is_file():
+        return "its laptop file has not run yet (`make laptop`)", "not run yet", None
+    cost = laptop.larger_scale_cost(name)
+    if cost is not None:
+        hours = lambda s: "unknown" if s is None else f"{s / 3600:,.0f}"
+        return (laptop.larger_scale_text(name), f"{hours(cost['cpu_seconds'])} CPU-hours, "
+                f"{hours(cost['gpu_seconds'])} GPU-hours", LARGER_SCALE)
+    return "no laptop file: not sized for the laptop scale yet", "no laptop file", None
+
+
 def matrix_html(rows: list[dict], part: str, base: str) -> str:
-    """A part's pages by scale: the outcomes of each page's verdicts as badges, a link to each page."""
+    """A part's pages by scale: the outcomes of each page's verdicts at ci, laptop and paper scale as
+    badges (a stale stored result marked), a link to each page."""
     part_rows = [r for r in rows if _part(r) == part and not beyond_paper(r)]
     body = []
     for name in dict.fromkeys(r["notebook"] for r in part_rows):
         mine = [r for r in part_rows if r["notebook"] == name]
         ci = [r["verdict"] for r in mine if r.get("verdict")]
-        paper = [r["paper"] for r in mine if r.get("paper")]
         if not ci:
             continue
-        stale = any(r.get("paper_stale") for r in mine)
-        paper_cell = (_count_cell(paper) + (' <span class="outcome-badge outcome-none" title="the paper file changed '
-                                            'since this run">stale</span>' if stale else "")) if paper else \
-            (f'<span class="outcome-badge outcome-none" title="{_e(not_run_reason(name))}">not run</span> '
-             f'<small>{_e(not_run_reason(name, short=True))}</small>')
+        cells = []
+        for scale in SCALES[1:]:
+            found = [r[scale] for r in mine if r.get(scale)]
+            stale = next((r for r in mine if r.get(f"{scale}_stale")), None)
+            if found:
+                cells.append(_count_cell(found) + (_stale_badge(stale[f"{scale}_stale_reason"]) if stale else ""))
+                continue
+            title, short, outcome = _laptop_not_run(name) if scale == "laptop" else \
+                (not_run_reason(name), not_run_reason(name, short=True), None)
+            style = OUTCOME_STYLE[outcome] if outcome else "none"
+            cells.append(f'<span class="outcome-badge outcome-{style}" title="{_e(title)}">{_e(outcome or "not run")}</span> '
+                         f'<small>{_e(short)}</small>')
         body.append(f'<tr><td data-label="page"><small class="claim-id">{_e(mine[0]["claim_id"])}</small> '
                     f'<a href="{_e(base)}notebooks/{_e(name)}.html">{_title_html(name)}</a></td>'
-                    f'<td data-label="ci scale">{_count_cell(ci)}</td><td data-label="paper scale">{paper_cell}</td></tr>')
-    return ('<table class="ledger-matrix rows"><colgroup><col class="c-page"><col class="c-ci"><col class="c-paper">'
-            '</colgroup><thead><tr><th>page</th><th>ci scale</th><th>paper scale</th></tr></thead><tbody>'
-            + "".join(body) + "</tbody></table>")
+                    f'<td data-label="ci scale">{_count_cell(ci)}</td><td data-label="laptop scale">{cells[0]}</td>'
+                    f'<td data-label="paper scale">{cells[1]}</td></tr>')
+    return ('<table class="ledger-matrix rows"><colgroup><col class="c-page"><col class="c-ci"><col class="c-laptop">'
+            '<col class="c-paper"></colgroup><thead><tr><th>page</th><th>ci scale</th><th>laptop scale</th>'
+            '<th>paper scale</th></tr></thead><tbody>' + "".join(body) + "</tbody></table>")
 
 
 def _range_note(golden: dict | None) -> str:
@@ -409,17 +503,18 @@ def summary_html(rows: list[dict], base: str, golden: dict | None = None) -> str
     """The landing page's answer: what each outcome word means, the counts at each scale, and for each
     paper one or two generated sentences and its pages by scale, linked from `base`."""
     counts = ledger_counts(rows, "ci")
-    paper = ledger_counts(rows, "paper")
     n_claims = sum(counts["claim"].values())
     n_beyond = sum(beyond_paper(r) for r in rows)
     out = [legend_html(),
            f'<p class="ledger-group-title">At ci scale: {n_claims} claims, {sum(counts["check"].values())} checks'
            + (f" (and {n_beyond} verdict(s) on the book's own hypotheses, listed apart)" if n_beyond else "") + "</p>",
            _cards(counts, "ci")]
-    if sum(paper["claim"].values()) + sum(paper["check"].values()):
-        parts = [p for p in PARTS if sum(counts_by_part(rows, "paper")[p]["claim"].values())]
-        out += [f'<p class="ledger-group-title">At paper scale (Part {", ".join(parts)} only): '
-                f'{sum(paper["claim"].values())} claims, {sum(paper["check"].values())} checks</p>', _cards(paper, "paper")]
+    for scale in ("laptop", "paper"):
+        at = ledger_counts(rows, scale)
+        if sum(at["claim"].values()) + sum(at["check"].values()):
+            parts = [p for p in PARTS if sum(counts_by_part(rows, scale)[p]["claim"].values())]
+            out += [f'<p class="ledger-group-title">At {scale} scale (Part {", ".join(parts)} only): '
+                    f'{sum(at["claim"].values())} claims, {sum(at["check"].values())} checks</p>', _cards(at, scale)]
     for part in PARTS:
         out += [f'<section class="paper-block" data-part="{part}"><p class="paper-title"><strong>Part {part}</strong> · '
                 f"{_e(PAPERS[part])}</p>", paper_summary_html(rows, part, base),
@@ -456,7 +551,7 @@ def fmt(x, digits: int = 3) -> str:
     return significant(x, digits)
 
 
-def _outcome_html(v: dict | None, date: str | None = None, stale: bool = False) -> str:
+def _outcome_html(v: dict | None, date: str | None = None, stale: bool = False, stale_reason: str | None = None) -> str:
     if v is None:
         return '<span class="outcome-badge outcome-none">not run</span>'
     stab = (v.get("details") or {}).get("stability")
@@ -465,7 +560,7 @@ def _outcome_html(v: dict | None, date: str | None = None, stale: bool = False) 
     if v["outcome"] == UNSTABLE and stab:
         out += f'<br><small>{_e(stability_text(stab["outcomes"]))}</small>'
     if stale:
-        out += ' <span class="outcome-badge outcome-none" title="the paper file changed since this run">stale</span>'
+        out += _stale_badge(stale_reason)
     return out
 
 
@@ -477,7 +572,7 @@ def _row_html(r: dict, toc_files: set[str]) -> str:
     if v is None:
         status = "notebook not in the book yet" if r["exists"] else "not written yet"
         claim = (f'<a href="../notebooks/{_e(nb)}.html">{_e(r["claim_id"])}</a>' if in_book else _e(r["claim_id"]))
-        return (f'<tr class="missing"><td data-label="verdict" colspan="3">{claim}: <em>{status}</em> '
+        return (f'<tr class="missing"><td data-label="verdict" colspan="4">{claim}: <em>{status}</em> '
                 f"(<code>{_e(nb)}</code>)</td></tr>")
     name = description_html(v)
     link = f'<a href="{_e(verdict_url(r, "../"))}">{name}</a>' if in_book else name
@@ -490,8 +585,9 @@ def _row_html(r: dict, toc_files: set[str]) -> str:
             f'<td data-label="{_e(v["kind"])}">{link}<details class="ledger-more"><summary>threshold, control</summary>'
             f'{"".join(more)}</details></td>'
             f'<td data-label="ci scale" class="outcome-cell">{_outcome_html(v)}</td>'
-            f'<td data-label="paper scale" class="outcome-cell">'
-            f'{_outcome_html(r.get("paper"), r.get("paper_date"), bool(r.get("paper_stale")))}</td></tr>')
+            + "".join(f'<td data-label="{s} scale" class="outcome-cell">'
+                      f'{_outcome_html(r.get(s), r.get(f"{s}_date"), bool(r.get(f"{s}_stale")), r.get(f"{s}_stale_reason"))}</td>'
+                      for s in SCALES[1:]) + "</tr>")
 
 
 def _page_row(r: dict, toc_files: set[str]) -> str:
@@ -499,12 +595,12 @@ def _page_row(r: dict, toc_files: set[str]) -> str:
     nb = r["notebook"]
     title = (f'<a href="../notebooks/{_e(nb)}.html">{_title_html(nb)}</a>' if f"notebooks/{nb}" in toc_files
              else f"<code>{_e(nb)}</code>")
-    return f'<tr class="page-row"><th colspan="3" scope="rowgroup"><span class="claim-id">{_e(r["claim_id"])}</span> {title}</th></tr>'
+    return f'<tr class="page-row"><th colspan="4" scope="rowgroup"><span class="claim-id">{_e(r["claim_id"])}</span> {title}</th></tr>'
 
 
-def _part_table(rows: list[dict], toc_files: set[str]) -> str:
-    """Rows in claims.yaml order, each page's under a row naming the page."""
-    head = ["verdict (links to its row on its page)", "ci scale", "paper scale"]
+def _part_table(rows: list[dict], toc_files: set[str], first: str = "verdict (links to its row on its page)") -> str:
+    """Rows in claims.yaml order, each page's under a row naming the page; `first` heads the verdicts."""
+    head = [first, "ci scale", "laptop scale", "paper scale"]
     body, page = [], None
     for r in rows:
         if r["notebook"] != page and r["verdict"] is not None:
@@ -512,8 +608,22 @@ def _part_table(rows: list[dict], toc_files: set[str]) -> str:
         page = r["notebook"]
         body.append(_row_html(r, toc_files))
     return ('<div class="ledger-wrap"><table class="ledger-table rows"><colgroup><col class="c-verdict">'
-            '<col class="c-ci"><col class="c-paper"></colgroup><thead><tr>' +
+            '<col class="c-ci"><col class="c-laptop"><col class="c-paper"></colgroup><thead><tr>' +
             "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>" + "".join(body) + "</tbody></table></div>")
+
+
+def page_scales_html(name: str, executed: Path, results_root: Path | None = None, laptop_root: Path | None = None) -> str:
+    """A notebook page's own verdicts at ci, laptop and paper scale side by side (the ledger's rows of
+    that page, a stale stored result marked), for the page itself (book/_ext/reader.py); "" when the
+    executed notebook glued none."""
+    rows = [r for r in ledger_rows({name: executed}, results_root, laptop_root) if r["notebook"] == name and r["verdict"]]
+    if not rows:
+        return ""
+    ran = [s for s in SCALES[1:] if any(r.get(s) for r in rows)]
+    said = (f"stored {' and '.join(ran)}-scale results ({', '.join(f'results/{s}/' for s in ran)}, with provenance)"
+            if ran else "no stored laptop- or paper-scale result yet")
+    return (f'<p class="page-scales-note">Each verdict of this page at ci scale (above) beside its {said}.</p>'
+            + _part_table(rows, set(), first="verdict"))
 
 
 def _raw(text: str) -> list[str]:
@@ -525,8 +635,9 @@ def ledger_markdown(rows: list[dict], toc_files: set[str]) -> str:
              "Every verdict of the book, at each scale: one row per claim, then each part's checks (folded).",
              "A row's outcome links to the verdict's row on its page; its threshold, the origin of that threshold",
              "and its negative controls are folded under the description. Generated by the book build from the",
-             "glued verdicts of the executed notebooks (ci scale) and the stored paper-scale results",
-             "(`make paper`, `lowrank results store`) when present.", "", "## Summary", ""]
+             "glued verdicts of the executed notebooks (ci scale) and the stored laptop- and paper-scale results",
+             "(`make laptop`, `make paper`, `lowrank results store`) when present; a stored result whose parameters,",
+             "notebook or imported code changed since its run is marked stale.", "", "## Summary", ""]
     lines += _raw(summary_html(rows, "../"))
     beyond = [r for r in rows if beyond_paper(r)]
     if beyond:
@@ -548,6 +659,7 @@ def ledger_markdown(rows: list[dict], toc_files: set[str]) -> str:
 
 
 SUMMARY_INCLUDE = REPO_ROOT / "_build" / "generated" / "ledger_summary.md"
+LANDING_INCLUDE = "landing_answers.md"  # beside SUMMARY_INCLUDE: the landing page's first screen
 
 
 def _write_if_changed(path: Path, text: str) -> None:
@@ -562,12 +674,15 @@ def part_summary_html(rows: list[dict], part: str, base: str) -> str:
 
 
 def write_ledger(out: Path, executed: dict[str, Path], toc_files: set[str],
-                 summary_out: Path | None = SUMMARY_INCLUDE, results_root: Path | None = None) -> Path:
-    """Write the ledger page and, to include, the summary for the landing page (book/intro.md) and
-    one per part for the parts' overviews (`ledger_part_<I|II|III>.md` next to it, book/<part>/index.md)."""
-    rows = ledger_rows(executed, results_root)
+                 summary_out: Path | None = SUMMARY_INCLUDE, results_root: Path | None = None,
+                 laptop_root: Path | None = None) -> Path:
+    """Write the ledger page and, to include, the landing page's first screen (`landing_answers.md`
+    next to `summary_out`) and summary (book/intro.md), and one per part for the parts' overviews
+    (`ledger_part_<I|II|III>.md`, book/<part>/index.md)."""
+    rows = ledger_rows(executed, results_root, laptop_root)
     _write_if_changed(out, ledger_markdown(rows, toc_files))
     if summary_out is not None:
+        _write_if_changed(summary_out.with_name(LANDING_INCLUDE), "\n".join(_raw(landing_html(rows, "../"))) + "\n")
         _write_if_changed(summary_out, "\n".join(_raw(summary_html(rows, "../"))) + "\n")
         for part in PARTS:
             _write_if_changed(summary_out.with_name(f"ledger_part_{part}.md"),

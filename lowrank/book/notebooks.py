@@ -1,8 +1,8 @@
 """The book's notebooks as objects: find them, read their parameters, execute them, read verdicts.
 
 A notebook is a MyST-markdown file `notebooks/<part>/<name>.md` (jupytext). Its cell tagged
-`parameters` holds the ci-scale defaults as `name: TYPE = literal` declarations; the paper-scale
-values live in `params/paper/<part>/<name>.yaml`.
+`parameters` holds the ci-scale defaults as `name: TYPE = literal` declarations; the laptop- and
+paper-scale values live in `params/<scale>/<part>/<name>.yaml` (`scale_params_path`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ __all__ = [
     "FAILED_ROOT",
     "check_name",
     "source_path",
+    "SCALES",
+    "scale_params_path",
     "paper_params_path",
     "read_notebook",
     "parameter_defaults",
@@ -100,6 +102,17 @@ def source_path(name: str) -> Path:
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise FileNotFoundError(f"no notebook {name!r} under {NOTEBOOK_ROOT}{hint}")
     return path
+
+
+# the book's scales, smallest first: ci (the notebook's defaults), laptop and paper (a parameter file each)
+SCALES = ("ci", "laptop", "paper")
+
+
+def scale_params_path(name: str, scale: str) -> Path:
+    """`params/<scale>/<part>/<name>.yaml`, the parameter file of a laptop- or paper-scale run."""
+    if scale not in SCALES[1:]:
+        raise ValueError(f"scale must be one of {', '.join(SCALES[1:])} (ci is the notebook's defaults), got {scale!r}")
+    return paper_params_path(name) if scale == "paper" else SOURCE_ROOT / "params" / scale / f"{name}.yaml"
 
 
 def paper_params_path(name: str) -> Path:

@@ -1,4 +1,12 @@
-"""The paper-scale book: `python -m lowrank.book.build --scale paper` (`make paper`).
+"""The laptop- and paper-scale builds: `python -m lowrank.book.build --scale laptop|paper` (`make laptop`,
+`make paper`).
+
+Laptop scale (`execute_laptop`): every notebook with a laptop file (`params/laptop/<part>/<name>.yaml`)
+whose stored result in `results/laptop/` is missing or stale (its parameters or code changed:
+`lowrank.book.paper_results.stored_result`) is executed on this machine, one at a time, into
+`_build/laptop/executed/`, and its result stored with provenance; a current stored result is not run
+again, so a fresh clone runs nothing. No separate HTML: the ci book's ledger and pages show the laptop
+column from `results/laptop/`.
 
 Every notebook of the book is executed with its paper file on the best device present, one at a
 time, into `_build/paper/executed/<part>/<name>.ipynb` (keyed like the ci build, plus the hash of its
@@ -23,18 +31,21 @@ from lowrank.book import notebooks, pages, paper_results, rules, runs
 from lowrank.book.keys import execution_key
 from lowrank.book.paper_results import REAL_DATA, required_data  # noqa: F401 (re-exported)
 
-__all__ = ["PAPER", "required_data", "missing_data", "execute_paper", "paper_toc", "main"]
+__all__ = ["PAPER", "LAPTOP", "required_data", "missing_data", "execute_paper", "execute_laptop", "paper_toc", "main",
+           "laptop_main"]
 
 PAPER = pages.BUILD / "paper"
 EXECUTED = PAPER / "executed"
 FIGURES = PAPER / "figures"
+LAPTOP = pages.BUILD / "laptop"
+LAPTOP_CELL_TIMEOUT = 3600  # a laptop page is sized for at most 600 s (lowrank.book.laptop); a cell past an hour is a fault
 CACHE = PAPER / ".jupyter_cache"
 PAPER_CELL_TIMEOUT = 48 * 3600  # seconds per cell: a paper-scale training cell may run for hours
 HEARTBEAT_S = 60.0  # how often a running notebook reports its elapsed time and cell
 
 
-def executed_path(name: str) -> Path:
-    return EXECUTED / f"{name}.ipynb"
+def executed_path(name: str, scale: str = "paper") -> Path:
+    return (EXECUTED if scale == "paper" else LAPTOP / "executed") / f"{name}.ipynb"
 
 
 def missing_data(name: str, params: dict) -> str | None:
@@ -54,11 +65,12 @@ def _key(name: str, params: dict) -> str:
     return execution_key(name) + runs.run_hash(name, params)
 
 
-def _progress(name: str) -> str:
+def _progress(name: str, scale: str = "paper") -> str:
     """`cell k of n` from papermill's partial output notebook (it is rewritten after every cell)."""
     import nbformat
 
-    for partial in executed_path(name).parent.glob(f".{executed_path(name).stem}.*/output.ipynb"):
+    out = executed_path(name, scale)
+    for partial in out.parent.glob(f".{out.stem}.*/output.ipynb"):
         try:
             nb = nbformat.read(partial, as_version=4)
         except Exception:  # being rewritten this instant
@@ -70,72 +82,139 @@ def _progress(name: str) -> str:
     return ""
 
 
-def _heartbeat(name: str, t0: float, stop: threading.Event) -> None:
+def _heartbeat(name: str, t0: float, stop: threading.Event, scale: str = "paper") -> None:
     while not stop.wait(HEARTBEAT_S):
-        print(f"      {name}: {time.time() - t0:.0f} s elapsed{_progress(name)}", flush=True)
+        print(f"      {name}: {time.time() - t0:.0f} s elapsed{_progress(name, scale)}", flush=True)
 
 
-def _execute_one(name: str, params: dict) -> float:
-    """Execute `name` at paper scale (`lowrank.book.runs.execute`, the run folders' own execution),
-    store its result; return the wall time in seconds."""
-    key_path = EXECUTED / f"{name}.key"
-    key_path.unlink(missing_ok=True)
-    for leftover in executed_path(name).parent.glob(f".{executed_path(name).stem}.*"):  # a killed earlier run's
+def _execute_and_store(name: str, params: dict, scale: str) -> float:
+    """Execute `name` at `scale` (`lowrank.book.runs.execute`, the run folders' own execution), store its
+    result with its figures' data; return the wall time in seconds."""
+    out = executed_path(name, scale)
+    for leftover in out.parent.glob(f".{out.stem}.*"):  # a killed earlier run's
         shutil.rmtree(leftover, ignore_errors=True)
+    figures = (FIGURES if scale == "paper" else LAPTOP / "figures") / name
+    shutil.rmtree(figures, ignore_errors=True)  # a figure the notebook no longer draws must not be stored
     t0 = time.time()
     stop = threading.Event()
-    threading.Thread(target=_heartbeat, args=(name, t0, stop), daemon=True).start()
+    threading.Thread(target=_heartbeat, args=(name, t0, stop, scale), daemon=True).start()
     try:
-        found, provenance = runs.execute(name, params, executed_path(name), FIGURES / name,
-                                         figure_url=f"../../figures/{name}", timeout=PAPER_CELL_TIMEOUT)
+        found, provenance = runs.execute(name, params, out, figures, figure_url=f"../../figures/{name}",
+                                         timeout=PAPER_CELL_TIMEOUT if scale == "paper" else LAPTOP_CELL_TIMEOUT)
     finally:
         stop.set()
-    paper_results.store(name, params, found, {**provenance, "run_folder": None})
-    key_path.write_text(_key(name, params))
+    paper_results.store(name, params, found, {**provenance, "run_folder": None}, scale=scale, figure_dir=figures)
     return provenance["wall_s"]
 
 
-def execute_paper(names, force: bool = False) -> tuple[list[str], dict[str, str]]:
-    """Execute `names` at paper scale (those not current, or all with `force`), one at a time.
+def _execute_one(name: str, params: dict) -> float:
+    """Execute `name` at paper scale and store its result; return the wall time in seconds."""
+    key_path = EXECUTED / f"{name}.key"
+    key_path.unlink(missing_ok=True)
+    wall = _execute_and_store(name, params, "paper")
+    key_path.write_text(_key(name, params))
+    return wall
 
-    Returns (the notebooks with a current executed paper-scale notebook, `{skipped name: reason}`).
-    A failing notebook stops nothing: it is reported, and the build exits non-zero at the end.
-    """
+
+def _execute_stale(names, scale: str, force: bool, skip, current) -> tuple[list[str], dict[str, str]]:
+    """Execute at `scale`, one at a time, each of `names` that `skip(name, params)` (a reason, or None)
+    does not skip and `current(name, params)` (`(is_current, why)`) does not find current, unless
+    `force`; store each result. A failing notebook stops nothing: it is reported, and the build exits
+    non-zero at the end. Returns (the notebooks with a current result, `{skipped name: reason}`)."""
     from lowrank.core.device import describe_device
 
-    print(f"paper scale on {describe_device()}", flush=True)
+    print(f"{scale} scale on {describe_device()}", flush=True)
     ready, skipped, failed = [], {}, {}
     for i, name in enumerate(names, 1):
         tag = f"  [{i}/{len(names)}] {name}"
         try:
-            params = rules.resolve_parameters(name, scale="paper")
+            params = rules.resolve_parameters(name, scale=scale)
         except rules.ParameterError as err:
             skipped[name] = str(err)
             print(f"{tag}: skipped: {err}", flush=True)
             continue
-        reason = missing_data(name, params)
+        reason = skip(name, params)
         if reason:
             skipped[name] = reason
             print(f"{tag}: skipped: {reason}", flush=True)
             continue
-        key_path = EXECUTED / f"{name}.key"
-        if not force and executed_path(name).is_file() and key_path.is_file() and \
-                key_path.read_text() == _key(name, params):
+        is_current, why = current(name, params)
+        if is_current and not force:
             ready.append(name)
-            print(f"{tag}: current (cache hit)", flush=True)
+            print(f"{tag}: {why}", flush=True)
             continue
-        print(f"{tag}: executing at paper scale (started {time.strftime('%H:%M:%S')})", flush=True)
+        print(f"{tag}: executing at {scale} scale ({'forced' if is_current else why}; started "
+              f"{time.strftime('%H:%M:%S')})", flush=True)
         try:
-            wall = _execute_one(name, params)
+            wall = _execute_one(name, params) if scale == "paper" else _execute_and_store(name, params, scale)
         except Exception as err:  # report, go on with the next notebook
             failed[name] = err
             print(f"{tag}: FAILED ({type(err).__name__}: {str(err)[-2000:]})", flush=True)
             continue
         ready.append(name)
-        print(f"{tag}: {wall:.1f} s, result stored in results/paper/{name}/", flush=True)
+        print(f"{tag}: {wall:.1f} s, result stored in results/{scale}/{name}/", flush=True)
     if failed:
-        raise SystemExit(f"{len(failed)} notebook(s) failed at paper scale: {', '.join(sorted(failed))}")
+        raise SystemExit(f"{len(failed)} notebook(s) failed at {scale} scale: {', '.join(sorted(failed))}")
     return ready, skipped
+
+
+def execute_paper(names, force: bool = False) -> tuple[list[str], dict[str, str]]:
+    """Execute `names` at paper scale (those not current, or all with `force`), one at a time.
+
+    Returns (the notebooks with a current executed paper-scale notebook, `{skipped name: reason}`):
+    skipped are those whose data set is absent or whose paper file is missing or rejected.
+    """
+    def current(name, params):
+        key_path = EXECUTED / f"{name}.key"
+        hit = executed_path(name).is_file() and key_path.is_file() and key_path.read_text() == _key(name, params)
+        return hit, "current (cache hit)" if hit else "not executed with this code and these parameters"
+
+    return _execute_stale(names, "paper", force, missing_data, current)
+
+
+def execute_laptop(names, force: bool = False) -> tuple[list[str], dict[str, str]]:
+    """Execute at laptop scale each of `names` with a laptop file whose stored result (results/laptop/)
+    is missing or stale, or all with `force`, one at a time, storing each result.
+
+    Returns (the notebooks with a current stored laptop result, `{skipped name: reason}`: "no laptop
+    file", or why its laptop file is rejected).
+    """
+    names = list(names)
+    without = {n: "no laptop file" for n in names if not notebooks.scale_params_path(n, "laptop").is_file()}
+
+    def current(name, params):
+        stored = paper_results.stored_result(name, scale="laptop")
+        if stored is None:
+            return False, "no stored result"
+        if stored["stale"]:
+            return False, f"stale: {stored['stale_reason']}"
+        return True, f"current (stored {stored['provenance'].get('stored', '')[:10]})"
+
+    ready, skipped = _execute_stale([n for n in names if n not in without], "laptop", force, lambda n, p: None, current)
+    return ready, {**without, **skipped}
+
+
+def _start(only) -> list[str]:
+    """The notebooks to build (`only`, else the book's), each name checked; SIGTERM made an exit."""
+    # `timeout`, a cancelled CI job: unwind (temporary files removed, kernel shut down) instead of dying
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    names = list(only) if only else pages.book_notebooks()
+    for name in names:
+        notebooks.source_path(name)  # a clear error for a wrong name
+    return names
+
+
+def laptop_main(only=None, *, force: bool = False) -> None:
+    """`python -m lowrank.book.build --scale laptop [--only ...] [--force]` (`make laptop`)."""
+    names = _start(only)
+    start = time.time()
+    ready, skipped = execute_laptop(names, force=force)
+    without = sorted(n for n, why in skipped.items() if why == "no laptop file")
+    print(f"{len(ready)} notebook(s) with a current laptop result ({time.time() - start:.0f} s)"
+          + (f"; {len(without)} without a laptop file: {', '.join(without)}" if without else ""))
+    rejected = {n: why for n, why in skipped.items() if why != "no laptop file"}
+    if rejected:
+        raise SystemExit(f"{len(rejected)} laptop file(s) rejected: {', '.join(sorted(rejected))}")
 
 
 def paper_toc(executed: list[str]) -> dict:
@@ -191,11 +270,7 @@ def render(executed: list[str]) -> Path:
 
 
 def main(only=None, *, force: bool = False, html: bool = True) -> None:
-    # `timeout`, a cancelled CI job: unwind (temporary files removed, kernel shut down) instead of dying
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    names = list(only) if only else pages.book_notebooks()
-    for name in names:
-        notebooks.source_path(name)  # a clear error for a wrong name
+    names = _start(only)
     start = time.time()
     ready, skipped = execute_paper(names, force=force)
     if skipped:

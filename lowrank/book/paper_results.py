@@ -1,16 +1,20 @@
-"""Paper-scale results kept in the repository, with their provenance.
+"""Laptop- and paper-scale results kept in the repository, with their provenance.
 
-A paper-scale run's verdicts and provenance are stored as two small JSON files in
-`results/paper/<part>/<name>/` (`verdicts.json`, `provenance.json`): the git commit and dirty flag,
-the package versions, the device, the wall time in seconds, the full parameter set and its hash
-(`parameter_hash`), and the code key of the run (`lowrank.book.keys.code_key`, for reference). The ledger's paper column reads them with `paper_results(name)`.
+A laptop- or paper-scale run's verdicts and provenance are stored in `results/<scale>/<part>/<name>/`
+(`verdicts.json`, `provenance.json`, and `figures/*.csv`, the data of its figures, when it drew any):
+the git commit and dirty flag, the package versions, the device, the wall time in seconds, the full
+parameter set and its hash (`parameter_hash`), the code key of the run (`code`) and the digest of every
+file of that code (`code_files`: the notebook and each `lowrank` module it imports). The ledger's
+laptop and paper columns read them with `stored_result(name, scale=...)` (`paper_results(name)` for paper).
 
-A stored result is *stale* when the parameters a paper-scale run of the notebook would use today
-(its parameter cell's defaults overlaid by `params/paper/<part>/<name>.yaml`) no longer hash to the
-stored hash: the paper file or a default changed since the result was measured. (A change of code
-alone does not make a result stale; `provenance["code"]` says which code measured it.)
+A stored result is *stale*, shown so and never silently reused, when
+- the parameters a run of the notebook at its scale would use today (the parameter cell's defaults
+  overlaid by `params/<scale>/<part>/<name>.yaml`) no longer hash to the stored hash, or
+- the code changed since the run: a file of `code_files` changed (each is named), or, for a result
+  stored before `code_files` was recorded, its code key differs from today's
+  (`lowrank.book.keys.code_key`).
 
-    lowrank results store RUN_FOLDER [RUN_FOLDER ...]   # a finished `lowrank run NAME --scale paper`
+    lowrank results store RUN_FOLDER [RUN_FOLDER ...]   # a finished `lowrank run NAME --scale laptop|paper`
     lowrank results list                                 # every stored result, stale or current
 """
 
@@ -25,10 +29,19 @@ from pathlib import Path
 from lowrank.book import notebooks, rules, runs
 from lowrank.core.io import digest, replace_folder
 
-__all__ = ["RESULTS", "result_dir", "paper_parameters", "parameter_hash", "store", "store_run", "paper_results", "stored_names",
-           "cost_line", "write_cost_line", "timing_table"]
+__all__ = ["RESULTS", "STORED_SCALES", "results_root", "result_dir", "scale_parameters", "paper_parameters", "parameter_hash",
+           "code_changes", "store", "store_run", "stored_result", "paper_results", "stored_names", "cost_line",
+           "write_cost_line", "timing_table"]
 
 RESULTS = notebooks.REPO_ROOT / "results" / "paper"
+STORED_SCALES = notebooks.SCALES[1:]  # the scales whose results are stored: laptop, paper
+
+
+def results_root(scale: str = "paper") -> Path:
+    """`results/<scale>/` (RESULTS for paper, looked up when called: tests point it elsewhere)."""
+    if scale not in STORED_SCALES:
+        raise ValueError(f"results are stored for {', '.join(STORED_SCALES)}, not {scale!r}")
+    return RESULTS if scale == "paper" else RESULTS.parent / scale
 
 
 REAL_DATA = ("mnist", "cifar10")
@@ -47,8 +60,8 @@ def required_data(params: dict) -> list[str]:
     return found
 
 
-def result_dir(name: str, root: Path | None = None) -> Path:
-    return (RESULTS if root is None else Path(root)) / name
+def result_dir(name: str, root: Path | None = None, scale: str = "paper") -> Path:
+    return (results_root(scale) if root is None else Path(root)) / name
 
 
 def parameter_hash(name: str, params: dict) -> str:
@@ -56,75 +69,133 @@ def parameter_hash(name: str, params: dict) -> str:
     return digest(json.dumps({"notebook": name, "parameters": params}, sort_keys=True))
 
 
-def paper_parameters(name: str) -> dict:
-    """The full parameter set of a paper-scale run of `name` as of now (raises ParameterError); not
+def scale_parameters(name: str, scale: str = "paper") -> dict:
+    """The full parameter set of a run of `name` at `scale` as of now (raises ParameterError); not
     checked against this machine's memory: a stored result is current or stale whatever runs here."""
-    return rules.resolve_parameters(name, scale="paper", memory=False)
+    return rules.resolve_parameters(name, scale=scale, memory=False)
 
 
-def store(name: str, params: dict, verdicts: dict, provenance: dict, root: Path | None = None) -> Path:
-    """Write `name`'s paper-scale verdicts and provenance to `results/paper/<name>/`, atomically.
+def paper_parameters(name: str) -> dict:
+    return scale_parameters(name, "paper")
+
+
+CODE_KEY_DIFFERS = "the notebook or a module it imports (its code key differs; stored before per-file digests)"
+
+
+def code_changes(name: str, provenance: dict) -> list[str]:
+    """What changed in the code of `name` since the run `provenance` records: the files of its
+    `code_files` that differ today, were removed or are new (the notebook, a `lowrank` module it
+    imports); for a record without `code_files` (stored before they were recorded), [CODE_KEY_DIFFERS]
+    when its `code` differs from today's `lowrank.book.keys.code_key(name)`. Empty when the code is the run's."""
+    from lowrank.book import keys
+
+    stored = provenance.get("code_files")
+    if not isinstance(stored, dict):
+        return [] if provenance.get("code") == keys.code_key(name) else [CODE_KEY_DIFFERS]
+    now = keys.code_files(name)
+    return sorted(f for f in set(stored) | set(now) if stored.get(f) != now.get(f))
+
+
+def store(name: str, params: dict, verdicts: dict, provenance: dict, root: Path | None = None, *,
+          scale: str = "paper", figure_dir: Path | None = None) -> Path:
+    """Write `name`'s verdicts and provenance at `scale` to `results/<scale>/<name>/`, atomically.
 
     Parameters
     ----------
-    params : the full parameter set the run used; it must equal `paper_parameters(name)` (a run with
-        other parameters is not the paper's configuration and is refused with ParameterError).
+    params : the full parameter set the run used; it must equal `scale_parameters(name, scale)` (a run
+        with other parameters is not that scale's configuration and is refused with ParameterError).
     verdicts : `{verdict name: record}` as glued by the notebook.
-    provenance : the run's provenance (git, versions, device, wall_s, start, end); kept as given,
-        with the parameter hash and the time of storing added.
+    provenance : the run's provenance (git, versions, device, wall_s, start, end, code); kept as
+        given, with the parameter hash, the digests of the code (`code_files`, as of now: store right
+        after the run) and the time of storing added.
+    figure_dir : the run's figures; the CSV of each (the figure's data) is stored in `figures/`.
     """
-    expected = paper_parameters(name)
+    from lowrank.book import keys
+
+    expected = scale_parameters(name, scale)
     if params != expected:
         diff = sorted(k for k in set(params) | set(expected) if params.get(k) != expected.get(k))
-        raise rules.ParameterError(f"{name}: not a paper-scale run: parameters {diff} differ from "
-                                  f"{notebooks.paper_params_path(name)} and the notebook's defaults")
+        raise rules.ParameterError(f"{name}: not a {scale}-scale run: parameters {diff} differ from "
+                                  f"{notebooks.scale_params_path(name, scale)} and the notebook's defaults")
     if not verdicts:
         raise rules.ParameterError(f"{name}: the run glued no verdicts; nothing to store")
-    record = {**provenance, "notebook": name, "parameters": params, "parameter_hash": parameter_hash(name, params),
+    record = {**provenance, "notebook": name, "scale": scale, "parameters": params,
+              "parameter_hash": parameter_hash(name, params), "code_files": keys.code_files(name),
               "stored": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
-    final = result_dir(name, root)
+    final = result_dir(name, root, scale)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    (tmp / "verdicts.json").write_text(json.dumps(verdicts, indent=2, sort_keys=True) + "\n")
-    (tmp / "provenance.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    return replace_folder(tmp, final)
+    try:
+        (tmp / "verdicts.json").write_text(json.dumps(verdicts, indent=2, sort_keys=True) + "\n")
+        (tmp / "provenance.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        csvs = sorted(Path(figure_dir).glob("*.csv")) if figure_dir is not None else []
+        if csvs:
+            (tmp / "figures").mkdir()
+            for f in csvs:
+                shutil.copyfile(f, tmp / "figures" / f.name)
+        return replace_folder(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def store_run(folder, root: Path | None = None) -> Path:
-    """Store the result of a finished run folder (`lowrank run NAME --scale paper`)."""
+    """Store the result of a finished run folder (`lowrank run NAME --scale laptop|paper`), its scale
+    read from its parameters."""
     run = runs.load_run(folder)
     prov = run["provenance"]
+    scale = (prov.get("parameters") or {}).get("scale")
+    if scale not in STORED_SCALES:
+        raise rules.ParameterError(f"{folder}: a {scale}-scale run; only {' and '.join(STORED_SCALES)}-scale runs are "
+                                   f"stored (`lowrank run NAME --scale laptop|paper`)")
     keep = {k: prov.get(k) for k in ("git", "versions", "device", "load_at_start", "load_at_end", "start", "end",
                                      "wall_s", "code")}
     keep["run_folder"] = Path(folder).name
-    return store(prov["notebook"], prov["parameters"], run["verdicts"], keep, root)
+    return store(prov["notebook"], prov["parameters"], run["verdicts"], keep, root, scale=scale,
+                 figure_dir=Path(folder) / "figures")
 
 
-def paper_results(name: str, root: Path | None = None) -> dict | None:
-    """`{"verdicts", "provenance", "stale", "stale_reason"}` of `name`'s stored paper-scale result,
-    None when there is none. `stale` is True when the parameters of a paper-scale run today differ
-    from the stored ones (`stale_reason` says which), or the paper file is gone."""
-    folder = result_dir(name, root)
+def stored_result(name: str, root: Path | None = None, scale: str = "paper") -> dict | None:
+    """`{"verdicts", "provenance", "stale", "stale_reason", "parameters_stale"}` of `name`'s stored
+    result at `scale`, None when there is none. `stale` is True when the parameters of a run at that
+    scale today differ from the stored ones, or its parameter file is gone (`parameters_stale`), or its
+    code changed (`code_changes`); `stale_reason` says which."""
+    folder = result_dir(name, root, scale)
     if not (folder / "provenance.json").is_file():
         return None
     prov = json.loads((folder / "provenance.json").read_text())
     verdicts = json.loads((folder / "verdicts.json").read_text())
     try:
-        now = paper_parameters(name)
+        now = scale_parameters(name, scale)
     except (rules.ParameterError, FileNotFoundError, ValueError) as err:
-        return {"verdicts": verdicts, "provenance": prov, "stale": True, "stale_reason": str(err)}
+        return {"verdicts": verdicts, "provenance": prov, "stale": True, "stale_reason": str(err),
+                "parameters_stale": True}
     stored = prov.get("parameters", {})
     changed = sorted(k for k in set(now) | set(stored) if now.get(k) != stored.get(k))
-    stale = parameter_hash(name, now) != prov.get("parameter_hash") or bool(changed)
-    reason = f"parameters changed since the run: {', '.join(changed) or 'hash'}" if stale else None
-    return {"verdicts": verdicts, "provenance": prov, "stale": stale, "stale_reason": reason}
+    reasons = []
+    parameters_stale = parameter_hash(name, now) != prov.get("parameter_hash") or bool(changed)
+    if parameters_stale:
+        reasons.append(f"parameters changed since the run: {', '.join(changed) or 'hash'}")
+    try:
+        code = code_changes(name, prov)
+    except (FileNotFoundError, ValueError) as err:  # the notebook is gone
+        code = [str(err)]
+    if code:
+        reasons.append(f"code changed since the run: {', '.join(code)}")
+    return {"verdicts": verdicts, "provenance": prov, "stale": bool(reasons), "stale_reason": "; ".join(reasons) or None,
+            "parameters_stale": parameters_stale}
 
 
-def stored_names(root: Path | None = None) -> list[str]:
-    """`part/name` of every stored result."""
-    base = RESULTS if root is None else Path(root)
+def paper_results(name: str, root: Path | None = None) -> dict | None:
+    """`stored_result(name, root, "paper")`."""
+    return stored_result(name, root, "paper")
+
+
+def stored_names(root: Path | None = None, scale: str = "paper") -> list[str]:
+    """`part/name` of every stored result at `scale`."""
+    base = results_root(scale) if root is None else Path(root)
     return sorted(p.parent.relative_to(base).as_posix() for p in base.glob("*/*/provenance.json"))
 
 
@@ -132,11 +203,11 @@ COST_PREFIX = "# Cost"
 
 
 def cost_line(name: str, root: Path | None = None) -> str:
-    """The cost comment of `params/paper/<name>.yaml`: the wall time of the stored, current
-    paper-scale result with the device and the machine's load, or "not measured". Written by
+    """The cost comment of `params/paper/<name>.yaml`: the wall time of the stored paper-scale result
+    measured with today's parameters (its code may have changed since) with the device and the machine's load, or "not measured". Written by
     `bench/run.py --only paper`, never by hand (a test compares every paper file with this)."""
     r = paper_results(name, root)
-    if r is None or r["stale"]:
+    if r is None or r["parameters_stale"]:  # a code change leaves the wall time a measurement of these sizes
         return (f"{COST_PREFIX}: not measured (no current result in results/paper/{name}; `make paper` measures it and "
                 f"`python bench/run.py --only paper` writes this line).")
     p = r["provenance"]
@@ -171,7 +242,7 @@ def timing_table(root: Path | None = None) -> str:
     lines = ["| notebook | seconds | device | CPUs, load at start | measured |", "|---|---|---|---|---|"]
     for name in stored_names(root):
         r = paper_results(name, root)
-        if r["stale"]:
+        if r["parameters_stale"]:
             continue
         p = r["provenance"]
         load = p.get("load_at_start") or {}

@@ -774,18 +774,19 @@ def _check_within(name: str, resolved: dict) -> None:
 
 def resolve_parameters(name: str, *, scale: str = "ci", params_file=None, overrides: dict | None = None,
                        texts: dict | None = None, memory: bool = True) -> dict:
-    """The full parameter set of a run: defaults, then the paper YAML (scale="paper"), then a
-    user's YAML, then `overrides`, then `texts` (`-p NAME VALUE`: typed by each parameter's declared
-    type, `ParameterSpec.from_text`). Every given name and value is checked against its declaration,
-    and (`memory`, for a run on this machine) the whole set against the notebook's memory estimate."""
-    if scale not in ("ci", "paper"):
-        raise ParameterError(f"scale must be 'ci' or 'paper', got {scale!r}")
+    """The full parameter set of a run: defaults, then the scale's YAML (`params/laptop/` or
+    `params/paper/`, scale="laptop" or "paper"), then a user's YAML, then `overrides`, then `texts`
+    (`-p NAME VALUE`: typed by each parameter's declared type, `ParameterSpec.from_text`). Every given
+    name and value is checked against its declaration, and (`memory`, for a run on this machine) the
+    whole set against the notebook's memory estimate."""
+    if scale not in notebooks.SCALES:
+        raise ParameterError(f"scale must be one of {', '.join(notebooks.SCALES)}, got {scale!r}")
     specs = parameter_specs(name)
     given: dict = {}
-    if scale == "paper":
-        path = notebooks.paper_params_path(name)
+    if scale != "ci":
+        path = notebooks.scale_params_path(name, scale)
         if not path.is_file():
-            raise ParameterError(f"{name} has no paper-scale parameter file {path}")
+            raise ParameterError(f"{name} has no {scale}-scale parameter file {path}")
         given.update(load_yaml_mapping(path))
     user = load_yaml_mapping(params_file) if params_file is not None else {}
     bad = [k for k in [*(overrides or {}), *(texts or {})] if not isinstance(k, str)]
@@ -794,7 +795,7 @@ def resolve_parameters(name: str, *, scale: str = "ci", params_file=None, overri
     user.update(overrides or {})
     user.update({k: specs[k].from_text(v) if k in specs else v for k, v in (texts or {}).items()})
     if "scale" in user:
-        raise ParameterError("'scale' labels the starting point (ci defaults or the paper YAML): set it with --scale")
+        raise ParameterError("'scale' labels the starting point (ci defaults, the laptop or the paper YAML): set it with --scale")
     given.update(user)
     resolved = {k: s.default for k, s in specs.items()}
     for key, value in given.items():

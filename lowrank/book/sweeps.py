@@ -149,8 +149,8 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
         raise SweepError(f"sweep spec {path}: 'scale' is for notebooks (ci defaults or the paper YAML); a function's "
                          f"points give every value themselves")
     scale = raw.get("scale", "ci")
-    if scale not in ("ci", "paper"):
-        raise SweepError(f"sweep spec {path}: scale must be ci or paper, got {scale!r}")
+    if scale not in notebooks.SCALES:
+        raise SweepError(f"sweep spec {path}: scale must be one of {', '.join(notebooks.SCALES)}, got {scale!r}")
     resources = _check_resources(path, raw.get("resources") or {})
     if "notebook" in raw:
         name = raw["notebook"]
@@ -634,41 +634,19 @@ def collect(spec: SweepSpec):
     return table
 
 
-EPOCH_SECONDS = notebooks.SOURCE_ROOT / "bench" / "epoch_seconds.csv"
-
-
-def measured_epoch_seconds(timings=EPOCH_SECONDS) -> dict:
-    """`{(model, dataset, batch_size): (seconds per epoch, measured_on)}` from `timings` (bench/epoch_seconds.csv)."""
-    import csv
-
-    measured = {}
-    if timings is not None and Path(timings).is_file():
-        with open(timings) as f:
-            for row in csv.DictReader(f):
-                key = (row["model"], row["dataset"], int(row["batch_size"]))
-                measured[key] = (float(row["seconds_per_epoch"]), row.get("measured_on", ""))
-    return measured
-
-
-def plan(spec: SweepSpec, timings=EPOCH_SECONDS) -> dict:
+def plan(spec: SweepSpec, timings=None) -> dict:
     """What `run_sweep` would do, running nothing: the number of runs, the grid (every parameter that
     varies, with its values), the output folder, how many runs are already finished, and the cost
-    estimated from measured seconds per epoch (`timings`: a CSV with model, dataset, batch_size,
-    seconds_per_epoch, measured_on). A point without a measurement for its (model, dataset,
-    batch_size) is listed as unmeasured, never guessed."""
-    measured = measured_epoch_seconds(timings)
+    estimated from measured seconds per epoch (`lowrank.book.costs.sweep_seconds`; `timings`: a CSV as
+    bench/epoch_seconds.csv, by default that file). `estimated_seconds` is None (printed "unknown")
+    when a point has no measurement for its (model, dataset, batch_size): it is listed, never guessed."""
+    from lowrank.book import costs
+
     keys = sorted({k for p in spec.points for k in p})
     grid = {k: [json.loads(v) for v in {json.dumps(p.get(k)) for p in spec.points}] for k in keys}
     grid = {k: sorted(vals, key=lambda v: (not isinstance(v, (int, float)), v if isinstance(v, (int, float)) else str(v)))
             for k, vals in grid.items() if len(vals) > 1}
-    seconds, unmeasured, where = 0.0, [], set()
-    for p in spec.points:
-        key = (p.get("model"), p.get("dataset"), p.get("batch_size"))
-        if key in measured and "epochs" in p:
-            seconds += measured[key][0] * int(p["epochs"])
-            where.add(measured[key][1])
-        else:
-            unmeasured.append(key)
+    seconds, unmeasured, where = costs.sweep_seconds(spec.points, timings=costs.read_timings(timings))
     finished = sum(spec.run_folder(p).is_dir() for p in spec.points)
     return {"runs": len(spec.points), "grid": grid, "output": str(spec.output), "finished": finished,
             "estimated_seconds": seconds, "measured_on": sorted(where), "unmeasured": sorted(set(map(str, unmeasured))),

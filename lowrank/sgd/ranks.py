@@ -16,7 +16,7 @@ from scipy.stats import spearmanr
 from lowrank.core.validation import check_choice
 
 __all__ = ["RANK_COLUMNS", "average_rank", "final_values", "rank_tables",
-           "accumulated_weight_decay", "per_step_decay", "experiment_grid", "regime_table", "RankExperiment",
+           "accumulated_weight_decay", "per_step_decay", "epochs_to_regime", "experiment_grid", "regime_table", "RankExperiment",
            "rank_experiment", "PooledTrend", "pooled_trend", "batch_effect_ratio",
            "authors_layers", "RankSweep", "summarise", "rank_sweep", "rank_bound",
            "spearman_with_permutation_null", "fitting_correlation", "full_rank"]
@@ -223,6 +223,65 @@ def accumulated_weight_decay(*, lr: float, weight_decay: float, momentum: float,
     steps = n_train // batch_size
     lr_sum = sum(steps * lr_at(lr, e, milestones, lr_decay) for e in range(1, epochs + 1))
     return float(lr_sum * weight_decay / (1 - momentum))
+
+
+def epochs_to_regime(grid, *, n_train: int, target: float, slices, milestones=(), lr_decay: float = 0.1,
+                     max_epochs: int = 1_000_000) -> pd.DataFrame:
+    """The run length each slice of a rank page needs to reach its regime, computed before training.
+
+    A slice is a group of the run dicts of `grid` (`experiment_grid`) with equal `slices` values (e.g.
+    `["momentum", "batch_size"]`: one verdict's statistic within one batch size); it reaches the regime
+    when the largest accumulated weight decay (`accumulated_weight_decay`) over its runs with weight
+    decay, the grid point where the paper predicts the lowest rank, is at least `target`.
+
+    Returns one row per slice (sorted by `slices`): its `slices` values, `epochs` (the smallest run
+    length reaching `target`; 0 when no run of the slice has weight decay, which no length can
+    reach: `reachable` is False) and `A` (the accumulated weight decay at that length). `A` grows
+    with the run length, so the search is a closed form past the last milestone (a constant rate).
+    A slice that needs more than `max_epochs` raises ValueError.
+    """
+    if not target > 0:
+        raise ValueError(f"target must be positive, got {target}")
+    slices = [slices] if isinstance(slices, str) else list(slices)
+    grid = list(grid)
+    if not grid:
+        raise ValueError("grid is empty")
+    for key in slices + ["batch_size", "lr", "weight_decay", "momentum"]:
+        missing = [g for g in grid if key not in g]
+        if missing:
+            raise ValueError(f"a run of grid has no {key!r}: {missing[0]}")
+    last = max(milestones, default=0)
+
+    def accumulated(kw: dict, epochs: int) -> float:
+        """A after `epochs`: summed up to the last milestone, a constant amount per epoch after it."""
+        head = accumulated_weight_decay(**kw, epochs=min(epochs, last)) if last else 0.0
+        if epochs <= last:
+            return head
+        per_epoch = accumulated_weight_decay(**kw, epochs=last + 1) - (accumulated_weight_decay(**kw, epochs=last) if last else 0.0)
+        return head + (epochs - last) * per_epoch
+
+    rows = []
+    for key, runs in pd.DataFrame(grid).groupby(slices, sort=True):
+        decayed = [dict(lr=g["lr"], weight_decay=g["weight_decay"], momentum=g["momentum"], batch_size=int(g["batch_size"]),
+                        n_train=n_train, milestones=milestones, lr_decay=lr_decay)
+                   for g in runs[runs["weight_decay"] > 0].to_dict("records")]
+        named = dict(zip(slices, key if isinstance(key, tuple) else (key,)))
+        best = None
+        for kw in decayed:
+            if last and accumulated(kw, last) >= target:  # reached before the last milestone: the first epoch that does
+                epochs = next(e for e in range(1, last + 1) if accumulated(kw, e) >= target)
+            else:  # each epoch after the last milestone adds the same amount
+                per_epoch = accumulated(kw, last + 1) - accumulated(kw, last)
+                epochs = last + max(1, int(np.ceil((target - accumulated(kw, last)) / per_epoch - 1e-12)))
+                if epochs > max_epochs:
+                    raise ValueError(f"slice {named} needs {epochs} epochs to reach A = {target:g}, more than "
+                                     f"max_epochs = {max_epochs}")
+                while accumulated(kw, epochs) < target:  # rounding of the closed form
+                    epochs += 1
+            best = epochs if best is None else min(best, epochs)
+        A = max(accumulated(kw, best) for kw in decayed) if best is not None else 0.0
+        rows.append({**named, "epochs": best or 0, "A": A, "reachable": best is not None})
+    return pd.DataFrame(rows)
 
 
 def per_step_decay(*, lr: float, weight_decay: float, momentum: float) -> float:

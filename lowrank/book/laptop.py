@@ -1,0 +1,241 @@
+"""The laptop scale's parameter files, sized from each page's mechanism before training.
+
+A laptop file `params/laptop/<part>/<name>.yaml` holds the smallest sizes at which every claim of the
+page reaches its regime: for Part II's rank pages, the run length at which the accumulated weight decay
+`A = sum_t mu_t lambda / (1 - beta)` of every slice of the page's statistic (its largest over the
+slice's runs with weight decay, `lowrank.sgd.ranks.epochs_to_regime`) reaches the page's own
+`regime_needed`. Everything else is the notebook's ci defaults (synthetic or bundled data, nothing
+downloaded, at least 3 seeds pooled in each statistic). Its estimated training time (`page_seconds`,
+from bench/epoch_seconds.csv) must fit `PAGE_BUDGET_S`, and the tier's `TIER_BUDGET_S`.
+
+    python -m lowrank.book.laptop --write [PART/NAME ...]   # (re)write the files from the grids
+    python -m lowrank.book.laptop --check                   # every file's run length is the computed one
+
+A test runs `check` (tests/test_laptop.py): a laptop file's run length is never typed by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import yaml
+
+from lowrank.book import notebooks, rules
+
+__all__ = ["PAGE_BUDGET_S", "TIER_BUDGET_S", "SizedPage", "SIZED_PAGES", "LARGER_SCALE", "page_grid", "page_seconds",
+           "regime_epochs", "laptop_text", "larger_scale_cost", "larger_scale_text", "write", "check", "main"]
+
+PAGE_BUDGET_S = 600.0  # a laptop page on 2 CPU cores (issue 43)
+TIER_BUDGET_S = 3600.0  # the whole laptop tier
+
+
+def _rank_grid(params: dict, *, batch_sizes, lrs, weight_decays) -> list[dict]:
+    from lowrank.sgd import ranks
+
+    seeds = list(range(params["seed"], params["seed"] + params["seeds"]))
+    return ranks.experiment_grid(batch_sizes=batch_sizes, lrs=lrs, weight_decays=weight_decays,
+                                 momenta=[params["momentum"], params["variant_momentum"]], seeds=seeds)
+
+
+@dataclass(frozen=True)
+class SizedPage:
+    """How a page's grid and slices are read from its parameters (as its training cell builds them)."""
+    grid: Callable[[dict], list]  # parameters -> run dicts (batch_size, lr, weight_decay, momentum, seed)
+    slices: tuple  # the slices whose regime each verdict needs: one momentum and one statistic slice
+    why: str  # in words, for the file's leading comment
+
+
+SIZED_PAGES = {
+    "sgd/rank_vs_weight_decay": SizedPage(
+        lambda p: _rank_grid(p, batch_sizes=p["batch_sizes"], lrs=[p["lr"]], weight_decays=p["weight_decays"]),
+        ("momentum", "batch_size"), "each batch size's lambda trend (its largest lambda)"),
+    "sgd/rank_vs_batch_size": SizedPage(
+        lambda p: _rank_grid(p, batch_sizes=p["batch_sizes"], lrs=p["lrs"], weight_decays=[p["weight_decay"], 0.0]),
+        ("momentum", "lr"), "each learning rate's B trend (its smallest B)"),
+    "sgd/rank_vs_learning_rate": SizedPage(
+        lambda p: _rank_grid(p, batch_sizes=p["batch_sizes"], lrs=p["lrs"], weight_decays=[p["weight_decay"], 0.0]),
+        ("momentum", "batch_size"), "each batch size's mu trend (its largest mu)"),
+}
+
+
+# Pages whose claims are about convolutional and transformer networks on CIFAR-10: no laptop size reaches
+# their regime within PAGE_BUDGET_S (one epoch of the smallest is longer), so their laptop column reads
+# "needs a larger scale" with the training cost of the paper's sweeps that decide them.
+LARGER_SCALE = {
+    "sgd/architectures": ("sweeps/sgd_architectures_paper.yaml",),
+    "sgd/generalization": ("sweeps/sgd_fig_gen_1_paper.yaml", "sweeps/sgd_fig_gen_2_paper.yaml"),
+}
+
+
+def larger_scale_cost(name: str, timings: dict | None = None) -> dict | None:
+    """The training cost of the paper sweeps behind a page of `LARGER_SCALE` (None for other pages):
+    `cpu_seconds` and `gpu_seconds` (`lowrank.book.costs.sweep_seconds`, points one by one, None when a
+    point is not measured), `unmeasured` (CPU), `specs`, `smallest_epoch_s` (the shortest measured CPU
+    epoch of any point: more than `PAGE_BUDGET_S` says no laptop run of these networks fits)."""
+    from lowrank.book import costs, sweeps
+
+    if name not in LARGER_SCALE:
+        return None
+    timings = costs.read_timings() if timings is None else timings
+    points = [p for spec in LARGER_SCALE[name] for p in sweeps.load_spec(notebooks.REPO_ROOT / spec).points]
+    cpu, unmeasured, _ = costs.sweep_seconds(points, "cpu", timings)
+    gpu, _, _ = costs.sweep_seconds(points, "cuda", timings)
+    epochs = [costs.epoch_seconds(p["model"], p["dataset"], p["batch_size"], 1, "cpu", timings) for p in points]
+    measured = [e for e in epochs if e is not None]
+    return {"cpu_seconds": cpu, "gpu_seconds": gpu, "unmeasured": unmeasured, "specs": list(LARGER_SCALE[name]),
+            "smallest_epoch_s": min(measured) if measured else None}
+
+
+def larger_scale_text(name: str, timings: dict | None = None) -> str:
+    """"needs a larger scale: ..." with the cost of `larger_scale_cost`, in CPU-hours and GPU-hours."""
+    c = larger_scale_cost(name, timings)
+    if c is None:
+        return ""
+    hours = lambda s: "unknown" if s is None else f"{s / 3600:,.0f}"
+    smallest = "" if c["smallest_epoch_s"] is None else \
+        f"; its shortest measured CPU epoch takes {c['smallest_epoch_s']:.0f} s, against a page budget of {PAGE_BUDGET_S:.0f} s"
+    return (f"needs a larger scale: the paper's sweeps ({', '.join(c['specs'])}) train for {hours(c['cpu_seconds'])} "
+            f"CPU-hours (one thread) and {hours(c['gpu_seconds'])} GPU-hours, from the epoch times measured in "
+            f"bench/epoch_seconds.csv{smallest}")
+
+
+def _sized(name: str) -> SizedPage:
+    if name not in SIZED_PAGES:
+        raise ValueError(f"{name}: no sizing rule (pages sized from their mechanism: {', '.join(SIZED_PAGES)})")
+    return SIZED_PAGES[name]
+
+
+def page_grid(name: str, params: dict) -> list[dict]:
+    """The run dicts page `name` trains with `params`."""
+    return _sized(name).grid(params)
+
+
+def page_seconds(name: str, params: dict, device: str = "cpu", timings: dict | None = None) -> float | None:
+    """The training seconds of a sized page at `params`: each batch size's ensemble (every run of the
+    page at that batch size, trained together as the page trains them) for `params["epochs"]`, from
+    `lowrank.book.costs`' measurements; None when a group is not measured."""
+    from lowrank.book import costs
+
+    grid = page_grid(name, params)
+    groups = [(params["model"], params["dataset"], B, sum(g["batch_size"] == B for g in grid), params["epochs"])
+              for B in sorted({g["batch_size"] for g in grid})]
+    return costs.training_seconds(groups, device, timings)[0]
+
+
+def _n_train(dataset: str) -> int:
+    from lowrank.core import datasets
+
+    if dataset in ("mnist", "cifar10"):
+        raise ValueError(f"the laptop scale downloads nothing: {dataset} is a paper-scale data set")
+    return int(datasets.load(dataset).x_train.shape[0])
+
+
+def regime_epochs(name: str, params: dict):
+    """(epochs, table): the smallest run length at which every slice of page `name` with `params`
+    reaches `params["regime_needed"]`, and `lowrank.sgd.ranks.epochs_to_regime`'s table per slice.
+    A slice without weight decay cannot reach it: ValueError."""
+    from lowrank.sgd import ranks
+
+    page = _sized(name)
+    table = ranks.epochs_to_regime(page_grid(name, params), n_train=_n_train(params["dataset"]),
+                                   target=params["regime_needed"], slices=list(page.slices),
+                                   milestones=params["milestones"], lr_decay=params["lr_decay"])
+    if not table["reachable"].all():
+        raise ValueError(f"{name}: a slice has no run with weight decay, so no run length reaches the regime")
+    return int(table["epochs"].max()), table
+
+
+def _sized_run(name: str) -> tuple[dict, object, float | None]:
+    """(the laptop parameters, the per-slice table, the estimated training seconds) of page `name`:
+    its ci defaults with the run length `regime_epochs` computes."""
+    params = rules.resolve_parameters(name, scale="ci", memory=False)
+    epochs, table = regime_epochs(name, params)
+    sized = {**params, "epochs": epochs, "scale": "laptop"}
+    return sized, table, page_seconds(name, sized)
+
+
+def laptop_text(name: str) -> str:
+    """The laptop file of `name`: a leading comment (how its run length was computed, per slice, and
+    its estimated training time), `scale: laptop`, and `epochs`."""
+    from lowrank.book import costs
+
+    sized, table, seconds = _sized_run(name)
+    page = _sized(name)
+    per_slice = ", ".join(f"{' '.join(f'{k} {row[k]:g}' for k in page.slices)}: {int(row['epochs'])}"
+                          for _, row in table.iterrows())
+    lines = ["# Laptop scale, sized from the mechanism before training (python -m lowrank.book.laptop --write; never by hand):",
+             f"# the run length at which the accumulated weight decay A = sum_t mu_t lambda / (1 - beta) of {page.why}",
+             f"# reaches regime_needed = {sized['regime_needed']:g}, for every momentum. Epochs per slice: {per_slice}.",
+             f"# The ci defaults otherwise ({sized['model']} on {sized['dataset']}, {sized['seeds']} seeds pooled). "
+             f"Estimated training: {costs.format_seconds(seconds)} (bench/epoch_seconds.csv; page budget {PAGE_BUDGET_S:.0f} s).",
+             "scale: laptop", f"epochs: {sized['epochs']}"]
+    return "\n".join(lines) + "\n"
+
+
+def write(names=None) -> list[str]:
+    """(Re)write the laptop files of `names` (default every sized page); returns those that changed.
+    A page whose estimated training exceeds `PAGE_BUDGET_S`, or pages whose sum exceeds `TIER_BUDGET_S`,
+    are refused (ValueError) before any file is written: they need a larger scale."""
+    names = list(names or SIZED_PAGES)
+    texts, total = {}, 0.0
+    for name in names:
+        sized, _, seconds = _sized_run(name)
+        if seconds is not None and seconds > PAGE_BUDGET_S:
+            raise ValueError(f"{name}: {sized['epochs']} epochs are estimated at {seconds:.0f} s of training, over the "
+                             f"laptop budget of {PAGE_BUDGET_S:.0f} s: it needs a larger scale")
+        total += seconds or 0.0
+        texts[name] = laptop_text(name)
+    if total > TIER_BUDGET_S:
+        raise ValueError(f"the laptop pages are estimated at {total:.0f} s of training, over the tier's {TIER_BUDGET_S:.0f} s")
+    changed = []
+    for name, text in texts.items():
+        path = notebooks.scale_params_path(name, "laptop")
+        if not path.is_file() or path.read_text() != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            changed.append(name)
+    return changed
+
+
+def check() -> list[str]:
+    """Mismatches between the laptop files and what the sizing computes: a sized page without a file,
+    a file whose `epochs` differs from `regime_epochs`, a file of a page with no sizing rule."""
+    problems = []
+    root = notebooks.REPO_ROOT / "params" / "laptop"
+    files = {p.relative_to(root).with_suffix("").as_posix() for p in root.glob("*/*.yaml")}
+    for name in sorted(files - set(SIZED_PAGES)):
+        problems.append(f"{name}: a laptop file without a sizing rule in lowrank.book.laptop.SIZED_PAGES")
+    for name in SIZED_PAGES:
+        if name not in files:
+            problems.append(f"{name}: no laptop file (python -m lowrank.book.laptop --write {name})")
+            continue
+        stored = rules.load_yaml_mapping(notebooks.scale_params_path(name, "laptop"))
+        params = rules.resolve_parameters(name, scale="laptop", memory=False)
+        want, _ = regime_epochs(name, params)
+        if stored.get("epochs") != want:
+            problems.append(f"{name}: epochs {stored.get('epochs')} in the laptop file, {want} computed from its grid")
+    return problems
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", nargs="*", metavar="PART/NAME", help="write the laptop files (default: every sized page)")
+    mode.add_argument("--check", action="store_true", help="compare every laptop file with the computed run length")
+    args = ap.parse_args(argv)
+    if args.check:
+        problems = check()
+        print("\n".join(problems) or f"{len(SIZED_PAGES)} laptop files match their computed run lengths")
+        for name in LARGER_SCALE:
+            print(f"{name}: {larger_scale_text(name)}")
+        return 1 if problems else 0
+    for name in write(args.write or None):
+        print(f"wrote {notebooks.scale_params_path(name, 'laptop')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
