@@ -83,7 +83,7 @@ def test_a_hand_edited_run_length_is_reported(tmp_path, monkeypatch):
     edited = tmp_path / "params" / "laptop" / f"{name}.yaml"
     edited.parent.mkdir(parents=True)
     edited.write_text(notebooks.scale_params_path(name, "laptop").read_text().replace("epochs: ", "epochs: 1"))
-    monkeypatch.setattr(notebooks, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(notebooks, "SOURCE_ROOT", tmp_path)
     problems = laptop.check()
     assert any(p.startswith(f"{name}: epochs 1") and "computed from its grid" in p for p in problems)
     assert any("sgd/rank_vs_batch_size: no laptop file" in p for p in problems)
@@ -239,7 +239,7 @@ def test_the_cheapest_stored_laptop_page_reruns_to_its_stored_verdicts(tmp_path)
 
 
 def test_a_page_over_the_budget_is_refused_before_any_file_is_written(tmp_path, monkeypatch):
-    monkeypatch.setattr(notebooks, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(notebooks, "SOURCE_ROOT", tmp_path)
     monkeypatch.setattr(laptop, "page_seconds", lambda name, params, **kw: 700.0)
     with pytest.raises(ValueError, match="over the laptop budget of 600 s: it needs a larger scale"):
         laptop.write()

@@ -204,7 +204,7 @@ def check() -> list[str]:
     """Mismatches between the laptop files and what the sizing computes: a sized page without a file,
     a file whose `epochs` differs from `regime_epochs`, a file of a page with no sizing rule."""
     problems = []
-    root = notebooks.REPO_ROOT / "params" / "laptop"
+    root = notebooks.SOURCE_ROOT / "params" / "laptop"
     files = {p.relative_to(root).with_suffix("").as_posix() for p in root.glob("*/*.yaml")}
     for name in sorted(files - set(SIZED_PAGES)):
         problems.append(f"{name}: a laptop file without a sizing rule in lowrank.book.laptop.SIZED_PAGES")
