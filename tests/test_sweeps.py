@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from lowrank.core import io
 from lowrank.book import cli, sweeps
 
 pytestmark = pytest.mark.slow  # every sweep test starts kernels or Ray workers
@@ -241,8 +242,7 @@ def test_a_restarted_sweep_cleans_dead_partials_and_checks_manifests(tmp_path, c
     assert len(sweeps.run_sweep(spec, "local", jobs=1, progress=False)["done"]) == 4
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
-    debris = spec.output / f".abc.partial-{socket.gethostname()}-{dead}"
-    debris.mkdir()
+    debris = io.make_work_folder(spec.output / f".abc.partial-{socket.gethostname()}-{dead}")
     first = spec.run_folder(spec.points[0])
     (first / "results.json").write_text('{"rank": 99}')
     again = sweeps.run_sweep(spec, "local", jobs=1, progress=False)

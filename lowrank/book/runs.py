@@ -29,7 +29,7 @@ from lowrank.book.rules import parameter_specs
 from lowrank.core import io
 
 __all__ = ["RunFolderError", "run_hash", "path_parameters", "input_digests", "run", "execute", "load_run",
-           "manifest_problems", "write_manifest", "clean_debris", "check_output_folder", "RUNS"]
+           "manifest_problems", "write_manifest", "clean_debris", "check_output_folder", "enclosing_run_folder", "RUNS"]
 
 RUNS = notebooks.REPO_ROOT / "runs"
 
@@ -110,12 +110,13 @@ class RunFolderError(notebooks.InputError):
 
 
 MANIFEST = "manifest.json"
+UNLISTED = (MANIFEST, io.WORK_MARKER)  # the manifest itself, and a work folder's marker (removed when it is finished)
 
 
 def write_manifest(folder: Path) -> None:
     """`manifest.json`: the digest (`lowrank.core.io.file_digest`) of every file of `folder` (paths relative to it)."""
     files = {p.relative_to(folder).as_posix(): io.file_digest(p) for p in sorted(folder.rglob("*"))
-             if p.is_file() and p.name != MANIFEST}
+             if p.is_file() and p.name not in UNLISTED}
     (folder / MANIFEST).write_text(json.dumps(files, indent=1, sort_keys=True))
 
 
@@ -131,6 +132,8 @@ def required_problems(folder: Path, listed: dict) -> list[str]:
         provenance = json.loads((folder / "provenance.json").read_text())
     except (OSError, ValueError):
         return ["provenance.json missing or unreadable (required)"]
+    if not isinstance(provenance, dict):
+        return [f"provenance.json holds a {type(provenance).__name__}, not a mapping (required)"]
     kind = "function" if isinstance(provenance, dict) and "function" in provenance else "notebook"
     problems = [f"{f} missing (required)" for f in REQUIRED[kind] if f not in listed]
     if kind == "function" and not any(f in listed for f in FUNCTION_RESULTS):
@@ -148,7 +151,7 @@ def manifest_problems(folder: Path) -> list[str]:
         return [f"no readable {MANIFEST}"]
     if not isinstance(listed, dict):
         return [f"{MANIFEST} is not a mapping"]
-    present = {p.relative_to(folder).as_posix(): p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST}
+    present = {p.relative_to(folder).as_posix(): p for p in folder.rglob("*") if p.is_file() and p.name not in UNLISTED}
     problems = required_problems(folder, listed)
     problems += [f"{k} missing" for k in sorted(set(listed) - set(present))]
     problems += [f"{k} changed" for k in sorted(set(listed) & set(present)) if io.file_digest(present[k]) != listed[k]]
@@ -158,6 +161,17 @@ def manifest_problems(folder: Path) -> list[str]:
 
 clean_debris = notebooks.clean_debris
 work_name = notebooks.work_name
+
+
+def enclosing_run_folder(path) -> Path | None:
+    """The run folder (one with a manifest) or work folder that `path` is or lies in, its links
+    resolved; None if there is none. A file written there breaks the run's manifest, and the next
+    run replaces the folder with all it holds."""
+    where = Path(path).resolve()
+    for folder in [where, *where.parents]:
+        if (folder / MANIFEST).is_file() or io.is_work_name(folder.name):
+            return folder
+    return None
 
 
 MIN_FREE_BYTES = 256 * 2**20  # a run folder (notebook, figures as PNG, SVG and CSV) is a few MB
@@ -208,9 +222,7 @@ def run(name: str, params: dict, *, force: bool = False, runs_root: Path | None 
         print(f"lowrank: {final} does not match its manifest ({'; '.join(problems[:3])}"
               f"{'; ...' if len(problems) > 3 else ''}): running it again", file=sys.stderr)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = work_name(final)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = io.make_work_folder(work_name(final))
     try:
         _execute_into(tmp, name, params, final.name, progress)
         io.replace_folder(tmp, final, old=work_name(final, "old"))  # a rerun: the old folder is dropped

@@ -329,7 +329,7 @@ class EnsembleState:
         for g, st in zip(self.batch_generators + self.augment_generators, saved["generators"] + saved["augment_generators"]):
             g.set_state(st)
         torch.set_rng_state(saved["torch_rng"])  # dropout draws from the global generator
-        self.alive[:] = saved["alive"]
+        self.alive[:] = np.asarray(saved["alive"])  # a tensor in the file (`checkpoint._plain`)
         self.diverged.update(saved["diverged"])
         self.prev.update({k: tuple(t.to(dev) for t in v) for k, v in saved["prev"].items()})
         self.rows.extend(saved["rows"])

@@ -1,0 +1,338 @@
+"""Issue #51: what a hostile or careless user gives the tool. Nothing runs, writes or deletes what the
+user did not ask for; the silent cases say what is wrong; the tracebacks are one line.
+
+Sections by class: security, data loss, silently wrong, tracebacks and wrong errors.
+"""
+
+import os
+import pickle
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lowrank.book import cli, report, runs, sweeps
+from lowrank.core import io
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def one_line(argv, capsys, code=2):
+    """`lowrank ARGV` exits with `code` and says one line on stderr; returns it."""
+    got = cli.main([str(a) for a in argv])
+    err = capsys.readouterr().err.strip()
+    assert got == code, err
+    assert len(err.splitlines()) == 1 and err.startswith("lowrank: "), err
+    return err
+
+
+def dead_pid() -> int:
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+
+
+def spec_file(folder: Path, body: dict, name="spec.yaml") -> Path:
+    path = folder / name
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+@pytest.fixture
+def clean_env(tmp_path, monkeypatch):
+    monkeypatch.delenv("LOWRANK_SWEEP_MODULES", raising=False)
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+# ---- security: a sweep file names only the functions declared for sweeping -------------------------
+
+MARKER_COMMAND = "touch {marker}"
+
+
+@pytest.mark.parametrize("function, point", [
+    ("lowrank.book.sweeps:execute_point", lambda m: {"target_kind": "function", "target": "os:system",
+                                                     "params": {"command": MARKER_COMMAND.format(marker=m)},
+                                                     "folder": str(m.parent / "out1")}),
+    ("lowrank.core.io:write_atomically", lambda m: {"path": str(m), "data": "written"}),
+    ("lowrank.book.pages:publish_figures", lambda m: {"target": str(m.parent / "victim")}),
+    ("lowrank.book.cli:main", lambda m: {"argv": ["report", str(m.parent / "run"), "-o", str(m)]}),
+    ("lowrank.book.runs:run", lambda m: {"name": "x/y", "params": {}}),
+    ("os:system", lambda m: {"command": MARKER_COMMAND.format(marker=m)}),
+    ("subprocess:run", lambda m: {"args": ["touch", str(m)]}),
+])
+def test_a_sweep_refuses_every_function_not_declared_for_sweeping(clean_env, capsys, function, point):
+    marker = clean_env / "marker"
+    (clean_env / "victim").mkdir()
+    spec = spec_file(clean_env, {"function": function, "points": [point(marker)]})
+    for argv in (["sweep", spec, "--output", clean_env / "out"], ["sweep", spec, "--output", clean_env / "out", "--dry-run"]):
+        err = one_line(argv, capsys)
+        assert "not declared for sweeping" in err or "outside the lowrank package" in err, err
+    assert not marker.exists() and (clean_env / "victim").is_dir() and not (clean_env / "out").exists()
+
+
+def test_the_opt_in_variable_cannot_reopen_the_package(clean_env, capsys, monkeypatch):
+    """LOWRANK_SWEEP_MODULES opts in a user's module, never lowrank's own machinery."""
+    marker = clean_env / "marker"
+    for named in ("lowrank", "lowrank.core", "lowrank.core.io"):
+        monkeypatch.setenv("LOWRANK_SWEEP_MODULES", named)
+        spec = spec_file(clean_env, {"function": "lowrank.core.io:write_atomically",
+                                     "points": [{"path": str(marker), "data": "x"}]})
+        assert "not declared for sweeping" in one_line(["sweep", spec, "--output", clean_env / "out"], capsys)
+    assert not marker.exists()
+    assert sweeps.SWEEP_FUNCTIONS == {"lowrank.core.train:train_point"}
+
+
+def test_the_declared_function_and_an_opted_in_module_still_sweep(clean_env, monkeypatch):
+    spec = spec_file(clean_env, {"function": "lowrank.core.train:train_point",
+                                 "points": [{"model": "MLP-2-8", "dataset": "digits", "batch_size": 8, "lr": 0.1,
+                                             "epochs": 1}]})
+    assert sweeps.load_spec(spec, output=clean_env / "out").function == "lowrank.core.train:train_point"
+    monkeypatch.setenv("LOWRANK_SWEEP_MODULES", "sweep_fixture")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    spec = spec_file(clean_env, {"function": "sweep_fixture:ranked_matrix", "points": [{"size": 3, "seed": 0}]})
+    assert sweeps.load_spec(spec, output=clean_env / "out").function == "sweep_fixture:ranked_matrix"
+
+
+@pytest.mark.parametrize("name", ["...yaml", "..yaml", ".hidden.yaml", "a b.yaml"])
+def test_a_spec_name_cannot_move_the_default_output(clean_env, capsys, name):
+    spec = spec_file(clean_env, {"function": "lowrank.core.train:train_point",
+                                 "points": [{"model": "MLP-2-8", "dataset": "digits", "batch_size": 8, "lr": 0.1,
+                                             "epochs": 1}]}, name=name)
+    assert "cannot name the default output folder" in one_line(["sweep", spec, "--dry-run"], capsys)
+    assert not runs.RUNS.exists()
+    # with an explicit --output the file's name does not matter
+    assert sweeps.load_spec(spec, output=clean_env / "out").output == clean_env / "out"
+
+
+class _Payload:
+    """A pickle whose loading runs a command that creates a marker file."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _fit(tmp_path, checkpoint, **kw):
+    from lowrank.core import datasets, train
+    from lowrank.core.nets import mlp
+
+    return train.train_ensemble(lambda: mlp.mlp("MLP", 2, 8, 64, 10), datasets.digits(), [{"lr": 0.1, "seed": 0}],
+                                **({"batch_size": 128, "epochs": 1, "progress": False, "checkpoint": checkpoint} | kw))
+
+
+@pytest.mark.parametrize("writer", ["torch.save", "pickle-2", "pickle-5"])
+def test_a_crafted_checkpoint_is_refused_not_unpickled(tmp_path, writer):
+    import torch
+
+    marker = tmp_path / "marker"
+    ckpt = tmp_path / "run.ckpt"
+    payload = {"format": 6, "identity": _Payload(marker)}
+    if writer == "torch.save":
+        torch.save(payload, ckpt)
+    else:
+        ckpt.write_bytes(pickle.dumps(payload, protocol=int(writer[-1])))
+    pickle.loads(pickle.dumps(_Payload(tmp_path / "proof")))  # the payload does run when unpickled ...
+    assert (tmp_path / "proof").exists()
+    before = ckpt.read_bytes()
+    # ... but not by a checkpoint's loading (protocol 5's opcodes are not even read by the restricted unpickler)
+    with pytest.raises(ValueError, match="refused, not unpickled" if writer != "pickle-5" else "is unreadable"):
+        _fit(tmp_path, ckpt)
+    assert not marker.exists() and ckpt.read_bytes() == before
+
+
+def test_a_crafted_checkpoint_in_a_sweep_is_refused(clean_env, capsys):
+    import torch
+
+    marker = clean_env / "marker"
+    ckpt = clean_env / "point.ckpt"
+    torch.save({"format": 6, "x": _Payload(marker)}, ckpt)
+    spec = spec_file(clean_env, {"function": "lowrank.core.train:train_point",
+                                 "points": [{"model": "MLP-2-8", "dataset": "digits", "batch_size": 128, "lr": 0.1,
+                                             "epochs": 1, "checkpoint": str(ckpt)}]})
+    spec_obj = sweeps.load_spec(spec, output=clean_env / "out")
+    result = sweeps.run_sweep(spec_obj, "local", jobs=1, progress=False)
+    assert len(result["failed"]) == 1 and "refused, not unpickled" in next(iter(result["failed"].values()))
+    assert not marker.exists()
+
+
+def test_a_real_checkpoint_still_resumes_with_weights_only(tmp_path):
+    """The checkpoint format holds tensors and plain data only: the resumed run equals the uninterrupted one."""
+    ckpt = tmp_path / "run.ckpt"
+    _fit(tmp_path, ckpt, epochs=1)
+    resumed = _fit(tmp_path, ckpt, epochs=2)
+    straight = _fit(tmp_path, None, epochs=2)
+    cols = ["epoch", "layer", "rank_frobenius", "weight_norm", "train_loss", "lr"]
+    assert resumed[cols].equals(straight[cols])
+
+
+# ---- data loss: outputs never replace what the tool did not write ----------------------------------
+
+def _run_folder(root: Path) -> Path:
+    """A complete notebook run folder (as `runs.run` writes it) under `root`."""
+    import json
+
+    folder = root / "part" / "name" / "0123456789abcdef"
+    (folder / "figures").mkdir(parents=True)
+    (folder / "verdicts.json").write_text("{}")
+    (folder / "parameters.json").write_text("{}")
+    (folder / "provenance.json").write_text(json.dumps({"notebook": "part/name", "parameters": {}, "hash": folder.name}))
+    runs.write_manifest(folder)
+    return folder
+
+
+@pytest.mark.parametrize("victim", ["lowrank/core/io.py", "notebooks/sgd/rank_vs_batch_size.md",
+                                    "tests/golden_verdicts.yaml", "README.md"])
+def test_report_never_overwrites_a_file_it_did_not_write(tmp_path, capsys, monkeypatch, victim):
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    folder = _run_folder(tmp_path / "runs")
+    copy = tmp_path / Path(victim).name
+    copy.write_bytes((REPO / victim).read_bytes())
+    before = copy.read_bytes()
+    assert "was not written by lowrank" in one_line(["report", folder, "-o", copy], capsys)
+    assert copy.read_bytes() == before
+    link = tmp_path / "link.html"  # through a link: the same
+    link.symlink_to(copy)
+    assert "was not written by lowrank" in one_line(["report", folder, "-o", link], capsys)
+    assert copy.read_bytes() == before and link.is_symlink()
+
+
+def test_report_replaces_its_own_report_and_writes_through_a_link(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    folder = _run_folder(tmp_path / "runs")
+    out = tmp_path / "report.html"
+    assert cli.main(["report", str(folder), "-o", str(out)]) == 0
+    first = out.read_text()
+    assert report.GENERATOR in first
+    assert cli.main(["report", str(folder), "-o", str(out)]) == 0  # its own file: replaced
+    link = tmp_path / "latest.html"
+    link.symlink_to(out)
+    assert cli.main(["report", str(folder), "-o", str(link)]) == 0
+    assert link.is_symlink() and report.GENERATOR in out.read_text()
+    capsys.readouterr()
+
+
+def test_report_cannot_reach_a_run_folder_through_a_link(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    folder = _run_folder(tmp_path / "runs")
+    link = tmp_path / "figs"
+    link.symlink_to(folder / "figures")
+    assert "inside the run folder" in one_line(["report", folder, "-o", link / "r.html"], capsys)
+    assert runs.manifest_problems(folder) == []
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo"])
+def test_report_and_every_atomic_write_refuse_devices_and_fifos(tmp_path, capsys, monkeypatch, kind):
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    folder = _run_folder(tmp_path / "runs")
+    if kind == "device":
+        target = Path("/dev/null")
+    else:
+        target = tmp_path / "fifo"
+        os.mkfifo(target)
+    err = one_line(["report", folder, "-o", target], capsys)
+    assert "is a device" in err or "is a FIFO" in err
+    with pytest.raises(io.OutputRefused, match="a device|a FIFO"):
+        io.write_atomically(target, "x")
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    with pytest.raises(io.OutputRefused, match="a device|a FIFO"):
+        io.write_atomically(link, "x")
+    assert link.is_symlink() and (target.is_char_device() or target.is_fifo())
+
+
+def test_an_atomic_write_goes_through_a_link(tmp_path):
+    target = tmp_path / "real.txt"
+    target.write_text("old")
+    link = tmp_path / "link.txt"
+    link.symlink_to(target)
+    io.write_atomically(link, "new")
+    assert link.is_symlink() and target.read_text() == "new"
+    with pytest.raises(io.OutputRefused, match="a folder"):
+        io.write_atomically(tmp_path, "x")
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "link to a device"])
+def test_a_checkpoint_path_naming_a_device_or_fifo_is_refused(tmp_path, kind):
+    if kind == "fifo":
+        path = tmp_path / "fifo"
+        os.mkfifo(path)
+    elif kind == "device":
+        path = Path("/dev/null")
+    else:
+        path = tmp_path / "ckpt"
+        path.symlink_to("/dev/null")
+    with pytest.raises(ValueError, match="is a device|is a FIFO"):
+        _fit(tmp_path, path)
+    assert Path("/dev/null").is_char_device()
+
+
+def test_a_checkpoint_through_a_link_writes_its_target(tmp_path):
+    target = tmp_path / "real.ckpt"
+    link = tmp_path / "link.ckpt"
+    link.symlink_to(target)
+    _fit(tmp_path, link)
+    assert link.is_symlink() and target.is_file()
+
+
+def test_a_sweep_output_cannot_be_a_run_folder_or_a_users_folder(clean_env, capsys, monkeypatch):
+    monkeypatch.setenv("LOWRANK_SWEEP_MODULES", "sweep_fixture")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    run = _run_folder(runs.RUNS)
+    spec = spec_file(clean_env, {"function": "sweep_fixture:ranked_matrix", "points": [{"size": 3, "seed": 0}]})
+    for out in (run, run / "figures", run.parent.parent):
+        err = one_line(["sweep", spec, "--output", out], capsys)
+        assert "inside the run folder" in err or "holds files that no sweep wrote" in err, err
+    assert runs.manifest_problems(run) == []
+    home = clean_env / "home"
+    home.mkdir()
+    (home / ".zshrc").write_text("mine")
+    assert "holds files that no sweep wrote" in one_line(["sweep", spec, "--output", home], capsys)
+    # a sweep's own folder is its to resume; an empty or new folder is fine
+    assert cli.main(["sweep", str(spec), "--output", str(clean_env / "new")]) == 0
+    assert cli.main(["sweep", str(spec), "--output", str(clean_env / "new")]) == 0
+    assert "1 already finished" in capsys.readouterr().out
+
+
+def test_cleanup_removes_only_marked_leftovers_of_dead_processes(tmp_path):
+    dead, host = dead_pid(), socket.gethostname()
+    users = [tmp_path / ".zshrc.old-2023", tmp_path / ".thesis.partial-77777", tmp_path / f".x.partial-{host}-{dead}",
+             tmp_path / ".x.partial-99999999999999999999", tmp_path / f".y.old-{dead}"]
+    users[0].write_text("my shell")
+    for p in users[1:]:
+        p.mkdir()
+        (p / "chapter.tex").write_text("mine")
+    huge = io.make_work_folder(tmp_path / ".z.partial-99999999999999999999")  # a marker, but no process has that id
+    ours_dead = io.make_work_folder(tmp_path / f".r.partial-{host}-{dead}")
+    ours_alive = io.make_work_folder(io.work_name(tmp_path / "r"))
+    elsewhere = io.make_work_folder(tmp_path / f".r.partial-otherhost-{dead}")
+    link = tmp_path / f".l.partial-{host}-{dead}"
+    link.symlink_to(ours_alive)
+    assert io.clean_leftovers(tmp_path) == [ours_dead]
+    assert all(p.exists() for p in users + [huge, ours_alive, elsewhere, link])
+    assert (users[1] / "chapter.tex").read_text() == "mine"
+
+
+def test_kernel_file_cleanup_survives_huge_numbers(tmp_path):
+    from lowrank.book import notebooks
+
+    name = tmp_path / f"lowrank-kernel-{notebooks._host_tag()}-99999999999999999999-ab.json"
+    name.write_text("{}")
+    notebooks.clean_kernel_files(tmp_path)  # no OverflowError
+    assert io.process_alive(10**20) is False and io.process_alive(os.getpid())
+
+
+def test_a_finished_run_folder_holds_no_marker_and_its_manifest_matches(tmp_path):
+    final = tmp_path / "abc"
+    work = io.make_work_folder(io.work_name(final))
+    (work / "a.txt").write_text("a")
+    runs.write_manifest(work)
+    io.replace_folder(work, final)
+    assert not (final / io.WORK_MARKER).exists() and runs.manifest_problems(final) == [f"provenance.json missing or "
+                                                                                       f"unreadable (required)"]
+    assert sorted(p.name for p in final.iterdir()) == ["a.txt", "manifest.json"]
