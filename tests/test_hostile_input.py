@@ -336,3 +336,111 @@ def test_a_finished_run_folder_holds_no_marker_and_its_manifest_matches(tmp_path
     assert not (final / io.WORK_MARKER).exists() and runs.manifest_problems(final) == [f"provenance.json missing or "
                                                                                        f"unreadable (required)"]
     assert sorted(p.name for p in final.iterdir()) == ["a.txt", "manifest.json"]
+
+
+# ---- silently wrong: the input is the key, bounds where the work is sized, spectra, resumes --------
+
+def test_resuming_to_train_longer_evaluates_the_epochs_an_uninterrupted_run_does(tmp_path):
+    ckpt = tmp_path / "run.ckpt"
+    _fit(tmp_path, ckpt, epochs=3, eval_every=2)
+    resumed = _fit(tmp_path, ckpt, epochs=5, eval_every=2)
+    straight = _fit(tmp_path, None, epochs=5, eval_every=2)
+    evaluated = lambda t: sorted(t.loc[t["train_loss"].notna(), "epoch"].unique().tolist())  # noqa: E731
+    assert evaluated(straight) == [0, 2, 4, 5] and evaluated(resumed) == evaluated(straight)
+    cols = ["epoch", "layer", "rank_frobenius", "weight_norm", "train_loss", "test_acc"]
+    assert resumed[cols].equals(straight[cols])
+
+
+def test_the_lr_column_is_the_configured_rate(tmp_path):
+    from lowrank.core import datasets, train
+    from lowrank.core.nets import mlp
+
+    table = train.train_ensemble(lambda: mlp.mlp("MLP", 2, 8, 64, 10), datasets.digits(),
+                                 [{"lr": 0.1, "seed": 0}, {"lr": 0.03, "seed": 1}], batch_size=256, epochs=3,
+                                 milestones=[1], lr_decay=0.2, progress=False)
+    by_epoch = table.groupby(["lr0", "epoch"])["lr"].first()
+    assert by_epoch[(0.1, 0)] == 0.1 and by_epoch[(0.1, 1)] == 0.1 and by_epoch[(0.03, 1)] == 0.03
+    assert by_epoch[(0.1, 2)] == 0.1 * 0.2 and by_epoch[(0.03, 3)] == 0.03 * 0.2  # in float64, not 0.0200000004
+
+
+def test_a_collected_sweep_holds_the_configured_lr(clean_env, monkeypatch):
+    import pandas as pd
+
+    spec = spec_file(clean_env, {"function": "lowrank.core.train:train_point",
+                                 "points": [{"model": "MLP-2-8", "dataset": "digits", "batch_size": 256, "lr": 0.1,
+                                             "epochs": 1}]})
+    loaded = sweeps.load_spec(spec, output=clean_env / "out")
+    assert not sweeps.run_sweep(loaded, "local", jobs=1, progress=False)["failed"]
+    sweeps.collect(loaded)
+    text = (clean_env / "out" / "collected.csv").read_text()
+    assert "0.10000000149" not in text and set(pd.read_csv(clean_env / "out" / "collected.csv")["lr"]) == {0.1}
+
+
+def test_spectral_functions_take_every_finite_input_and_refuse_the_rest():
+    import math
+
+    import torch
+
+    from lowrank.core import spectral
+
+    for scale in (1e200, 1e-200, 1.0, 1e-310):
+        assert spectral.alignment([scale, scale], [scale, 0.0]) == pytest.approx(1 / math.sqrt(2), rel=1e-12)
+        assert spectral.alignment([scale, 0.0], [scale, 0.0]) == pytest.approx(1.0)
+        s = torch.tensor([3.0, 2.0, 1.0], dtype=torch.float64) * scale
+        stats = spectral.spectrum_stats(s, 0.5)
+        assert stats["stable_rank"].item() == pytest.approx(14 / 9)  # ||s||^2 / s_1^2 = (9 + 4 + 1) / 9
+        assert stats["weight_norm"].item() == pytest.approx(math.sqrt(14) * scale, rel=1e-12)
+        assert int(spectral.rank_from_singular_values(s, 0.5)) == 2  # 3 and 2 above 1.5; 1 not
+    for bad, message in [([1.0, 2.0, 3.0], "descending"), ([3.0, -1.0], "negative"), ([3.0, math.nan], "NaN"),
+                         ([math.inf, 1.0], "infinite")]:
+        with pytest.raises(ValueError, match=message):
+            spectral.rank_from_singular_values(torch.tensor(bad, dtype=torch.float64), 0.5)
+        with pytest.raises(ValueError, match=message):
+            spectral.spectrum_stats(torch.tensor(bad, dtype=torch.float64), 0.5)
+    s = torch.tensor([3.0, 2.0, 1.0], dtype=torch.float64)
+    for fro, message in [(math.nan, "NaN"), (-1.0, "negative"), (math.inf, "infinite")]:
+        with pytest.raises(ValueError, match=message):
+            spectral.rank_from_singular_values(s, 0.5, "frobenius", fro=torch.tensor(fro, dtype=torch.float64))
+        with pytest.raises(ValueError, match=message):
+            spectral.spectrum_stats(s, 0.5, fro=torch.tensor(fro, dtype=torch.float64))
+    for bad in ([math.nan, 1.0], [math.inf, 1.0]):
+        with pytest.raises(ValueError, match="NaN or infinite"):
+            spectral.alignment(bad, [1.0, 1.0])
+    with pytest.raises(ValueError, match="zero vector"):
+        spectral.alignment([0.0, 0.0], [1.0, 1.0])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"widths": [-5]}, "widths"), ({"widths": [0]}, "widths"), ({"widths": [2.5]}, "widths"),
+])
+def test_negative_or_broken_widths_are_refused(kwargs, message):
+    from lowrank.core.nets import normalized
+
+    with pytest.raises(ValueError, match=message):
+        normalized.make("mlp", (1, 8, 8), 10, **kwargs)
+    with pytest.raises(ValueError, match="channels"):
+        normalized.make("paper_cnn", (1, 8, 8), 10, channels=[-2, 4], strides=[1, 1], padding=1)
+
+
+def test_an_extra_key_does_not_bypass_the_memory_estimate(monkeypatch):
+    from lowrank.book import rules
+
+    monkeypatch.setenv("LOWRANK_MEMORY_LIMIT", "8G")
+    name = "square/low_rank_sgd"
+    with pytest.raises(rules.ParameterError, match="GiB"):
+        rules.resolve_parameters(name, overrides={"arch_kwargs": {"widths": [20000]}})
+    with pytest.raises(rules.ParameterError, match="GiB"):  # a negative seed once cancelled the width
+        rules.resolve_parameters(name, overrides={"arch_kwargs": {"widths": [20000], "seed": -20000}})
+    with pytest.raises(rules.ParameterError, match="sizes"):
+        rules.resolve_parameters(name, overrides={"arch_kwargs": {"widths": [-5]}})
+    assert rules.numbers_in({"widths": [64, 64], "seed": 3, "rho_init": 2.0}) == 128
+
+
+@pytest.mark.parametrize("grid, expect", [
+    ({"a": list(range(1000)), "b": list(range(1000))}, "1,000,000 runs"),
+    ({"a": list(range(1000)), "b": list(range(1000)), "c": list(range(1000))}, "1,000,000,000 runs"),
+])
+def test_a_huge_grid_is_refused_before_it_is_built(clean_env, capsys, grid, expect):
+    spec = spec_file(clean_env, {"function": "lowrank.core.train:train_point", "grid": grid})
+    err = one_line(["sweep", spec, "--dry-run", "--output", clean_env / "out"], capsys)
+    assert expect in err and "split it" in err

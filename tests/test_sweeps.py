@@ -150,8 +150,11 @@ def test_part_two_ci_sweep_under_both_executors_feeds_the_notebook(tmp_path, ci_
 
     from lowrank.book import rules, runs
 
+    # the page's parameters are the sweep's (a table of other settings is refused: test_hostile_input.py)
     params = rules.resolve_parameters("sgd/rank_vs_batch_size",
-                                     overrides={"sweep_table": str(local_out / "collected.csv")})
+                                     overrides={"sweep_table": str(local_out / "collected.csv"), "epochs": 3,
+                                                "batch_sizes": [16, 32, 64], "lrs": [0.05, 0.1], "weight_decay": 0.005,
+                                                "momentum": 0.0})
     folder, _ = runs.run("sgd/rank_vs_batch_size", params, runs_root=tmp_path / "runs")
     nb = (folder / "notebook.ipynb").read_text()
     assert "read from" in nb and "collected.csv" in nb

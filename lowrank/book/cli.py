@@ -161,17 +161,18 @@ def _goldens_check(args, build, goldens) -> int:
 
 def cmd_diff(args) -> int:
     from lowrank.book import build, goldens
+    from lowrank.core import io
 
+    # before any work: never over a file `lowrank diff` did not write (its text starts with its title)
+    out = io.check_replaceable(args.output, "diff output", ours=lambda p: io.head_contains(p, b"# Verdict diff", 16))
     executed = {n: build.executed_path(n) for n in build.book_notebooks()}
     missing = [n for n, p in executed.items() if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"not executed yet: {', '.join(missing)} (run `make book` first)")
     rows = goldens.verdict_diff(executed)
     text = goldens.diff_markdown(rows)
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print(text + f"\n(written to {out})")
+    io.write_atomically(out, text)
+    print(text + f"\n(written to {args.output})")
     return 1 if args.strict and any(not r["within"] for r in rows) else 0
 
 
@@ -180,7 +181,10 @@ def cmd_data(args) -> int:
     from lowrank.core import datasets
 
     if args.root not in (None, ""):  # before any download: a place the data can be written to
-        root = Path(args.root).expanduser()
+        from lowrank.core.validation import user_path
+
+        root = user_path(args.root, "--root")
+        args.root = str(root)
         if root.exists() and not root.is_dir():
             raise notebooks.InputError(f"--root {root} exists and is not a folder")
         runs.check_output_folder(root, "--root")

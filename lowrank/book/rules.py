@@ -40,7 +40,7 @@ from pathlib import Path
 
 from lowrank.book import notebooks
 from lowrank.core.io import parse_once
-from lowrank.core.validation import SEED_MAX, cut, short
+from lowrank.core.validation import SEED_MAX, cut, short, user_path
 
 __all__ = ["ParameterSpec", "ParameterError", "parameter_specs", "resolve_parameters", "notebook_rules",
            "memory_estimate", "memory_limit", "check_memory", "parse_yaml", "parse_value", "load_yaml_mapping",
@@ -240,7 +240,10 @@ class ParameterSpec:
             raise self._error(f"{short(value)} is not allowed")
         if self.path is not None and value:
             # the kernel runs in the notebook's folder: a path relative to the caller's is made absolute
-            found = Path(value).expanduser().absolute()
+            try:
+                found = user_path(value, "").absolute()
+            except ValueError as err:  # `~nouser`: no such home folder
+                raise self._error(str(err).strip()) from None
             if not (found.is_file() if self.path == "file" else found.is_dir()):
                 raise self._error(f"{short(value)} is not an existing {self.path}")
             if not os.access(found, os.R_OK):
@@ -420,13 +423,22 @@ def network_activations(model, batch, cnn_width=1.0, vit_dim=512, vit_depth=6) -
     return out
 
 
+SIZE_KEYS = ("widths", "channels", "hidden", "kernel_size")  # a network's keyword arguments that size it
+
+
 def numbers_in(value) -> float:
-    """The sum of the numbers in a parameter value (a dict of keyword arguments, a list)."""
+    """The sum of the sizes in a parameter value: of a dict of a network's keyword arguments the
+    values under `SIZE_KEYS` only (a seed or an initial scale sizes nothing, and `seed: -20000` must
+    not cancel `widths: [20000]`), of a list its numbers. A negative size is refused."""
     if isinstance(value, dict):
-        return sum(numbers_in(v) for v in value.values())
+        return sum(numbers_in(v) for k, v in value.items() if k in SIZE_KEYS)
     if isinstance(value, list):
         return sum(numbers_in(v) for v in value)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not value >= 0:
+            raise ParameterError(f"a network size of {value!r} is given; sizes (widths, channels, ...) are >= 0")
+        return float(value)
+    return 0.0
 
 
 _SAFE_CALLS = {"len": len, "max": max, "min": min, "sum": sum, "prod": math.prod, "dataset_bytes": dataset_bytes,
@@ -491,6 +503,8 @@ def check_memory(name: str, params: dict) -> None:
         return
     try:
         need = _evaluate(expr, params)
+    except ParameterError as err:  # a size the estimate refuses (numbers_in)
+        raise ParameterError(f"{name}: {err}") from None
     except (OverflowError, ValueError, TypeError, KeyError, IndexError, ZeroDivisionError) as err:
         raise ParameterError(f"{name}: the memory estimate ({expr}) cannot be evaluated for these parameters "
                              f"({type(err).__name__}: {short(str(err))})") from None

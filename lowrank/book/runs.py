@@ -56,11 +56,30 @@ def path_parameters(target: str) -> set[str]:
     return {k for k, spec in parameter_specs(target).items() if spec.path}
 
 
+def _folder_digest(path: Path) -> str:
+    """The names, sizes and modification times of a folder's files (at most `FOLDER_LISTING_MAX`)."""
+    listing = []
+    for i, f in enumerate(sorted(path.rglob("*"))):
+        if i >= FOLDER_LISTING_MAX:
+            break
+        st = f.stat()
+        listing.append(f"{f.relative_to(path).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n")
+    return io.digest(*listing)
+
+
+# parameters naming the data folder (`lowrank.core.datasets.resolve_root`: `data` means $LOWRANK_DATA
+# when set): the folder the run reads, found as the run finds it, keys the run by its files
+DATA_FOLDER_PARAMETERS = ("data_root",)
+
+
 def input_digests(params: dict, paths) -> dict:
     """`{parameter: digest}` of the files and folders the parameters `paths` name (see
-    `path_parameters`): SHA-256 of a file's contents; of a folder, the names, sizes and
+    `path_parameters`) and of the data folder (`DATA_FOLDER_PARAMETERS`, resolved as the data sets'
+    loaders resolve it): SHA-256 of a file's contents; of a folder, the names, sizes and
     modification times of its files. Checkpoints (`is_output_path`) are outputs and left out.
-    Part of the run key: an edited input file is a new run."""
+    Part of the run key: an edited input file, another data folder or a changed image file is a new run."""
+    from lowrank.core.validation import user_path
+
     out = {}
 
     def visit(key, value):
@@ -71,23 +90,27 @@ def input_digests(params: dict, paths) -> dict:
             for i, v in enumerate(value):
                 visit(f"{key}[{i}]", v)
         elif isinstance(value, str) and value and len(value) < 4096 and "\0" not in value:
-            path = Path(value).expanduser()
+            path = user_path(value, f"parameter {key!r}:")
             try:
                 if path.is_file():
                     out[key] = io.file_digest(path)
                 elif path.is_dir():
-                    listing = []
-                    for i, f in enumerate(sorted(path.rglob("*"))):
-                        if i >= FOLDER_LISTING_MAX:
-                            break
-                        st = f.stat()
-                        listing.append(f"{f.relative_to(path).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n")
-                    out[key] = io.digest(*listing)
+                    out[key] = _folder_digest(path)
             except OSError as err:
                 raise RunFolderError(f"parameter {key!r}: {value} cannot be read ({err.strerror})") from None
 
     for key, value in params.items():
-        if key in paths and not is_output_path(key):
+        if key in DATA_FOLDER_PARAMETERS and isinstance(value, str) and "\0" not in value:
+            from lowrank.core.datasets import resolve_root
+
+            user_path(value, f"parameter {key!r}:")  # `~nouser`: one line, before the loader's traceback
+            folder = resolve_root(value or None)
+            try:
+                if folder.is_dir():
+                    out[key] = _folder_digest(folder)
+            except OSError as err:
+                raise RunFolderError(f"parameter {key!r}: the data folder {folder} cannot be read ({err.strerror})") from None
+        elif key in paths and not is_output_path(key):
             visit(key, value)
     return out
 

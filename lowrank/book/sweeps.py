@@ -61,6 +61,7 @@ from typing import Mapping
 from lowrank.book import notebooks, rules, runs
 from lowrank.book.keys import code_key
 from lowrank.core import io
+from lowrank.core.validation import user_path
 
 __all__ = ["SweepSpec", "SweepError", "load_spec", "run_sweep", "collect", "EXECUTORS", "ENSEMBLE_FUNCTIONS"]
 
@@ -356,7 +357,10 @@ def _own_checkpoints(spec: SweepSpec) -> list[dict]:
                 continue
             if not isinstance(value, str):
                 raise SweepError(f"sweep spec {spec.path}: {key} must be a file path, got {value!r}")
-            ckpt = Path(value).expanduser().absolute()
+            try:
+                ckpt = user_path(value, key).absolute()
+            except ValueError as err:
+                raise SweepError(f"sweep spec {spec.path}: {err}") from None
             if ckpt.is_dir():
                 raise SweepError(f"sweep spec {spec.path}: {key} {value} is a folder; give a file path")
             if not ckpt.parent.is_dir():

@@ -426,10 +426,27 @@ def _stop(state: EnsembleState, runs, cfg: TrainConfig, k: int, epoch: int, why:
                   f"{epoch if epoch else 0} epoch(s) measured before are kept.", RuntimeWarning, stacklevel=4)
 
 
-def _monitor(ctx: dict, state: EnsembleState, epoch: int, lr_now: np.ndarray):
+def _evaluation_due(cfg: TrainConfig, epoch: int) -> bool:
+    """Whether the monitor evaluates losses and accuracies after `epoch` (`TrainConfig.eval_every`)."""
+    return (epoch % cfg.eval_every == 0 and (epoch > 0 or cfg.eval_initial)) or epoch == cfg.epochs
+
+
+EVALUATION_COLUMNS = ("train_loss", "train_acc", "test_loss", "test_acc")
+
+
+def _resumed_rows(cfg: TrainConfig, state: EnsembleState) -> None:
+    """A checkpoint resumed to train longer: its last epoch was evaluated as the end of the shorter
+    run; an uninterrupted run of `cfg.epochs` does not evaluate it unless due, so neither does this one."""
+    if state.epoch < cfg.epochs and not _evaluation_due(cfg, state.epoch):
+        for row in state.rows:
+            if row["epoch"] == state.epoch:
+                row.update({c: math.nan for c in EVALUATION_COLUMNS})
+
+
+def _monitor(ctx: dict, state: EnsembleState, epoch: int):
     """Evaluate (when due), stop members whose loss or weights are not finite, append the rows."""
     cfg, runs, K, seconds = ctx["cfg"], ctx["runs"], len(state.alive), ctx["seconds"]
-    evaluated = (epoch % cfg.eval_every == 0 and (epoch > 0 or cfg.eval_initial)) or epoch == cfg.epochs
+    evaluated = _evaluation_due(cfg, epoch)
     tr_loss = tr_acc = te_loss = te_acc = np.full(K, math.nan)
     if evaluated:
         t0 = time.perf_counter()
@@ -447,7 +464,8 @@ def _monitor(ctx: dict, state: EnsembleState, epoch: int, lr_now: np.ndarray):
     for li, ((name, classifier), st) in enumerate(zip(specs, stats)):
         for k in np.flatnonzero(state.alive):
             state.rows.append({"run": cfg.run_offset + int(k), **ctx["run_cols"][k], **base_row, "epoch": epoch,
-                               "lr": float(lr_now[k]), "layer": name, "layer_index": li, "classifier": classifier,
+                               "lr": lr_at(float(runs[k]["lr"]), epoch, cfg.milestones, cfg.lr_decay),  # exact: not the float32 step's rate
+                               "layer": name, "layer_index": li, "classifier": classifier,
                                "shape": st["shape"], "rank_spectral": int(st["rank_spectral"][k]),
                                "rank_frobenius": int(st["rank_frobenius"][k]),
                                **{c: float(st[c][k]) for c in MONITOR_COLUMNS[2:]},
@@ -544,8 +562,10 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, confi
            "seconds": {"train": 0.0, "evaluate": 0.0, "track_ranks": 0.0}}
     lr0 = torch.tensor([float(r["lr"]) for r in runs], device=dev)
     identity = checkpointing.identity(runs, cfg, base, data) if cfg.checkpoint is not None else None
-    if not checkpointing.resume(cfg, identity, state, dev):
-        _monitor(ctx, state, 0, lr0.cpu().numpy())
+    if checkpointing.resume(cfg, identity, state, dev):
+        _resumed_rows(cfg, state)
+    else:
+        _monitor(ctx, state, 0)
     bar = None
     if cfg.progress:
         from tqdm.auto import tqdm
@@ -560,7 +580,7 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, confi
         for k in np.flatnonzero(state.alive & ~finite):
             _stop(state, runs, cfg, k, epoch, "non-finite training loss during the epoch")
         ctx["seconds"]["train"] += time.perf_counter() - t0
-        _monitor(ctx, state, epoch, lr.cpu().numpy())
+        _monitor(ctx, state, epoch)
         state.epoch = epoch
         if cfg.checkpoint is not None and (epoch % cfg.checkpoint_every == 0 or epoch == cfg.epochs):
             checkpointing.save(cfg, identity, state)
