@@ -16,17 +16,9 @@ import yaml
 
 from lowrank.book import cli, report, runs, sweeps
 from lowrank.core import io
+from test_bad_input_two import one_line  # `lowrank ARGV` exits with a code and says one line
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def one_line(argv, capsys, code=2):
-    """`lowrank ARGV` exits with `code` and says one line on stderr; returns it."""
-    got = cli.main([str(a) for a in argv])
-    err = capsys.readouterr().err.strip()
-    assert got == code, err
-    assert len(err.splitlines()) == 1 and err.startswith("lowrank: "), err
-    return err
 
 
 def dead_pid() -> int:
@@ -444,3 +436,124 @@ def test_a_huge_grid_is_refused_before_it_is_built(clean_env, capsys, grid, expe
     spec = spec_file(clean_env, {"function": "lowrank.core.train:train_point", "grid": grid})
     err = one_line(["sweep", spec, "--dry-run", "--output", clean_env / "out"], capsys)
     assert expect in err and "split it" in err
+
+
+def test_the_data_folder_and_its_files_key_the_run(tmp_path, monkeypatch):
+    point = {"model": "MLP-2-8", "dataset": "mnist", "batch_size": 8, "lr": 0.1, "epochs": 1, "data_root": "data"}
+    target = "lowrank.core.train:train_point"
+    one, two = tmp_path / "one", tmp_path / "two"
+    for d in (one, two):
+        d.mkdir()
+        (d / "train-images-idx3-ubyte").write_bytes(b"images")
+    monkeypatch.setenv("LOWRANK_DATA", str(one))
+    first = runs.run_hash(target, point)
+    monkeypatch.setenv("LOWRANK_DATA", str(two))
+    (two / "train-images-idx3-ubyte").write_bytes(b"other images")
+    assert runs.run_hash(target, point) != first  # another data folder with other files: another run
+    monkeypatch.setenv("LOWRANK_DATA", str(one))
+    assert runs.run_hash(target, point) == first
+    os.utime(one / "train-images-idx3-ubyte", ns=(1, 1))  # a changed image file
+    assert runs.run_hash(target, point) != first
+    # a notebook's data_root as well
+    name = "sgd/rank_bound"
+    from lowrank.book import rules
+
+    params = rules.resolve_parameters(name)
+    before = runs.run_hash(name, params)
+    (one / "new-batch").write_bytes(b"x")
+    assert runs.run_hash(name, params) != before
+
+
+def _table(**over):
+    """A monitor table as a train_point sweep's collected.csv holds it."""
+    import pandas as pd
+
+    rows = []
+    for run, (B, lr) in enumerate([(16, 0.1), (32, 0.1), (64, 0.1)]):
+        for epoch in range(0, 3):
+            rows.append({"run": run, "model": "MLP-BN-4-64", "dataset": "digits", "batch_size": B, "lr": lr, "lr0": lr,
+                         "epochs": 2, "weight_decay": 5e-3, "momentum": 0.9, "eps": 1e-3, "milestones": "[]",
+                         "lr_decay": 0.1, "augment": False, "rotation": "uniform", "seed": 0, "epoch": epoch} | over)
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("over, named", [
+    ({"model": "MLP-2-16"}, "model is 'MLP-2-16' in the table"), ({"eps": 0.05}, "eps is 0.05"),
+    ({"momentum": 0.5}, "no point of the page's grid"), ({"dataset": "mnist1d"}, "dataset"),
+    ({"milestones": "[60]"}, "milestones"), ({"batch_size": 4}, "first: batch_size 4"),
+])
+def test_a_sweep_table_that_does_not_match_the_page_is_refused(over, named):
+    from lowrank.sgd import ranks
+
+    grid = ranks.experiment_grid(batch_sizes=[16, 32, 64], lrs=[0.1], weight_decays=[5e-3, 0.0], momenta=[0.9],
+                                 seeds=[0])
+    page = dict(model="MLP-BN-4-64", dataset="digits", epochs=2, eps=1e-3, milestones=[], lr_decay=0.1,
+                augment=False, rotation="uniform")
+    ranks.check_table(_table(), grid=grid, **page)  # the matching table passes
+    with pytest.raises(ValueError, match=named):
+        ranks.check_table(_table(**over), grid=grid, **page)
+    with pytest.raises(ValueError, match="end at epoch 2, the page asks for epochs=500"):
+        ranks.check_table(_table(), grid=grid, **(page | {"epochs": 500}))
+    with pytest.raises(ValueError, match="does not match the page's parameters"):
+        ranks.rank_experiment(grid=grid, **(page | {"model": "MLP-BN-10-100"}), coarse_eps=1e-2, min_train_acc=0.5,
+                              table=_table(), regime_only=True)
+
+
+# ---- tracebacks and wrong errors: one line each -------------------------------------------------------
+
+def test_paths_naming_a_user_without_a_home_give_one_line(clean_env, capsys):
+    assert "names no user" in one_line(["data", "fetch", "mnist", "--root", "~nouser_lowrank/d"], capsys)
+    err = one_line(["run", "sgd/rank_vs_batch_size", "-p", "sweep_table", "~nouser_lowrank/t.csv"], capsys)
+    assert "names no user" in err
+    spec = spec_file(clean_env, {"function": "lowrank.core.train:train_point",
+                                 "points": [{"model": "MLP-2-8", "dataset": "digits", "batch_size": 8, "lr": 0.1,
+                                             "epochs": 1, "checkpoint": "~nouser_lowrank/c.ckpt"}]})
+    assert "names no user" in one_line(["sweep", spec, "--output", clean_env / "out", "--dry-run"], capsys)
+    spec = spec_file(clean_env, {"function": "lowrank.core.train:train_point",
+                                 "points": [{"model": "MLP-2-8", "dataset": "mnist", "batch_size": 8, "lr": 0.1,
+                                             "epochs": 1, "data_root": "~nouser_lowrank/data"}]})
+    assert "names no user" in one_line(["sweep", spec, "--output", clean_env / "out", "--dry-run"], capsys)
+
+
+@pytest.mark.parametrize("content", ["[]", "3", '"text"', "null"])
+def test_a_provenance_that_is_no_mapping_gives_one_line(tmp_path, capsys, monkeypatch, content):
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    folder = _run_folder(tmp_path / "runs")
+    (folder / "provenance.json").write_text(content)
+    runs.write_manifest(folder)
+    assert "not a mapping" in one_line(["report", folder, "-o", tmp_path / "r.html"], capsys)
+    assert "not a mapping" in one_line(["results", "store", folder], capsys)
+
+
+def test_results_store_on_a_sweeps_folder_gives_one_line(clean_env, capsys, monkeypatch):
+    monkeypatch.setenv("LOWRANK_SWEEP_MODULES", "sweep_fixture")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    spec = spec_file(clean_env, {"function": "sweep_fixture:ranked_matrix", "points": [{"size": 3, "seed": 0}]})
+    assert cli.main(["sweep", str(spec), "--output", str(clean_env / "out")]) == 0
+    capsys.readouterr()
+    run = next(p for p in (clean_env / "out").iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert "not of a notebook" in one_line(["results", "store", run], capsys)
+    assert "not a complete run folder" in one_line(["results", "store", clean_env / "out"], capsys)
+
+
+def test_a_full_disk_is_said_to_be_full(tmp_path, capsys, monkeypatch):
+    import errno
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cli, "cmd_list", full)
+    assert "the disk is full" in one_line(["list"], capsys, code=1)
+
+
+def test_every_run_diverging_is_said_so(recwarn):
+    from lowrank.core import train
+    from lowrank.sgd import ranks
+
+    grid = ranks.experiment_grid(batch_sizes=[64, 128], lrs=[1e6], weight_decays=[5e-3], momenta=[0.0], seeds=[0])
+    setup = dict(model="MLP-2-8", dataset="digits", epochs=2, eps=1e-3, coarse_eps=1e-2, min_train_acc=0.5)
+    with pytest.raises(train.AllDiverged, match=r"every run diverged \(2 of 2.*learning rates 1e\+06"):
+        ranks.rank_experiment(grid=grid, **setup)
+    # one run that trains: a result, with the diverged one excluded as before
+    grid = ranks.experiment_grid(batch_sizes=[64], lrs=[1e6, 0.1], weight_decays=[5e-3], momenta=[0.0], seeds=[0])
+    assert len(ranks.rank_experiment(grid=grid, **setup)["diverged"]) == 1

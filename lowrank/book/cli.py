@@ -18,6 +18,8 @@ disk, a file that cannot be written) one line and 1; Ctrl-C one line and 130.
 from __future__ import annotations
 
 import argparse
+import errno
+import shutil
 import sys
 from pathlib import Path
 
@@ -176,6 +178,20 @@ def cmd_diff(args) -> int:
     return 1 if args.strict and any(not r["within"] for r in rows) else 0
 
 
+DISK_FULL_BYTES = 16 * 2**20  # less than this free after a failed write: the disk is full
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Free bytes on the disk holding `path` (its deepest existing folder), None if unknown."""
+    for p in [Path(path), *Path(path).parents]:
+        if p.exists():
+            try:
+                return shutil.disk_usage(p).free
+            except OSError:
+                return None
+    return None
+
+
 def cmd_data(args) -> int:
     """`lowrank data fetch NAME`: download, check the published md5 sums, unpack (resumable)."""
     from lowrank.core import datasets
@@ -191,6 +207,12 @@ def cmd_data(args) -> int:
     try:
         root = datasets.fetch(args.dataset, args.root)
     except datasets.FetchError as err:
+        where = datasets.resolve_root(args.root or None)
+        free = _free_bytes(where)
+        if free is not None and free < DISK_FULL_BYTES:  # a download cut short by a full disk is no network error
+            print(f"lowrank: error: the disk holding {where} is full ({free / 2**20:.1f} MiB free): free some space, "
+                  f"then run the command again to resume", file=sys.stderr)
+            return 1
         print(f"lowrank: error: {err}", file=sys.stderr)
         return 2
     default = "" if args.root else f"; the default data folder, `data_root: {datasets.DEFAULT_DATA_ROOT}` in the paper files"
@@ -316,7 +338,10 @@ def main(argv=None) -> int:
         say(err)
         return 2
     except OSError as err:  # the environment: a full disk, a folder that cannot be written
-        say(f"{type(err).__name__}: {err}")
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            say(f"the disk is full ({err}); free some space and run the command again")
+        else:
+            say(f"{type(err).__name__}: {err}")
         return 1
 
 

@@ -96,6 +96,9 @@ def store_run(folder, root: Path | None = None) -> Path:
     """Store the result of a finished run folder (`lowrank run NAME --scale paper`)."""
     run = runs.load_run(folder)
     prov = run["provenance"]
+    if "notebook" not in prov:  # a sweep's function run: no page, no verdicts to keep
+        raise runs.RunFolderError(f"{folder} is a run of {prov.get('function', 'a function')} (a sweep's), not of a "
+                                  f"notebook; `lowrank results store` keeps `lowrank run NAME --scale paper` folders")
     keep = {k: prov.get(k) for k in ("git", "versions", "device", "load_at_start", "load_at_end", "start", "end",
                                      "wall_s", "code")}
     keep["run_folder"] = Path(folder).name

@@ -328,8 +328,7 @@ def _check_resources(path: Path, resources) -> dict:
     return resources
 
 
-def is_checkpoint(name: str) -> bool:
-    return name == "checkpoint" or name.endswith("_checkpoint")
+is_checkpoint = runs.is_output_path  # a checkpoint parameter: a file the run writes
 
 
 def _own_checkpoints(spec: SweepSpec) -> list[dict]:

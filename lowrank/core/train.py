@@ -79,6 +79,8 @@ __all__ = [
     "STATUS_COLUMNS",
     "with_status",
     "diverged_runs",
+    "AllDiverged",
+    "check_some_run_finite",
     "sweep",
     "augment_images",
     "extra_rank_column",
@@ -629,6 +631,25 @@ def diverged_runs(table: pd.DataFrame) -> dict:
             found.setdefault(int(run) if isinstance(run, (int, np.integer)) else run,
                              {"epoch": rows["status_epoch"].iloc[0], "reason": rows["status_reason"].iloc[0]})
     return found
+
+
+class AllDiverged(ValueError):
+    """Every run of a table diverged: there is nothing to measure (a page says so instead of drawing nothing)."""
+
+
+def check_some_run_finite(table: pd.DataFrame, runs: int | None = None) -> None:
+    """AllDiverged when every run of `table` (`runs` of them, by default its `run` values) diverged
+    (`diverged_runs`), naming how, where and at which learning rates."""
+    diverged = diverged_runs(table)
+    total = runs if runs is not None else (table["run"].nunique() if "run" in table.columns else 0)
+    if not diverged or len(diverged) < total:
+        return
+    first = min(diverged.values(), key=lambda d: (d.get("epoch") is None, d.get("epoch") or 0))
+    rates = sorted({d["lr"] for d in diverged.values() if d.get("lr") is not None})
+    shown = ", ".join(f"{r:g}" for r in rates[:5]) + (", ..." if len(rates) > 5 else "")
+    raise AllDiverged(f"every run diverged ({len(diverged)} of {total}; the first in epoch {first.get('epoch')}: "
+                      f"{first.get('reason', 'non-finite values')}){f' at learning rates {shown}' if rates else ''}: "
+                      f"there is nothing to measure; lower the learning rate")
 
 
 def train(model_fn: Callable[[], nn.Module], data: Dataset, *, lr: float, batch_size: int, epochs: int,

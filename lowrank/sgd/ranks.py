@@ -300,12 +300,14 @@ def check_table(table: pd.DataFrame, *, grid, **settings) -> None:
             have = table[key].dropna().unique()
             wrong = [v for v in have if not _same(v, want)]
             if wrong:
-                bad.append(f"{key} is {wrong[0]!r} in the table, {want!r} on the page")
+                shown = wrong[0].item() if isinstance(wrong[0], np.generic) else wrong[0]
+                bad.append(f"{key} is {shown!r} in the table, {want!r} on the page")
     last = int(table["epoch"].max())
     if "epochs" in settings and last != int(settings["epochs"]):
         bad.append(f"the table's runs end at epoch {last}, the page asks for epochs={settings['epochs']}")
     keys = ["batch_size", "lr", "weight_decay", "momentum"]
-    runs = table.rename(columns={"lr0": "lr"}) if "lr0" in table.columns else table
+    # the configured rate: lr0 where the table has it (its lr is the epoch's, after milestones)
+    runs = table.drop(columns=["lr"]).rename(columns={"lr0": "lr"}) if "lr0" in table.columns else table
     if set(keys) <= set(runs.columns):
         points = runs.groupby("run")[keys].first().to_dict("records")
         asked = [{k: g[k] for k in keys} for g in grid]
@@ -371,6 +373,9 @@ def rank_experiment(*, model: str, dataset: str, grid, epochs: int, eps: float, 
                             vit_dim=vit_dim, vit_depth=vit_depth, augment=augment, rotation=rotation, milestones=milestones, lr_decay=lr_decay, eps=eps,
                             extra_eps=(coarse_eps,), loss="ce", layers=authors_layers, progress=False, eval_every=eval_every,
                             eval_initial=eval_initial)
+    from lowrank.core.train import check_some_run_finite
+
+    check_some_run_finite(result["table"], runs=len(grid))  # "every run diverged", not an empty figure later
     for frame in (result["avg"], result["final"]):
         if coarse not in frame.columns:
             frame[coarse] = np.nan
