@@ -557,3 +557,46 @@ def test_every_run_diverging_is_said_so(recwarn):
     # one run that trains: a result, with the diverged one excluded as before
     grid = ranks.experiment_grid(batch_sizes=[64], lrs=[1e6, 0.1], weight_decays=[5e-3], momenta=[0.0], seeds=[0])
     assert len(ranks.rank_experiment(grid=grid, **setup)["diverged"]) == 1
+
+
+# ---- the hostile pass's findings (cases beyond the issue's) ---------------------------------------------
+
+def test_a_run_folder_holding_a_link_is_not_trusted(tmp_path, capsys, monkeypatch):
+    """A run folder handed over by someone else, with a figure that links to a local secret and a
+    manifest that matches it: the report would carry the secret. A run writes no links."""
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    secret = tmp_path / "id_rsa"
+    secret.write_bytes(b"PRIVATE KEY")
+    folder = _run_folder(tmp_path / "runs")
+    (folder / "figures" / "fig.png").symlink_to(secret)
+    runs.write_manifest(folder)
+    assert runs.manifest_problems(folder) == ["figures/fig.png is a link (a run writes none)"]
+    assert "is a link" in one_line(["report", folder, "-o", tmp_path / "r.html"], capsys)
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_a_sweep_checkpoint_cannot_lie_in_a_run_folder(clean_env, capsys):
+    run = _run_folder(runs.RUNS)
+    spec = spec_file(clean_env, {"function": "lowrank.core.train:train_point",
+                                 "points": [{"model": "MLP-2-8", "dataset": "digits", "batch_size": 8, "lr": 0.1,
+                                             "epochs": 1, "checkpoint": str(run / "figures" / "c.ckpt")}]})
+    assert "inside the run folder" in one_line(["sweep", spec, "--output", clean_env / "out", "--dry-run"], capsys)
+
+
+def test_a_sweep_output_through_a_link_to_a_run_folder_is_refused(clean_env, capsys, monkeypatch):
+    monkeypatch.setenv("LOWRANK_SWEEP_MODULES", "sweep_fixture")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    run = _run_folder(runs.RUNS)
+    link = clean_env / "results"
+    link.symlink_to(run)
+    spec = spec_file(clean_env, {"function": "sweep_fixture:ranked_matrix", "points": [{"size": 3, "seed": 0}]})
+    assert "inside the run folder" in one_line(["sweep", spec, "--output", link / "sub"], capsys)
+    assert runs.manifest_problems(run) == []
+
+
+@pytest.mark.parametrize("victim", ["README.md", "tests/golden_verdicts.yaml"])
+def test_diff_never_overwrites_a_file_it_did_not_write(tmp_path, capsys, victim):
+    copy = tmp_path / Path(victim).name
+    copy.write_bytes((REPO / victim).read_bytes())
+    assert "was not written by lowrank" in one_line(["diff", "-o", copy], capsys)
+    assert copy.read_bytes() == (REPO / victim).read_bytes()

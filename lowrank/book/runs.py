@@ -174,7 +174,11 @@ def manifest_problems(folder: Path) -> list[str]:
         return [f"no readable {MANIFEST}"]
     if not isinstance(listed, dict):
         return [f"{MANIFEST} is not a mapping"]
-    present = {p.relative_to(folder).as_posix(): p for p in folder.rglob("*") if p.is_file() and p.name not in UNLISTED}
+    entries = list(folder.rglob("*"))
+    links = [p.relative_to(folder).as_posix() for p in entries if p.is_symlink()]
+    if links:  # a run writes none: a link would bring another file (a key, a password file) into a report
+        return [f"{k} is a link (a run writes none)" for k in links]
+    present = {p.relative_to(folder).as_posix(): p for p in entries if p.is_file() and p.name not in UNLISTED}
     problems = required_problems(folder, listed)
     problems += [f"{k} missing" for k in sorted(set(listed) - set(present))]
     problems += [f"{k} changed" for k in sorted(set(listed) & set(present)) if io.file_digest(present[k]) != listed[k]]

@@ -364,6 +364,10 @@ def _own_checkpoints(spec: SweepSpec) -> list[dict]:
                 raise SweepError(f"sweep spec {spec.path}: {key} {value} is a folder; give a file path")
             if not ckpt.parent.is_dir():
                 raise SweepError(f"sweep spec {spec.path}: {key} {value}: folder {ckpt.parent} does not exist")
+            inside = runs.enclosing_run_folder(ckpt.parent)
+            if inside is not None:  # it would break the run's manifest, and the next run replace the folder
+                raise SweepError(f"sweep spec {spec.path}: {key} {value} is inside the run folder {inside}; "
+                                 f"keep checkpoints elsewhere")
             if len(owners[str(value)]) > 1:
                 owner = json.dumps({k: v for k, v in p.items() if k not in ensemble_keys and not is_checkpoint(k)},
                                    sort_keys=True)
