@@ -600,3 +600,10 @@ def test_diff_never_overwrites_a_file_it_did_not_write(tmp_path, capsys, victim)
     copy.write_bytes((REPO / victim).read_bytes())
     assert "was not written by lowrank" in one_line(["diff", "-o", copy], capsys)
     assert copy.read_bytes() == (REPO / victim).read_bytes()
+
+
+def test_a_sweep_checkpoint_naming_a_device_is_refused_when_the_spec_is_read(clean_env, capsys):
+    spec = spec_file(clean_env, {"function": "lowrank.core.train:train_point",
+                                 "points": [{"model": "MLP-2-8", "dataset": "digits", "batch_size": 8, "lr": 0.1,
+                                             "epochs": 1, "checkpoint": "/dev/null"}]})
+    assert "is a device" in one_line(["sweep", spec, "--output", clean_env / "out", "--dry-run"], capsys)

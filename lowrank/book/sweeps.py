@@ -362,6 +362,10 @@ def _own_checkpoints(spec: SweepSpec) -> list[dict]:
                 raise SweepError(f"sweep spec {spec.path}: {err}") from None
             if ckpt.is_dir():
                 raise SweepError(f"sweep spec {spec.path}: {key} {value} is a folder; give a file path")
+            try:
+                io.check_replaceable(ckpt, key)  # a device or a FIFO: refused before any run, not in the worker
+            except io.OutputRefused as err:
+                raise SweepError(f"sweep spec {spec.path}: {err}") from None
             if not ckpt.parent.is_dir():
                 raise SweepError(f"sweep spec {spec.path}: {key} {value}: folder {ckpt.parent} does not exist")
             inside = runs.enclosing_run_folder(ckpt.parent)
