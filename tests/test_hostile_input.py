@@ -607,3 +607,22 @@ def test_a_sweep_checkpoint_naming_a_device_is_refused_when_the_spec_is_read(cle
                                  "points": [{"model": "MLP-2-8", "dataset": "digits", "batch_size": 8, "lr": 0.1,
                                              "epochs": 1, "checkpoint": "/dev/null"}]})
     assert "is a device" in one_line(["sweep", spec, "--output", clean_env / "out", "--dry-run"], capsys)
+
+
+def test_a_fetch_cut_short_by_a_full_disk_says_the_disk_is_full(tmp_path, capsys, monkeypatch):
+    """The download's own message was "stopped at N bytes ... run the command again to resume"; with
+    the disk holding the data folder full, the command says that instead."""
+    from lowrank.core import datasets
+
+    def cut_short(name, root):
+        raise datasets.FetchError("https://example.invalid/x stopped at 10 of 100 bytes ([Errno 28]); run the "
+                                  "command again to resume from .x.part")
+
+    free_bytes = cli._free_bytes
+    assert free_bytes(tmp_path / "no" / "such" / "folder") > 0  # the deepest existing folder's disk
+    monkeypatch.setattr(datasets, "fetch", cut_short)
+    monkeypatch.setattr(cli, "_free_bytes", lambda path: 4096)
+    err = one_line(["data", "fetch", "mnist", "--root", tmp_path / "d"], capsys, code=1)
+    assert "is full (0.0 MiB free)" in err and str(tmp_path / "d") in err
+    monkeypatch.setattr(cli, "_free_bytes", lambda path: 2**40)  # room enough: the download's own message
+    assert "stopped at 10 of 100 bytes" in one_line(["data", "fetch", "mnist", "--root", tmp_path / "d"], capsys)
