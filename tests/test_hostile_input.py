@@ -364,6 +364,7 @@ def test_a_collected_sweep_holds_the_configured_lr(clean_env, monkeypatch):
     loaded = sweeps.load_spec(spec, output=clean_env / "out")
     assert not sweeps.run_sweep(loaded, "local", jobs=1, progress=False)["failed"]
     sweeps.collect(loaded)
+    sweeps.collect(loaded)  # its own table: replaced
     text = (clean_env / "out" / "collected.csv").read_text()
     assert "0.10000000149" not in text and set(pd.read_csv(clean_env / "out" / "collected.csv")["lr"]) == {0.1}
 
@@ -626,3 +627,17 @@ def test_a_fetch_cut_short_by_a_full_disk_says_the_disk_is_full(tmp_path, capsys
     assert "is full (0.0 MiB free)" in err and str(tmp_path / "d") in err
     monkeypatch.setattr(cli, "_free_bytes", lambda path: 2**40)  # room enough: the download's own message
     assert "stopped at 10 of 100 bytes" in one_line(["data", "fetch", "mnist", "--root", tmp_path / "d"], capsys)
+
+
+def test_collect_never_writes_through_a_planted_link(clean_env, monkeypatch):
+    monkeypatch.setenv("LOWRANK_SWEEP_MODULES", "sweep_fixture")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    spec = sweeps.load_spec(spec_file(clean_env, {"function": "sweep_fixture:ranked_matrix",
+                                                  "points": [{"size": 3, "seed": 0}]}), output=clean_env / "out")
+    assert not sweeps.run_sweep(spec, "local", jobs=1, progress=False)["failed"]
+    mine = clean_env / "thesis.tex"
+    mine.write_text("mine")
+    (clean_env / "out" / "collected.csv").symlink_to(mine)
+    with pytest.raises(io.OutputRefused, match="was not written by lowrank"):
+        sweeps.collect(spec)
+    assert mine.read_text() == "mine"

@@ -371,6 +371,8 @@ def execute(name: str, output: Path, parameters: dict | None = None, figure_dir:
             kept = FAILED_ROOT / f"{name}.ipynb"
             if partial.is_file():
                 kept.parent.mkdir(parents=True, exist_ok=True)
+                if kept.is_symlink():  # the tool's own folder: a link planted there is replaced, never written through
+                    kept.unlink()
                 shutil.copyfile(partial, kept)
             raise NotebookFailed(failure_message(name, err, kept if kept.is_file() else "none written")) from None
         except KeyboardInterrupt:

@@ -698,7 +698,9 @@ def collect(spec: SweepSpec):
     if not frames:
         raise SweepError(f"no finished runs of {spec.path} under {spec.output}")
     table = pd.concat(frames, ignore_index=True)
-    io.write_atomically(spec.output / "collected.csv", table.to_csv(index=False))  # 0644, no temporary left
+    out = io.check_replaceable(spec.output / "collected.csv", "collected table",  # never over a file it did not write
+                               ours=lambda p: io.head_contains(p, b"run,", 4))
+    io.write_atomically(out, table.to_csv(index=False))  # 0644, no temporary left
     return table
 
 
