@@ -641,3 +641,27 @@ def test_collect_never_writes_through_a_planted_link(clean_env, monkeypatch):
     with pytest.raises(io.OutputRefused, match="was not written by lowrank"):
         sweeps.collect(spec)
     assert mine.read_text() == "mine"
+
+
+def test_a_failed_notebooks_copy_never_writes_through_a_planted_link(tmp_path, monkeypatch):
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    from lowrank.book import notebooks
+
+    monkeypatch.setattr(notebooks, "FAILED_ROOT", tmp_path / "failed")
+    mine = tmp_path / "thesis.tex"
+    mine.write_text("mine")
+    kept = tmp_path / "failed" / "gradients" / "decomposition.ipynb"
+    kept.parent.mkdir(parents=True)
+    kept.symlink_to(mine)
+
+    def fails(src, out, **kwargs):
+        Path(out).write_text('{"cells": []}')
+        raise PapermillExecutionError(cell_index=1, exec_count=1, source="x", ename="ValueError", evalue="no",
+                                      traceback=[])
+
+    monkeypatch.setattr(papermill, "execute_notebook", fails)
+    with pytest.raises(notebooks.NotebookFailed):
+        notebooks.execute("gradients/decomposition", tmp_path / "nb.ipynb")
+    assert mine.read_text() == "mine" and not kept.is_symlink() and kept.read_text() == '{"cells": []}'
