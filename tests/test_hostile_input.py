@@ -665,3 +665,25 @@ def test_a_failed_notebooks_copy_never_writes_through_a_planted_link(tmp_path, m
     with pytest.raises(notebooks.NotebookFailed):
         notebooks.execute("gradients/decomposition", tmp_path / "nb.ipynb")
     assert mine.read_text() == "mine" and not kept.is_symlink() and kept.read_text() == '{"cells": []}'
+
+
+def test_a_link_of_another_user_is_not_followed(tmp_path):
+    """Resolving links in Python would bypass the kernel's protected_symlinks: a link planted in /tmp
+    by another user would let a write create or replace a file wherever it points."""
+    target = tmp_path / "real.txt"
+    target.write_text("old")
+    foreign = tmp_path / "foreign"
+    foreign.symlink_to(target)
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "elsewhere" / "cron-job")
+    own = tmp_path / "own"  # the user's own link to a file still to be written: followed
+    own.symlink_to(tmp_path / "new.txt")
+    io.write_atomically(own, "new")
+    assert (tmp_path / "new.txt").read_text() == "new"
+    if os.getuid() != 0:
+        pytest.skip("giving a link to another user needs root")
+    for link in (foreign, dangling):
+        os.lchown(link, 12345, 12345)
+        with pytest.raises(io.OutputRefused, match="owned by another user"):
+            io.write_atomically(link, "x")
+    assert target.read_text() == "old" and not (tmp_path / "elsewhere").exists()

@@ -84,8 +84,14 @@ def _kind(mode: int) -> str:
 def check_replaceable(path, what: str = "output", ours=None) -> Path:
     """The file a write to `path` replaces: `path` with its symbolic links resolved (a link is written
     through, never replaced by a file). OutputRefused when it exists and is not a regular file (a
-    folder, a device such as /dev/null, a FIFO), or when `ours(resolved)` says the tool did not write it."""
+    folder, a device such as /dev/null, a FIFO), when `ours(resolved)` says the tool did not write it,
+    or when `path` is a link owned by another user."""
     path = Path(path)
+    if path.is_symlink():
+        # as the kernel's protected_symlinks: a link another user planted (in /tmp, say: writing through it
+        # would create or replace a file wherever it points) is not followed; the user's own links are
+        if os.lstat(path).st_uid not in (os.getuid(), 0):
+            raise OutputRefused(f"{what} {path} is a link owned by another user; it is not followed")
     try:
         target = path.resolve()
     except (OSError, RuntimeError) as err:  # a loop of links
