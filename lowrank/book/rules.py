@@ -40,7 +40,7 @@ from pathlib import Path
 
 from lowrank.book import notebooks
 from lowrank.core.io import parse_once
-from lowrank.core.validation import SEED_MAX, cut, short, user_path
+from lowrank.core.validation import SEED_MAX, cut, short
 
 __all__ = ["ParameterSpec", "ParameterError", "parameter_specs", "resolve_parameters", "notebook_rules",
            "memory_estimate", "memory_limit", "check_memory", "parse_yaml", "parse_value", "load_yaml_mapping",
@@ -240,10 +240,7 @@ class ParameterSpec:
             raise self._error(f"{short(value)} is not allowed")
         if self.path is not None and value:
             # the kernel runs in the notebook's folder: a path relative to the caller's is made absolute
-            try:
-                found = user_path(value, "").absolute()
-            except ValueError as err:  # `~nouser`: no such home folder
-                raise self._error(str(err).strip()) from None
+            found = Path(value).expanduser().absolute()
             if not (found.is_file() if self.path == "file" else found.is_dir()):
                 raise self._error(f"{short(value)} is not an existing {self.path}")
             if not os.access(found, os.R_OK):
@@ -503,8 +500,6 @@ def check_memory(name: str, params: dict) -> None:
         return
     try:
         need = _evaluate(expr, params)
-    except ParameterError as err:  # a size the estimate refuses (numbers_in)
-        raise ParameterError(f"{name}: {err}") from None
     except (OverflowError, ValueError, TypeError, KeyError, IndexError, ZeroDivisionError) as err:
         raise ParameterError(f"{name}: the memory estimate ({expr}) cannot be evaluated for these parameters "
                              f"({type(err).__name__}: {short(str(err))})") from None
