@@ -254,8 +254,9 @@ def test_ray_resources_beyond_the_cluster_are_refused(sandbox, capsys, monkeypat
 
     fake = FakeRay()
     monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.setenv("LOWRANK_SWEEP_MODULES", "sweep_fixture")
     spec = sandbox / "spec.yaml"
-    spec.write_text(yaml.safe_dump({"function": "lowrank.core.spectral:numerical_rank", "points": [{"M": [[1.0]]}],
+    spec.write_text(yaml.safe_dump({"function": "sweep_fixture:ranked_matrix", "points": [{"size": 3, "seed": 0}],
                                     "resources": resources}))
     err = one_line(["sweep", spec, "--output", sandbox / "out", "--executor", "ray"], capsys)
     assert message in err and fake.shut

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from lowrank.book import cli, keys, notebooks, rules, runs
+from lowrank.core import io
 
 NB = "gradients/decomposition"
 # a seconds-long variant of the notebook
@@ -189,9 +190,11 @@ def test_stale_partial_folders_of_dead_processes_are_cleaned(tmp_path, monkeypat
     alive = parent / f".abc.partial-{os.getpid()}"  # this process: alive, kept
     other_host = parent / f".abc.partial-elsewhere-{dead}"  # another machine's process: not ours to judge
     for p in (*stale, alive, other_host):
-        p.mkdir()
+        io.make_work_folder(p)  # as a run writes them, with the marker
+    unmarked = parent / f".thesis.partial-{dead}"  # the same shape without the marker: a user's
+    unmarked.mkdir()
     runs.run(NB, params, runs_root=tmp_path)
-    assert not any(p.exists() for p in stale) and alive.exists() and other_host.exists()
+    assert not any(p.exists() for p in stale) and alive.exists() and other_host.exists() and unmarked.exists()
 
 
 def test_files_are_readable_by_all(tmp_path, monkeypatch):
@@ -284,8 +287,7 @@ def test_execute_leaves_no_work_folder_and_cleans_dead_ones(tmp_path, monkeypatc
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
-    stale = tmp_path / f".nb.partial-{socket.gethostname()}-{dead}"
-    stale.mkdir()
+    stale = io.make_work_folder(tmp_path / f".nb.partial-{socket.gethostname()}-{dead}")
 
     def kernel_dies(*args, **kwargs):
         raise RuntimeError("kernel died")

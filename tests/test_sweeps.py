@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from lowrank.core import io
 from lowrank.book import cli, sweeps
 
 pytestmark = pytest.mark.slow  # every sweep test starts kernels or Ray workers
@@ -43,7 +44,8 @@ def fixture_spec(tmp_path, crash_file="", name="spec"):
         ({"notebook": "gradients/decomposition", "grid": {"seed": []}}, "non-empty lists"),
         ({"notebook": "gradients/decomposition"}, "no points"),
         ({"notebook": "gradients/decomposition", "points": [{"seed": 0}, {"seed": 0}]}, "same parameters"),
-        ({"function": "lowrank.nowhere:f", "points": [{}]}, "cannot import"),
+        ({"function": "lowrank.nowhere:f", "points": [{}]}, "not declared for sweeping"),
+        ({"function": "sweep_fixture:nowhere", "points": [{}]}, "cannot import"),
         ({"function": "sweep_fixture:ranked_matrix", "points": [{"sise": 3}]}, "no parameter 'sise'"),
         ({"function": "sweep_fixture:ranked_matrix", "points": [{"size": 3}], "resources": {"gpu": 1}}, "resources"),
         ({"notebook": "gradients/decomposition", "points": [{"seed": 0}], "colour": "red"}, "unknown keys"),
@@ -149,8 +151,11 @@ def test_part_two_ci_sweep_under_both_executors_feeds_the_notebook(tmp_path, ci_
 
     from lowrank.book import rules, runs
 
+    # the page's parameters are the sweep's (a table of other settings is refused: test_hostile_input.py)
     params = rules.resolve_parameters("sgd/rank_vs_batch_size",
-                                     overrides={"sweep_table": str(local_out / "collected.csv")})
+                                     overrides={"sweep_table": str(local_out / "collected.csv"), "epochs": 3,
+                                                "batch_sizes": [16, 32, 64], "lrs": [0.05, 0.1], "weight_decay": 0.005,
+                                                "momentum": 0.0})
     folder, _ = runs.run("sgd/rank_vs_batch_size", params, runs_root=tmp_path / "runs")
     nb = (folder / "notebook.ipynb").read_text()
     assert "read from" in nb and "collected.csv" in nb
@@ -241,8 +246,7 @@ def test_a_restarted_sweep_cleans_dead_partials_and_checks_manifests(tmp_path, c
     assert len(sweeps.run_sweep(spec, "local", jobs=1, progress=False)["done"]) == 4
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
-    debris = spec.output / f".abc.partial-{socket.gethostname()}-{dead}"
-    debris.mkdir()
+    debris = io.make_work_folder(spec.output / f".abc.partial-{socket.gethostname()}-{dead}")
     first = spec.run_folder(spec.points[0])
     (first / "results.json").write_text('{"rank": 99}')
     again = sweeps.run_sweep(spec, "local", jobs=1, progress=False)

@@ -20,6 +20,8 @@ disk, a file that cannot be written) one line and 1; Ctrl-C one line and 130.
 from __future__ import annotations
 
 import argparse
+import errno
+import shutil
 import sys
 from pathlib import Path
 
@@ -192,18 +194,33 @@ def _goldens_check(args, build, goldens) -> int:
 
 def cmd_diff(args) -> int:
     from lowrank.book import build, goldens
+    from lowrank.core import io
 
+    # before any work: never over a file `lowrank diff` did not write (its text starts with its title)
+    out = io.check_replaceable(args.output, "diff output", ours=lambda p: io.head_contains(p, b"# Verdict diff", 16))
     executed = {n: build.executed_path(n) for n in build.book_notebooks()}
     missing = [n for n, p in executed.items() if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"not executed yet: {', '.join(missing)} (run `make book` first)")
     rows = goldens.verdict_diff(executed)
     text = goldens.diff_markdown(rows)
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print(text + f"\n(written to {out})")
+    io.write_atomically(out, text)
+    print(text + f"\n(written to {args.output})")
     return 1 if args.strict and any(not r["within"] for r in rows) else 0
+
+
+DISK_FULL_BYTES = 16 * 2**20  # less than this free after a failed write: the disk is full
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Free bytes on the disk holding `path` (its deepest existing folder), None if unknown."""
+    for p in [Path(path), *Path(path).parents]:
+        if p.exists():
+            try:
+                return shutil.disk_usage(p).free
+            except OSError:
+                return None
+    return None
 
 
 def cmd_data(args) -> int:
@@ -211,13 +228,22 @@ def cmd_data(args) -> int:
     from lowrank.core import datasets
 
     if args.root not in (None, ""):  # before any download: a place the data can be written to
-        root = datasets.expand(args.root)
+        from lowrank.core.validation import user_path
+
+        root = user_path(args.root, "--root")
+        args.root = str(root)
         if root.exists() and not root.is_dir():
             raise notebooks.InputError(f"--root {root} exists and is not a folder")
         runs.check_output_folder(root, "--root")
     try:
         root = datasets.fetch(args.dataset, args.root)
     except datasets.FetchError as err:
+        where = datasets.resolve_root(args.root or None)
+        free = _free_bytes(where)
+        if free is not None and free < DISK_FULL_BYTES:  # a download cut short by a full disk is no network error
+            print(f"lowrank: error: the disk holding {where} is full ({free / 2**20:.1f} MiB free): free some space, "
+                  f"then run the command again to resume", file=sys.stderr)
+            return 1
         print(f"lowrank: error: {err}", file=sys.stderr)
         return 2
     default = "" if args.root else f"; the default data folder, `data_root: {datasets.DEFAULT_DATA_ROOT}` in the paper files"
@@ -358,7 +384,10 @@ def main(argv=None) -> int:
         say(err)
         return 2
     except OSError as err:  # the environment: a full disk, a folder that cannot be written
-        say(f"{type(err).__name__}: {err}")
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            say(f"the disk is full ({err}); free some space and run the command again")
+        else:
+            say(f"{type(err).__name__}: {err}")
         return 1
 
 

@@ -16,6 +16,8 @@ import socket
 import time
 from pathlib import Path
 
+from lowrank.core import io
+
 __all__ = [
     "REPO_ROOT",
     "IN_CLONE",
@@ -204,42 +206,11 @@ def parameter_defaults_from_source(source: str) -> dict:
     return params
 
 
-_DEBRIS = re.compile(r"\..+\.(partial|old)-(?:(?P<host>.+)-)?(?P<pid>\d+)$")
-
-
-def work_folder_name(name: str) -> bool:
-    """Whether `name` is a temporary folder of a run (`.NAME.partial-HOST-PID`, `.old-`)."""
-    return bool(_DEBRIS.match(name))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-def clean_debris(folder: Path) -> list[Path]:
-    """Remove the `.partial-HOST-PID` / `.old-HOST-PID` folders in `folder` left by dead processes of
-    this host (a run killed with -9 cannot clean up after itself). Returns what was removed."""
-    removed = []
-    if not Path(folder).is_dir():
-        return removed
-    host = socket.gethostname()
-    for p in Path(folder).iterdir():
-        m = _DEBRIS.match(p.name)
-        if m and (m["host"] in (None, host)) and not _alive(int(m["pid"])):
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-            removed.append(p)
-    return removed
-
-
-def work_name(final: Path, kind: str = "partial") -> Path:
-    """The temporary sibling of `final` this process writes: `.NAME.partial-HOST-PID`."""
-    return final.parent / f".{final.name}.{kind}-{socket.gethostname()}-{os.getpid()}"
+# work folders and their cleanup are `lowrank.core.io`'s (a marker file says which are the tool's)
+work_folder_name = io.is_work_name
+_alive = io.process_alive
+clean_debris = io.clean_leftovers
+work_name = io.work_name
 
 
 class _work_folder:
@@ -250,8 +221,7 @@ class _work_folder:
         self.path = work_name(output)
 
     def __enter__(self) -> str:
-        shutil.rmtree(self.path, ignore_errors=True)
-        self.path.mkdir()
+        io.make_work_folder(self.path)
         return str(self.path)
 
     def __exit__(self, *exc):
@@ -416,6 +386,8 @@ def execute(name: str, output: Path, parameters: dict | None = None, figure_dir:
             kept = FAILED_ROOT / f"{name}.ipynb"
             if partial.is_file():
                 kept.parent.mkdir(parents=True, exist_ok=True)
+                if kept.is_symlink():  # the tool's own folder: a link planted there is replaced, never written through
+                    kept.unlink()
                 shutil.copyfile(partial, kept)
             raise NotebookFailed(failure_message(name, err, kept if kept.is_file() else "none written")) from None
         except KeyboardInterrupt:

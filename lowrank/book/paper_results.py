@@ -146,6 +146,9 @@ def store_run(folder, root: Path | None = None) -> Path:
     read from its parameters."""
     run = runs.load_run(folder)
     prov = run["provenance"]
+    if "notebook" not in prov:  # a sweep's function run: no page, no verdicts to keep
+        raise runs.RunFolderError(f"{folder} is a run of {prov.get('function', 'a function')} (a sweep's), not of a "
+                                  f"notebook; `lowrank results store` keeps `lowrank run NAME --scale paper` folders")
     scale = (prov.get("parameters") or {}).get("scale")
     if scale not in STORED_SCALES:
         raise rules.ParameterError(f"{folder}: a {scale}-scale run; only {' and '.join(STORED_SCALES)}-scale runs are "

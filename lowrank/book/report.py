@@ -7,7 +7,7 @@ import html
 import os
 from pathlib import Path
 
-from lowrank.core.io import write_atomically
+from lowrank.core.io import OutputRefused, check_replaceable, head_contains, write_atomically
 
 __all__ = ["render"]
 
@@ -20,32 +20,36 @@ def _cell(x) -> str:
     return html.escape(f"{x:.4g}" if isinstance(x, float) else str(x))
 
 
-def check_output(out) -> Path:
-    """`out` as a path to write the report to, or InputError (one line) before any work: a folder,
-    a path under a file, or an unwritable folder is refused."""
-    from lowrank.book.notebooks import InputError
-    from lowrank.book.runs import check_output_folder
+# in every report's head: an existing file is replaced only when it carries this (one that `render` wrote)
+GENERATOR = "<meta name='generator' content='lowrank report'>"
 
-    from lowrank.book import notebooks
-    from lowrank.book.runs import MANIFEST, RUNS
+
+def check_output(out) -> Path:
+    """`out` (its links resolved) as the file to write the report to, or InputError (one line) before
+    any work: a folder, a device, a FIFO, an existing file that is not a report of this tool (a `.py`,
+    a notebook, the goldens), a path inside a run folder or the runs folder, or an unwritable folder."""
+    from lowrank.book.notebooks import InputError
+    from lowrank.book.runs import RUNS, check_output_folder, enclosing_run_folder
 
     out = Path(out)
     if out.is_dir():
         raise InputError(f"report output {out} is a folder; give a file name, e.g. {out / 'report.html'}")
-    if out.exists() and not out.is_file():
-        raise InputError(f"report output {out} exists and is not a regular file")
+    try:
+        target = check_replaceable(out, "report output", ours=lambda p: head_contains(p, GENERATOR.encode()))
+    except OutputRefused as err:
+        raise InputError(str(err)) from None
     # a file written into a run folder breaks its manifest, and the next run replaces the folder
     # (the report and anything else in it lost): refused, as anywhere below the runs folder
-    where = out.absolute().parent
-    for folder in [where, *where.parents]:
-        if (folder / MANIFEST).is_file() or notebooks.work_folder_name(folder.name):
-            raise InputError(f"report output {out} is inside the run folder {folder}; write it elsewhere")
-    if where == RUNS.absolute() or RUNS.absolute() in where.parents:
+    inside = enclosing_run_folder(target.parent)
+    if inside is not None:
+        raise InputError(f"report output {out} is inside the run folder {inside}; write it elsewhere")
+    runs_root = RUNS.resolve()
+    if target.parent == runs_root or runs_root in target.parents:
         raise InputError(f"report output {out} is inside the runs folder {RUNS}; write it elsewhere")
-    check_output_folder(out.parent, "report output's folder")
-    if not os.access(out.parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
+    check_output_folder(target.parent, "report output's folder")
+    if not os.access(target.parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise InputError(f"report output {out} cannot be written")
-    return out
+    return target
 
 
 def render(loaded: list[dict], out: Path) -> Path:
@@ -54,7 +58,7 @@ def render(loaded: list[dict], out: Path) -> Path:
         raise ValueError("nothing to render: give at least one run folder")
     out = check_output(out)
     labels = [r["provenance"].get("hash", r["folder"].name) for r in loaded]
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>lowrank runs</title><style>{_STYLE}</style>",
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'>{GENERATOR}<title>lowrank runs</title><style>{_STYLE}</style>",
              "</head><body>"]
     names = sorted({r["provenance"].get("notebook") or r["provenance"].get("function", "?") for r in loaded})
     parts.append(f"<h1>{html.escape(', '.join(names))}</h1>")

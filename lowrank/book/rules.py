@@ -537,13 +537,22 @@ def network_activations(model, batch, cnn_width=1.0, vit_dim=512, vit_depth=6) -
     return out
 
 
+SIZE_KEYS = ("widths", "channels", "hidden", "kernel_size")  # a network's keyword arguments that size it
+
+
 def numbers_in(value) -> float:
-    """The sum of the numbers in a parameter value (a dict of keyword arguments, a list)."""
+    """The sum of the sizes in a parameter value: of a dict of a network's keyword arguments the
+    values under `SIZE_KEYS` only (a seed or an initial scale sizes nothing, and `seed: -20000` must
+    not cancel `widths: [20000]`), of a list its numbers. A negative size is refused."""
     if isinstance(value, dict):
-        return sum(numbers_in(v) for v in value.values())
+        return sum(numbers_in(v) for k, v in value.items() if k in SIZE_KEYS)
     if isinstance(value, list):
         return sum(numbers_in(v) for v in value)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not value >= 0:
+            raise ParameterError(f"a network size of {value!r} is given; sizes (widths, channels, ...) are >= 0")
+        return float(value)
+    return 0.0
 
 
 _SAFE_CALLS = {"len": len, "max": max, "min": min, "sum": sum, "prod": math.prod, "dataset_bytes": dataset_bytes,

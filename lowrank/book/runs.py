@@ -29,7 +29,7 @@ from lowrank.book.rules import parameter_specs
 from lowrank.core import io
 
 __all__ = ["RunFolderError", "run_hash", "path_parameters", "input_digests", "run", "execute", "load_run",
-           "manifest_problems", "write_manifest", "clean_debris", "check_output_folder", "RUNS"]
+           "manifest_problems", "write_manifest", "clean_debris", "check_output_folder", "enclosing_run_folder", "RUNS"]
 
 # a clone's runs/; an installed copy's runs go below the current folder, never into site-packages
 RUNS = (notebooks.REPO_ROOT if notebooks.IN_CLONE else Path.cwd()) / "runs"
@@ -57,11 +57,30 @@ def path_parameters(target: str) -> set[str]:
     return {k for k, spec in parameter_specs(target).items() if spec.path}
 
 
+def _folder_digest(path: Path) -> str:
+    """The names, sizes and modification times of a folder's files (at most `FOLDER_LISTING_MAX`)."""
+    listing = []
+    for i, f in enumerate(sorted(path.rglob("*"))):
+        if i >= FOLDER_LISTING_MAX:
+            break
+        st = f.stat()
+        listing.append(f"{f.relative_to(path).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n")
+    return io.digest(*listing)
+
+
+# parameters naming the data folder (`lowrank.core.datasets.resolve_root`: `data` means $LOWRANK_DATA
+# when set): the folder the run reads, found as the run finds it, keys the run by its files
+DATA_FOLDER_PARAMETERS = ("data_root",)
+
+
 def input_digests(params: dict, paths) -> dict:
     """`{parameter: digest}` of the files and folders the parameters `paths` name (see
-    `path_parameters`): SHA-256 of a file's contents; of a folder, the names, sizes and
+    `path_parameters`) and of the data folder (`DATA_FOLDER_PARAMETERS`, resolved as the data sets'
+    loaders resolve it): SHA-256 of a file's contents; of a folder, the names, sizes and
     modification times of its files. Checkpoints (`is_output_path`) are outputs and left out.
-    Part of the run key: an edited input file is a new run."""
+    Part of the run key: an edited input file, another data folder or a changed image file is a new run."""
+    from lowrank.core.validation import user_path
+
     out = {}
 
     def visit(key, value):
@@ -72,23 +91,27 @@ def input_digests(params: dict, paths) -> dict:
             for i, v in enumerate(value):
                 visit(f"{key}[{i}]", v)
         elif isinstance(value, str) and value and len(value) < 4096 and "\0" not in value:
-            path = Path(value).expanduser()
+            path = user_path(value, f"parameter {key!r}:")
             try:
                 if path.is_file():
                     out[key] = io.file_digest(path)
                 elif path.is_dir():
-                    listing = []
-                    for i, f in enumerate(sorted(path.rglob("*"))):
-                        if i >= FOLDER_LISTING_MAX:
-                            break
-                        st = f.stat()
-                        listing.append(f"{f.relative_to(path).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n")
-                    out[key] = io.digest(*listing)
+                    out[key] = _folder_digest(path)
             except OSError as err:
                 raise RunFolderError(f"parameter {key!r}: {value} cannot be read ({err.strerror})") from None
 
     for key, value in params.items():
-        if key in paths and not is_output_path(key):
+        if key in DATA_FOLDER_PARAMETERS and isinstance(value, str) and "\0" not in value:
+            from lowrank.core.datasets import resolve_root
+
+            user_path(value, f"parameter {key!r}:")  # `~nouser`: one line, before the loader's traceback
+            folder = resolve_root(value or None)
+            try:
+                if folder.is_dir():
+                    out[key] = _folder_digest(folder)
+            except OSError as err:
+                raise RunFolderError(f"parameter {key!r}: the data folder {folder} cannot be read ({err.strerror})") from None
+        elif key in paths and not is_output_path(key):
             visit(key, value)
     return out
 
@@ -111,12 +134,13 @@ class RunFolderError(notebooks.InputError):
 
 
 MANIFEST = "manifest.json"
+UNLISTED = (MANIFEST, io.WORK_MARKER)  # the manifest itself, and a work folder's marker (removed when it is finished)
 
 
 def write_manifest(folder: Path) -> None:
     """`manifest.json`: the digest (`lowrank.core.io.file_digest`) of every file of `folder` (paths relative to it)."""
     files = {p.relative_to(folder).as_posix(): io.file_digest(p) for p in sorted(folder.rglob("*"))
-             if p.is_file() and p.name != MANIFEST}
+             if p.is_file() and p.name not in UNLISTED}
     (folder / MANIFEST).write_text(json.dumps(files, indent=1, sort_keys=True))
 
 
@@ -132,6 +156,8 @@ def required_problems(folder: Path, listed: dict) -> list[str]:
         provenance = json.loads((folder / "provenance.json").read_text())
     except (OSError, ValueError):
         return ["provenance.json missing or unreadable (required)"]
+    if not isinstance(provenance, dict):
+        return [f"provenance.json holds a {type(provenance).__name__}, not a mapping (required)"]
     kind = "function" if isinstance(provenance, dict) and "function" in provenance else "notebook"
     problems = [f"{f} missing (required)" for f in REQUIRED[kind] if f not in listed]
     if kind == "function" and not any(f in listed for f in FUNCTION_RESULTS):
@@ -149,7 +175,11 @@ def manifest_problems(folder: Path) -> list[str]:
         return [f"no readable {MANIFEST}"]
     if not isinstance(listed, dict):
         return [f"{MANIFEST} is not a mapping"]
-    present = {p.relative_to(folder).as_posix(): p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST}
+    entries = list(folder.rglob("*"))
+    links = [p.relative_to(folder).as_posix() for p in entries if p.is_symlink()]
+    if links:  # a run writes none: a link would bring another file (a key, a password file) into a report
+        return [f"{k} is a link (a run writes none)" for k in links]
+    present = {p.relative_to(folder).as_posix(): p for p in entries if p.is_file() and p.name not in UNLISTED}
     problems = required_problems(folder, listed)
     problems += [f"{k} missing" for k in sorted(set(listed) - set(present))]
     problems += [f"{k} changed" for k in sorted(set(listed) & set(present)) if io.file_digest(present[k]) != listed[k]]
@@ -159,6 +189,17 @@ def manifest_problems(folder: Path) -> list[str]:
 
 clean_debris = notebooks.clean_debris
 work_name = notebooks.work_name
+
+
+def enclosing_run_folder(path) -> Path | None:
+    """The run folder (one with a manifest) or work folder that `path` is or lies in, its links
+    resolved; None if there is none. A file written there breaks the run's manifest, and the next
+    run replaces the folder with all it holds."""
+    where = Path(path).resolve()
+    for folder in [where, *where.parents]:
+        if (folder / MANIFEST).is_file() or io.is_work_name(folder.name):
+            return folder
+    return None
 
 
 MIN_FREE_BYTES = 256 * 2**20  # a run folder (notebook, figures as PNG, SVG and CSV) is a few MB
@@ -209,9 +250,7 @@ def run(name: str, params: dict, *, force: bool = False, runs_root: Path | None 
         print(f"lowrank: {final} does not match its manifest ({'; '.join(problems[:3])}"
               f"{'; ...' if len(problems) > 3 else ''}): running it again", file=sys.stderr)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = work_name(final)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = io.make_work_folder(work_name(final))
     try:
         _execute_into(tmp, name, params, final.name, progress)
         io.replace_folder(tmp, final, old=work_name(final, "old"))  # a rerun: the old folder is dropped

@@ -15,10 +15,14 @@ A sweep spec is a YAML file:
                                           # differ only in lr, weight_decay, momentum, seed train
                                           # together as one ensemble (one task, one folder per point)
 
-A function must live in the `lowrank` package: a sweep file is data, and `function: os:system`
-would run any command. Other modules are allowed only when named in the environment variable
-`LOWRANK_SWEEP_MODULES` (comma-separated module names, e.g. `LOWRANK_SWEEP_MODULES=my_study`),
-an explicit opt-in of the person running the sweep.
+A sweep file is data: it may name only the experiment functions the package declares for
+sweeping (`SWEEP_FUNCTIONS`, today `lowrank.core.train:train_point`), never any other function of
+`lowrank` (`execute_point`, `write_atomically` or `cli:main` would run or write what the file
+says) nor of another module (`os:system`). A module of the person running the sweep is allowed only
+when named in the environment variable `LOWRANK_SWEEP_MODULES` (comma-separated module names, e.g.
+`LOWRANK_SWEEP_MODULES=my_study`), an explicit opt-in; it cannot name a `lowrank` module. A grid is
+sized before it is built (at most `MAX_POINTS` runs), and the default output folder
+`runs/sweeps/<spec name>` needs a plain spec name (`...yaml` would be `runs/` itself).
 
 Every point is validated before anything runs (a function's points by the rules of its module's
 `PARAMETER_RULES` (JSON Schema keywords) and its annotations, as `lowrank run` checks a notebook's; a function that takes one
@@ -43,7 +47,9 @@ import importlib
 import inspect
 import itertools
 import json
+import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -55,6 +61,7 @@ from typing import Mapping
 from lowrank.book import notebooks, rules, runs
 from lowrank.book.keys import code_key
 from lowrank.core import io
+from lowrank.core.validation import user_path
 
 __all__ = ["SweepSpec", "SweepError", "load_spec", "run_sweep", "collect", "EXECUTORS", "ENSEMBLE_FUNCTIONS"]
 
@@ -90,14 +97,29 @@ class SweepSpec:
 
 
 ALLOWED_MODULES_VARIABLE = "LOWRANK_SWEEP_MODULES"
+# the experiment functions of `lowrank` a sweep file may name: each takes plain values (or one config
+# dataclass of them), computes a result and writes nothing but the checkpoint its parameters name
+SWEEP_FUNCTIONS = frozenset({"lowrank.core.train:train_point"})
+MAX_POINTS = 10_000  # runs of one sweep: the paper's largest has 48; a bigger grid is a typo, not a study
 
 
-def check_function_module(module: str) -> None:
-    """A sweep's function comes from `lowrank` (or a module named in $LOWRANK_SWEEP_MODULES)."""
-    allowed = ["lowrank"] + [m.strip() for m in os.environ.get(ALLOWED_MODULES_VARIABLE, "").split(",") if m.strip()]
-    if not any(module == a or module.startswith(a + ".") for a in allowed):
-        raise SweepError(f"function module {module!r} is outside the lowrank package; a sweep runs lowrank's "
-                         f"functions only, unless {ALLOWED_MODULES_VARIABLE} names the module (an explicit opt-in)")
+def _in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def check_function_module(ref: str) -> None:
+    """A sweep's function is one of `SWEEP_FUNCTIONS`, or lives in a module named in
+    $LOWRANK_SWEEP_MODULES (never a `lowrank` module: those are the package's machinery)."""
+    module = ref.partition(":")[0]
+    if _in_package(module, "lowrank"):
+        if ref not in SWEEP_FUNCTIONS:
+            raise SweepError(f"function {ref!r} is not declared for sweeping; a sweep runs {sorted(SWEEP_FUNCTIONS)}"
+                             f" (or a function of a module named in {ALLOWED_MODULES_VARIABLE})")
+        return
+    allowed = [m.strip() for m in os.environ.get(ALLOWED_MODULES_VARIABLE, "").split(",") if m.strip()]
+    if not any(_in_package(module, a) and not _in_package(a, "lowrank") for a in allowed):
+        raise SweepError(f"function module {module!r} is outside the lowrank package; a sweep runs "
+                         f"{sorted(SWEEP_FUNCTIONS)}, unless {ALLOWED_MODULES_VARIABLE} names the module (an explicit opt-in)")
 
 
 def _load_function(ref: str, check: bool = True):
@@ -105,7 +127,7 @@ def _load_function(ref: str, check: bool = True):
     if not module or not attr:
         raise SweepError(f"function must be 'module:callable', got {ref!r}")
     if check:
-        check_function_module(module)
+        check_function_module(str(ref))
     try:
         fn = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as err:
@@ -133,6 +155,10 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
     if not isinstance(listed, list) or any(not isinstance(p, dict) for p in listed):
         raise SweepError(f"sweep spec {path}: 'points' must be a list of mappings")
     keys = list(grid)
+    count = math.prod(len(v) for v in grid.values()) * bool(grid) + len(listed)
+    if count > MAX_POINTS:  # sized before it is built: 10^9 points would fill the memory first
+        raise SweepError(f"sweep spec {path}: {count:,} runs ({' x '.join(str(len(v)) for v in grid.values()) or 0} "
+                         f"grid + {len(listed)} points), more than the {MAX_POINTS:,} a sweep runs; split it")
     points = [dict(zip(keys, combo)) for combo in itertools.product(*grid.values())] if grid else []
     points += listed
     if not points:
@@ -193,12 +219,40 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
     hashes = [runs.run_hash(spec.target, p, code=spec.code, paths=spec.paths) for p in spec.points]
     if len(set(hashes)) != len(hashes):
         raise SweepError(f"sweep spec {path}: two points have the same parameters")
+    if not output and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*", path.stem):
+        raise SweepError(f"sweep spec {path}: its name {path.stem!r} cannot name the default output folder "
+                         f"runs/sweeps/<spec name>; rename the file (letters, digits, _ . + -) or give --output")
     spec.output = Path(output) if output else runs.RUNS / "sweeps" / path.stem
+    check_sweep_output(spec.output)
+    return spec
+
+
+SWEEP_RECORD = "sweep.json"  # written by `run_sweep` before any run: the folder is a sweep's
+
+
+def is_sweep_folder(folder: Path) -> bool:
+    """Whether `folder` holds the record a sweep writes first (`SWEEP_RECORD`)."""
     try:
-        runs.check_output_folder(spec.output, "sweep output")
+        record = json.loads((Path(folder) / SWEEP_RECORD).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and "target" in record
+
+
+def check_sweep_output(folder: Path) -> None:
+    """Refuse a sweep output that is or lies inside a run folder (its manifest would break and the
+    next `lowrank run` would replace the folder, the sweep's results with it), or an existing folder
+    with files that no sweep wrote (start-up cleanup and the run folders would mix with them)."""
+    try:
+        runs.check_output_folder(folder, "sweep output")
     except runs.RunFolderError as err:
         raise SweepError(str(err)) from None
-    return spec
+    inside = runs.enclosing_run_folder(folder)
+    if inside is not None:
+        raise SweepError(f"sweep output {folder} is inside the run folder {inside}; give a folder of its own")
+    if folder.is_dir() and any(folder.iterdir()) and not is_sweep_folder(folder):
+        raise SweepError(f"sweep output {folder} holds files that no sweep wrote (no {SWEEP_RECORD}); "
+                         f"give a new or empty folder")
 
 
 def config_class(fn):
@@ -269,8 +323,7 @@ def _check_resources(path: Path, resources) -> dict:
     return resources
 
 
-def is_checkpoint(name: str) -> bool:
-    return name == "checkpoint" or name.endswith("_checkpoint")
+is_checkpoint = runs.is_output_path  # a checkpoint parameter: a file the run writes
 
 
 def _own_checkpoints(spec: SweepSpec) -> list[dict]:
@@ -298,11 +351,22 @@ def _own_checkpoints(spec: SweepSpec) -> list[dict]:
                 continue
             if not isinstance(value, str):
                 raise SweepError(f"sweep spec {spec.path}: {key} must be a file path, got {value!r}")
-            ckpt = Path(value).expanduser().absolute()
+            try:
+                ckpt = user_path(value, key).absolute()
+            except ValueError as err:
+                raise SweepError(f"sweep spec {spec.path}: {err}") from None
             if ckpt.is_dir():
                 raise SweepError(f"sweep spec {spec.path}: {key} {value} is a folder; give a file path")
+            try:
+                io.check_replaceable(ckpt, key)  # a device or a FIFO: refused before any run, not in the worker
+            except io.OutputRefused as err:
+                raise SweepError(f"sweep spec {spec.path}: {err}") from None
             if not ckpt.parent.is_dir():
                 raise SweepError(f"sweep spec {spec.path}: {key} {value}: folder {ckpt.parent} does not exist")
+            inside = runs.enclosing_run_folder(ckpt.parent)
+            if inside is not None:  # it would break the run's manifest, and the next run replace the folder
+                raise SweepError(f"sweep spec {spec.path}: {key} {value} is inside the run folder {inside}; "
+                                 f"keep checkpoints elsewhere")
             if len(owners[str(value)]) > 1:
                 owner = json.dumps({k: v for k, v in p.items() if k not in ensemble_keys and not is_checkpoint(k)},
                                    sort_keys=True)
@@ -342,9 +406,7 @@ def execute_point(target_kind: str, target: str, params, folder, threads: int = 
 def _write_result(folder: Path, target: str, params: dict, result, timing: tuple) -> str:
     """A function's result, parameters and provenance (`timing`: start, machine load at start, wall
     seconds) into `folder`, atomically."""
-    tmp = runs.work_name(folder)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = io.make_work_folder(runs.work_name(folder))
     status = {}
     try:
         if hasattr(result, "to_csv"):
@@ -535,9 +597,12 @@ def run_sweep(spec: SweepSpec, executor: str = "local", *, address: str | None =
         check_address(address)
     if address and executor != "ray":
         raise SweepError("--address is for --executor ray")
+    check_sweep_output(spec.output)  # again: the folder may have changed since the spec was read
     spec.output.mkdir(parents=True, exist_ok=True)
     kind = "notebook" if spec.notebook else "function"
     folders = [spec.run_folder(p) for p in spec.points]
+    record = json.dumps({"spec": str(spec.path), "target": spec.target, "runs": [str(f) for f in folders]}, indent=2)
+    io.write_atomically(spec.output / SWEEP_RECORD, record)  # first: the folder is a sweep's
     for where in (spec.output, spec.output / ".nb" / str(spec.notebook)):
         runs.clean_debris(where)
     for f in folders:
@@ -582,8 +647,6 @@ def run_sweep(spec: SweepSpec, executor: str = "local", *, address: str | None =
         else:
             _run_ray(tasks, spec.resources, started_ray, on_start, on_done)
     bar.close()
-    (spec.output / "sweep.json").write_text(json.dumps({"spec": str(spec.path), "target": spec.target,
-                                                        "runs": [str(f) for f in folders]}, indent=2))
     return {"done": state["done"], "skipped": skipped, "failed": state["failed"],
             "unusual": {f: s for f in state["done"] + skipped if (s := run_status(Path(f)))}}
 
@@ -630,7 +693,9 @@ def collect(spec: SweepSpec):
     if not frames:
         raise SweepError(f"no finished runs of {spec.path} under {spec.output}")
     table = pd.concat(frames, ignore_index=True)
-    io.write_atomically(spec.output / "collected.csv", table.to_csv(index=False))  # 0644, no temporary left
+    out = io.check_replaceable(spec.output / "collected.csv", "collected table",  # never over a file it did not write
+                               ours=lambda p: io.head_contains(p, b"run,", 4))
+    io.write_atomically(out, table.to_csv(index=False))  # 0644, no temporary left
     return table
 
 

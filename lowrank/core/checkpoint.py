@@ -6,12 +6,18 @@ and resumes from an existing file with `resume`. A checkpoint carries an `identi
 every field of the `TrainConfig` that can change the table, the model's shapes, the data split and
 the code of `lowrank/core/`; resuming with any of them changed is refused, as is a file written by
 another format (`CHECKPOINT_FORMAT`) or holding more epochs than asked for.
+
+A checkpoint holds tensors and plain data only (`_plain`), and is read with
+`torch.load(weights_only=True)`: a file holding anything else (a crafted pickle whose loading would
+run code) is refused, never unpickled. The path is checked before training: a folder, a device or a
+FIFO is refused (a write would replace /dev/null by a regular file), a link is written through.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -19,14 +25,14 @@ import torch
 from torch import nn
 
 from lowrank.core.datasets import Dataset
-from lowrank.core.io import digest, write_atomically
+from lowrank.core.io import OutputRefused, check_replaceable, digest, write_atomically
 
 # `cfg` below is a `lowrank.core.train.TrainConfig` and `state` an `EnsembleState` (not imported:
 # the training loop imports this module).
 
 __all__ = ["CHECKPOINT_FORMAT", "identity", "check_checkpoint_path", "resume", "save"]
 
-CHECKPOINT_FORMAT = 5  # 5: identity from every TrainConfig field (`_identity`); 4: identity with model,
+CHECKPOINT_FORMAT = 6  # 6: tensors and plain data only (read with weights_only=True); 5: identity from every TrainConfig field (`_identity`); 4: identity with model,
 # data split, settings, code; 3: EnsembleState payload, lr_decay; 2: per-member augmentation generators
 
 
@@ -100,6 +106,10 @@ def check_checkpoint_path(path) -> None:
     p = Path(path)
     if p.is_dir():
         raise ValueError(f"checkpoint {p} is a folder; give a file path")
+    try:
+        p = check_replaceable(p, "checkpoint")  # a device, a FIFO: refused; a link: its target
+    except OutputRefused as err:
+        raise ValueError(str(err)) from None
     if not p.parent.is_dir():
         raise ValueError(f"checkpoint {p}: folder {p.parent} does not exist")
     if not os.access(p.parent, os.W_OK | os.X_OK):
@@ -109,8 +119,16 @@ def check_checkpoint_path(path) -> None:
 def _load_checkpoint(path: Path, dev) -> dict:
     """The saved payload, or ValueError naming the file when it cannot be read."""
     try:
-        saved = torch.load(path, map_location=dev, weights_only=False)
-    except Exception as err:  # pickle, zip and EOF errors of a truncated or foreign file
+        saved = torch.load(path, map_location=dev, weights_only=True)  # never runs a pickle's code
+    except pickle.UnpicklingError as err:
+        what = next((line.strip() for line in str(err).splitlines() if "unsupported global" in line.lower()), "")[:160]
+        if what:  # torch's restricted unpickler met a class or a function to call
+            raise ValueError(f"checkpoint {path} holds objects other than tensors and plain data (a file of another "
+                             f"version, or a crafted one: {what}): refused, not unpickled; "
+                             f"remove it or pass another path") from None
+        raise ValueError(f"checkpoint {path} is unreadable (UnpicklingError: {' '.join(str(err).split())[:200]}); "
+                         f"remove it or pass another path") from None
+    except Exception as err:  # zip and EOF errors of a truncated or foreign file
         raise ValueError(f"checkpoint {path} is unreadable ({type(err).__name__}: "
                          f"{' '.join(str(err).split())[:200]}); remove it or pass another path") from None
     if not isinstance(saved, dict):
@@ -139,6 +157,22 @@ def resume(cfg, identity: dict, state, dev) -> bool:
     return True
 
 
+def _plain(value):
+    """`value` with numpy scalars as Python numbers and numpy arrays as tensors: what
+    `torch.load(weights_only=True)` reads back."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    return value
+
+
 def save(cfg, identity: dict, state):
-    payload = {"format": CHECKPOINT_FORMAT, "identity": identity, **state.payload()}
+    payload = _plain({"format": CHECKPOINT_FORMAT, "identity": identity, **state.payload()})
     write_atomically(cfg.checkpoint, save=lambda tmp: torch.save(payload, tmp))

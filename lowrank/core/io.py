@@ -1,7 +1,13 @@
 """Files written whole or not at all, one digest, and the provenance of a result.
 
 - `write_atomically(path, data)` and `replace_folder(work, final)`: a reader never sees half a
-  file or half a folder (written under a temporary name in the same folder, then renamed);
+  file or half a folder (written under a temporary name in the same folder, then renamed); a write
+  goes through a symbolic link to its target and never replaces a device, a FIFO or a folder, and
+  `check_replaceable` refuses an existing file the tool did not write (`ours`);
+- work folders: `work_name`, `make_work_folder` and `clean_leftovers`: a temporary folder
+  `.NAME.KIND-HOST-PID` carries a marker file (`WORK_MARKER`) written by this module, and start-up
+  cleanup removes only such marked folders of dead processes of this host (a user's
+  `.thesis.partial-77777/` or `.zshrc.old-2023` carries no marker and is never touched);
 - `digest(*parts)` and `file_digest(path)`: SHA-256 in hex, cut to `DIGEST_LENGTH` digits, the one
   hash of the package's keys, run folders, manifests and checkpoints (integrity sums published by
   a data set's authors are theirs: `lowrank.core.datasets` checks those as given);
@@ -19,11 +25,15 @@ import functools
 import hashlib
 import os
 import platform
+import re
 import shutil
+import socket
+import stat
 import subprocess
 from pathlib import Path
 
-__all__ = ["DIGEST_LENGTH", "digest", "file_digest", "write_atomically", "replace_folder", "git_state",
+__all__ = ["DIGEST_LENGTH", "digest", "file_digest", "write_atomically", "replace_folder", "check_replaceable",
+           "OutputRefused", "work_name", "is_work_name", "make_work_folder", "clean_leftovers", "process_alive", "git_state",
            "versions", "machine_load", "now", "provenance", "parse_once"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -59,8 +69,123 @@ def file_digest(path) -> str:
     return digest(Path(path))
 
 
-def _work_path(path: Path, what: str = "tmp") -> Path:
-    return path.with_name(f".{path.name}.{what}-{os.getpid()}")
+class OutputRefused(ValueError):
+    """A write that would replace something the tool did not write (a device, a folder, a user's file)."""
+
+
+def _kind(mode: int) -> str:
+    for test, word in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
+                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return word
+    return "not a regular file"
+
+
+def check_replaceable(path, what: str = "output", ours=None) -> Path:
+    """The file a write to `path` replaces: `path` with its symbolic links resolved (a link is written
+    through, never replaced by a file). OutputRefused when it exists and is not a regular file (a
+    folder, a device such as /dev/null, a FIFO), when `ours(resolved)` says the tool did not write it,
+    or when `path` is a link owned by another user."""
+    path = Path(path)
+    if path.is_symlink():
+        # as the kernel's protected_symlinks: a link another user planted (in /tmp, say: writing through it
+        # would create or replace a file wherever it points) is not followed; the user's own links are
+        if os.lstat(path).st_uid not in (os.getuid(), 0):
+            raise OutputRefused(f"{what} {path} is a link owned by another user; it is not followed")
+    try:
+        target = path.resolve()
+    except (OSError, RuntimeError) as err:  # a loop of links
+        raise OutputRefused(f"{what} {path}: cannot resolve its links ({err})") from None
+    try:
+        st = os.stat(target)
+    except (FileNotFoundError, NotADirectoryError):  # a new file (a folder on its way is the caller's to check)
+        return target
+    except OSError as err:
+        raise OutputRefused(f"{what} {path}: {err.strerror or err}") from None
+    if not stat.S_ISREG(st.st_mode):
+        shown = f"{path} (-> {target})" if target != path.absolute() else str(path)
+        raise OutputRefused(f"{what} {shown} is {_kind(st.st_mode)}; give the name of a file to write")
+    if ours is not None and not ours(target):
+        raise OutputRefused(f"{what} {path} exists and was not written by lowrank; it is left as it is "
+                            f"(give a new file name, or remove it yourself)")
+    return target
+
+
+def head_contains(path: Path, marker: bytes, within: int = 4096) -> bool:
+    """Whether `marker` occurs in the first `within` bytes of the file (how a writer knows its own output)."""
+    try:
+        with open(path, "rb") as f:
+            return marker in f.read(within)
+    except OSError:
+        return False
+
+
+# --- work folders: `.NAME.KIND-HOST-PID` beside the folder they become, with a marker file -------------
+WORK_MARKER = ".lowrank-work"
+_MARKER_TEXT = "a temporary folder of lowrank; removed once the process named in its folder name has ended\n"
+_WORK_NAME = re.compile(r"\.(?P<name>.+)\.(?P<kind>partial|old)-(?:(?P<host>.+)-)?(?P<pid>\d{1,10})$")
+PID_MAX = 2 ** 22  # Linux's largest (pid_max); macOS's is smaller: a larger number is no process of ours
+
+
+def work_name(final, kind: str = "partial") -> Path:
+    """The temporary sibling of `final` this process writes: `.NAME.KIND-HOST-PID`."""
+    final = Path(final)
+    return final.parent / f".{final.name}.{kind}-{socket.gethostname()}-{os.getpid()}"
+
+
+def is_work_name(name: str) -> bool:
+    """Whether `name` has the shape of a work folder (`.NAME.partial-HOST-PID`, `.old-`); whether one
+    is the tool's is said by its marker (`clean_leftovers`)."""
+    return bool(_WORK_NAME.match(name))
+
+
+def _mark(folder: Path) -> None:
+    (folder / WORK_MARKER).write_text(_MARKER_TEXT)
+
+
+def make_work_folder(path) -> Path:
+    """Create the work folder `path` (a `work_name`; an older one of this process is removed) with its marker."""
+    path = Path(path)
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    _mark(path)
+    return path
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` runs on this host (another user's counts as alive); a number no
+    process can have (0, above `PID_MAX`) is not."""
+    if not 0 < pid <= PID_MAX:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def clean_leftovers(folder) -> list[Path]:
+    """Remove the work folders in `folder` that this tool left (the name `.NAME.KIND-HOST-PID` of this
+    host, a real folder, not a link, holding the `WORK_MARKER` file) and whose process is gone (a run
+    killed with -9 cannot clean up after itself). Nothing else is touched. Returns what was removed."""
+    removed = []
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return removed
+    host = socket.gethostname()
+    for p in entries:
+        m = _WORK_NAME.match(p.name)
+        if not m or m["host"] not in (None, host) or not 0 < int(m["pid"]) <= PID_MAX:
+            continue
+        if p.is_symlink() or not p.is_dir() or not head_contains(p / WORK_MARKER, _MARKER_TEXT.encode()):
+            continue
+        if not process_alive(int(m["pid"])):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
 
 
 @functools.lru_cache(maxsize=256)
@@ -77,13 +202,14 @@ def parse_once(parse, text: str):
 
 def write_atomically(path, data=None, *, save=None, mode: int = 0o644) -> Path:
     """Write `data` (str as UTF-8, or bytes) to `path` through a temporary file in its folder, then
-    rename it: `path` holds either its old contents or the whole new ones. `save(tmp_path)` writes
+    rename it: `path` holds either its old contents or the whole new ones (a symbolic link is written
+    through to its target; a folder, device or FIFO is refused: `check_replaceable`). `save(tmp_path)` writes
     instead (a writer that takes a path: `torch.save`, `fig.savefig`). The file gets `mode`
     (readable by all: a web server running as another user serves it); the temporary file is
     removed on every error, and an OSError names `path`, not the temporary name."""
     import tempfile
 
-    path = Path(path)
+    path = check_replaceable(path, "output")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + path.suffix)
@@ -108,13 +234,18 @@ def write_atomically(path, data=None, *, save=None, mode: int = 0o644) -> Path:
 
 def replace_folder(work, final, old=None) -> Path:
     """Rename the finished folder `work` to `final` (same file system); an existing `final` is
-    renamed aside first (to `old`, by default `.<name>.old-<pid>` beside it) and removed after, so a
-    folder with the final name is always complete."""
+    renamed aside first (to `old`, by default `work_name(final, "old")`) and removed after, so a
+    folder with the final name is always complete. `work`'s marker is removed (it is finished); a
+    `final` that is a link or a file is refused."""
     work, final = Path(work), Path(final)
+    (work / WORK_MARKER).unlink(missing_ok=True)  # the finished folder is no leftover
+    if final.is_symlink() or (final.exists() and not final.is_dir()):
+        raise OutputRefused(f"{final} is not a folder the tool wrote (a link or a file); it is left as it is")
     if final.exists():
-        old = _work_path(final, "old") if old is None else Path(old)
+        old = work_name(final, "old") if old is None else Path(old)
         shutil.rmtree(old, ignore_errors=True)
         os.rename(final, old)
+        _mark(old)
         os.rename(work, final)
         shutil.rmtree(old, ignore_errors=True)
     else:

@@ -129,7 +129,31 @@ def _singular_value_input(s, name: str) -> torch.Tensor:
     s = as_tensor(s, name, dtype=None, min_ndim=1)
     if (s < 0).any():
         raise ValueError(f"{name} are singular values: they cannot be negative")
+    if (s[..., 1:] > s[..., :-1]).any():
+        raise ValueError(f"{name} are singular values in descending order (as svdvals returns them): "
+                         f"got an increasing pair; sort them first")
     return s
+
+
+def _norm_input(fro, s: torch.Tensor) -> torch.Tensor:
+    """Frobenius norms `(...)` given beside the singular values `s`: finite, non-negative, one per spectrum."""
+    fro = as_tensor(fro, "fro", dtype=None)
+    if (fro < 0).any():
+        raise ValueError("fro are Frobenius norms: they cannot be negative")
+    if fro.shape != s.shape[:-1]:
+        raise ValueError(f"fro must hold one norm per spectrum, shape {tuple(s.shape[:-1])}, got {tuple(fro.shape)}")
+    return fro
+
+
+def _spectrum_norm(s: torch.Tensor) -> torch.Tensor:
+    """`||s||` along the last axis, scaled by the largest value first (1e200 does not overflow)."""
+    plain = torch.linalg.vector_norm(s, dim=-1)
+    top = s[..., 0]
+    lost = ~torch.isfinite(plain) | ((plain == 0) & (top > 0))  # overflowed or underflowed: rescale those
+    if not lost.any():
+        return plain
+    scale = torch.where(top > 0, top, torch.ones_like(top)).unsqueeze(-1)
+    return torch.where(lost, torch.linalg.vector_norm(s / scale, dim=-1) * scale[..., 0], plain)
 
 
 def rank_from_singular_values(s: torch.Tensor, eps: float, norm: str = "spectral", *,
@@ -138,12 +162,14 @@ def rank_from_singular_values(s: torch.Tensor, eps: float, norm: str = "spectral
 
     Parameters
     ----------
-    s : singular values of M, descending along the last axis (any float dtype; compared in it).
+    s : singular values of M, descending along the last axis (any float dtype; compared in it);
+        unsorted, negative or non-finite values are refused.
     eps : rank threshold, relative to the norm below.
     norm : "spectral" (divide by `s[..., 0]`, the paper's text as the book first read it) or
         "frobenius" (divide by `||M||_F`: the paper's `||.||_2` at l.1034 and the authors' code,
         `matrix_rank(M / ||M||_F, tol=eps)`).
-    fro : Frobenius norms `(...)` computed from the matrices (more accurate than `||s||` for float32 `s`).
+    fro : Frobenius norms `(...)` computed from the matrices (more accurate than `||s||` for float32 `s`);
+        finite and non-negative.
 
     Returns
     -------
@@ -155,7 +181,7 @@ def rank_from_singular_values(s: torch.Tensor, eps: float, norm: str = "spectral
     if norm == "spectral":
         size = s[..., 0]
     else:
-        size = torch.linalg.vector_norm(s, dim=-1) if fro is None else fro.to(s.dtype)
+        size = _spectrum_norm(s) if fro is None else _norm_input(fro, s).to(s.dtype)
     rank = (s > eps * size.unsqueeze(-1)).sum(-1)
     return torch.where(size > 0, rank, 0)
 
@@ -194,9 +220,9 @@ def spectrum_stats(s: torch.Tensor, eps: float, fro: torch.Tensor | None = None)
     s = _singular_value_input(s, "s").double()
     _check_eps(eps)
     top = s[..., 0]
-    fro = torch.linalg.vector_norm(s, dim=-1) if fro is None else fro.double()
+    fro = _spectrum_norm(s) if fro is None else _norm_input(fro, s).double()
     safe_top = torch.where(top > 0, top, torch.ones_like(top))
-    stable = torch.where(top > 0, fro**2 / safe_top**2, torch.full_like(top, math.nan))
+    stable = torch.where(top > 0, (fro / safe_top) ** 2, torch.full_like(top, math.nan))  # a ratio first: 1e200 works
     return {"rank_spectral": rank_from_singular_values(s, eps, "spectral"),
             "rank_frobenius": rank_from_singular_values(s, eps, "frobenius", fro=fro),
             "stable_rank": stable, "weight_norm": fro, "spectral_norm": top}
@@ -237,14 +263,17 @@ def rank_k_error(M, k: int, norm: str = "fro", *, dtype=torch.float64):
 
 
 def alignment(u, v):
-    """Absolute cosine `|<u, v>| / (||u|| ||v||)` over the last axis."""
+    """Absolute cosine `|<u, v>| / (||u|| ||v||)` over the last axis, for any finite non-zero vectors
+    (each is divided by its largest entry first; non-finite input is refused)."""
     u = as_tensor(u, "u", min_ndim=1)
     v = as_tensor(v, "v", min_ndim=1)
     if u.shape[-1] != v.shape[-1]:
         raise ValueError(f"u and v must have the same length, got {u.shape[-1]} and {v.shape[-1]}")
-    nu, nv = torch.linalg.vector_norm(u, dim=-1), torch.linalg.vector_norm(v, dim=-1)
-    if (nu == 0).any() or (nv == 0).any():
+    su, sv = u.abs().amax(-1, keepdim=True), v.abs().amax(-1, keepdim=True)
+    if (su == 0).any() or (sv == 0).any():
         raise ValueError("alignment of a zero vector is undefined")
+    u, v = u / su, v / sv  # scaled before normalising: 1e200 and 1e-200 neither overflow nor vanish
+    nu, nv = torch.linalg.vector_norm(u, dim=-1), torch.linalg.vector_norm(v, dim=-1)
     cos = (u * v).sum(-1).abs() / (nu * nv)
     return _out(cos.clamp(max=1.0), cos.ndim == 0)
 

@@ -79,6 +79,8 @@ __all__ = [
     "STATUS_COLUMNS",
     "with_status",
     "diverged_runs",
+    "AllDiverged",
+    "check_some_run_finite",
     "sweep",
     "augment_images",
     "extra_rank_column",
@@ -329,7 +331,7 @@ class EnsembleState:
         for g, st in zip(self.batch_generators + self.augment_generators, saved["generators"] + saved["augment_generators"]):
             g.set_state(st)
         torch.set_rng_state(saved["torch_rng"])  # dropout draws from the global generator
-        self.alive[:] = saved["alive"]
+        self.alive[:] = np.asarray(saved["alive"])  # a tensor in the file (`checkpoint._plain`)
         self.diverged.update(saved["diverged"])
         self.prev.update({k: tuple(t.to(dev) for t in v) for k, v in saved["prev"].items()})
         self.rows.extend(saved["rows"])
@@ -426,10 +428,27 @@ def _stop(state: EnsembleState, runs, cfg: TrainConfig, k: int, epoch: int, why:
                   f"{epoch if epoch else 0} epoch(s) measured before are kept.", RuntimeWarning, stacklevel=4)
 
 
-def _monitor(ctx: dict, state: EnsembleState, epoch: int, lr_now: np.ndarray):
+def _evaluation_due(cfg: TrainConfig, epoch: int) -> bool:
+    """Whether the monitor evaluates losses and accuracies after `epoch` (`TrainConfig.eval_every`)."""
+    return (epoch % cfg.eval_every == 0 and (epoch > 0 or cfg.eval_initial)) or epoch == cfg.epochs
+
+
+EVALUATION_COLUMNS = ("train_loss", "train_acc", "test_loss", "test_acc")
+
+
+def _resumed_rows(cfg: TrainConfig, state: EnsembleState) -> None:
+    """A checkpoint resumed to train longer: its last epoch was evaluated as the end of the shorter
+    run; an uninterrupted run of `cfg.epochs` does not evaluate it unless due, so neither does this one."""
+    if state.epoch < cfg.epochs and not _evaluation_due(cfg, state.epoch):
+        for row in state.rows:
+            if row["epoch"] == state.epoch:
+                row.update({c: math.nan for c in EVALUATION_COLUMNS})
+
+
+def _monitor(ctx: dict, state: EnsembleState, epoch: int):
     """Evaluate (when due), stop members whose loss or weights are not finite, append the rows."""
     cfg, runs, K, seconds = ctx["cfg"], ctx["runs"], len(state.alive), ctx["seconds"]
-    evaluated = (epoch % cfg.eval_every == 0 and (epoch > 0 or cfg.eval_initial)) or epoch == cfg.epochs
+    evaluated = _evaluation_due(cfg, epoch)
     tr_loss = tr_acc = te_loss = te_acc = np.full(K, math.nan)
     if evaluated:
         t0 = time.perf_counter()
@@ -447,7 +466,8 @@ def _monitor(ctx: dict, state: EnsembleState, epoch: int, lr_now: np.ndarray):
     for li, ((name, classifier), st) in enumerate(zip(specs, stats)):
         for k in np.flatnonzero(state.alive):
             state.rows.append({"run": cfg.run_offset + int(k), **ctx["run_cols"][k], **base_row, "epoch": epoch,
-                               "lr": float(lr_now[k]), "layer": name, "layer_index": li, "classifier": classifier,
+                               "lr": lr_at(float(runs[k]["lr"]), epoch, cfg.milestones, cfg.lr_decay),  # exact: not the float32 step's rate
+                               "layer": name, "layer_index": li, "classifier": classifier,
                                "shape": st["shape"], "rank_spectral": int(st["rank_spectral"][k]),
                                "rank_frobenius": int(st["rank_frobenius"][k]),
                                **{c: float(st[c][k]) for c in MONITOR_COLUMNS[2:]},
@@ -544,8 +564,10 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, confi
            "seconds": {"train": 0.0, "evaluate": 0.0, "track_ranks": 0.0}}
     lr0 = torch.tensor([float(r["lr"]) for r in runs], device=dev)
     identity = checkpointing.identity(runs, cfg, base, data) if cfg.checkpoint is not None else None
-    if not checkpointing.resume(cfg, identity, state, dev):
-        _monitor(ctx, state, 0, lr0.cpu().numpy())
+    if checkpointing.resume(cfg, identity, state, dev):
+        _resumed_rows(cfg, state)
+    else:
+        _monitor(ctx, state, 0)
     bar = None
     if cfg.progress:
         from tqdm.auto import tqdm
@@ -560,7 +582,7 @@ def train_ensemble(model_fn: Callable[[], nn.Module], data: Dataset, runs, confi
         for k in np.flatnonzero(state.alive & ~finite):
             _stop(state, runs, cfg, k, epoch, "non-finite training loss during the epoch")
         ctx["seconds"]["train"] += time.perf_counter() - t0
-        _monitor(ctx, state, epoch, lr.cpu().numpy())
+        _monitor(ctx, state, epoch)
         state.epoch = epoch
         if cfg.checkpoint is not None and (epoch % cfg.checkpoint_every == 0 or epoch == cfg.epochs):
             checkpointing.save(cfg, identity, state)
@@ -609,6 +631,25 @@ def diverged_runs(table: pd.DataFrame) -> dict:
             found.setdefault(int(run) if isinstance(run, (int, np.integer)) else run,
                              {"epoch": rows["status_epoch"].iloc[0], "reason": rows["status_reason"].iloc[0]})
     return found
+
+
+class AllDiverged(ValueError):
+    """Every run of a table diverged: there is nothing to measure (a page says so instead of drawing nothing)."""
+
+
+def check_some_run_finite(table: pd.DataFrame, runs: int | None = None) -> None:
+    """AllDiverged when every run of `table` (`runs` of them, by default its `run` values) diverged
+    (`diverged_runs`), naming how, where and at which learning rates."""
+    diverged = diverged_runs(table)
+    total = runs if runs is not None else (table["run"].nunique() if "run" in table.columns else 0)
+    if not diverged or len(diverged) < total:
+        return
+    first = min(diverged.values(), key=lambda d: (d.get("epoch") is None, d.get("epoch") or 0))
+    rates = sorted({d["lr"] for d in diverged.values() if d.get("lr") is not None})
+    shown = ", ".join(f"{r:g}" for r in rates[:5]) + (", ..." if len(rates) > 5 else "")
+    raise AllDiverged(f"every run diverged ({len(diverged)} of {total}; the first in epoch {first.get('epoch')}: "
+                      f"{first.get('reason', 'non-finite values')}){f' at learning rates {shown}' if rates else ''}: "
+                      f"there is nothing to measure; lower the learning rate")
 
 
 def train(model_fn: Callable[[], nn.Module], data: Dataset, *, lr: float, batch_size: int, epochs: int,

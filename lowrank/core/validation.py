@@ -140,3 +140,14 @@ def check_seed(value, name: str = "seed") -> None:
 def check_finite(value, name: str) -> None:
     """A number that is neither NaN nor infinite."""
     check_number(value, name)
+
+
+def user_path(value, name: str):
+    """`value` as a `pathlib.Path` with `~` / `~user` expanded; ValueError naming `name` when the
+    user has no home folder (`Path.expanduser` raises RuntimeError there)."""
+    from pathlib import Path
+
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:
+        raise ValueError(f"{name} {short(value)}: {str(value).split('/')[0]} names no user with a home folder") from None

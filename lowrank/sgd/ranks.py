@@ -15,8 +15,9 @@ from scipy.stats import spearmanr
 
 from lowrank.core.validation import check_choice
 
-__all__ = ["RANK_COLUMNS", "average_rank", "final_values", "rank_tables",
-           "accumulated_weight_decay", "per_step_decay", "epochs_to_regime", "experiment_grid", "regime_table", "RankExperiment",
+__all__ = ["check_table", "RANK_COLUMNS", "average_rank", "final_values", "rank_tables",
+           "accumulated_weight_decay", "per_step_decay", "epochs_to_regime", "experiment_grid", "regime_table",
+           "RankExperiment",
            "rank_experiment", "PooledTrend", "pooled_trend", "batch_effect_ratio",
            "authors_layers", "RankSweep", "summarise", "rank_sweep", "rank_bound",
            "spearman_with_permutation_null", "fitting_correlation", "full_rank"]
@@ -324,6 +325,63 @@ class RankExperiment(dict):
     `coarse_column` (the name of the coarse-threshold rank column)."""
 
 
+def _same(a, b) -> bool:
+    """Equal settings: numbers to 9 digits (a CSV's 0.1 is the page's 0.1), lists element by element."""
+    import json
+    import math
+
+    if isinstance(a, str) and a.startswith("["):
+        try:
+            a = json.loads(a)
+        except ValueError:
+            pass
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        a, b = list(a) if isinstance(a, (list, tuple)) else [a], list(b) if isinstance(b, (list, tuple)) else [b]
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, (bool, np.bool_)) or isinstance(b, bool):
+        return str(a).lower() == str(b).lower()
+    if isinstance(a, (int, float, np.number)) and isinstance(b, (int, float, np.number)):
+        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=0.0)
+    return str(a) == str(b)
+
+
+def check_table(table: pd.DataFrame, *, grid, **settings) -> None:
+    """Refuse a monitor table trained elsewhere (`rank_experiment(table=...)`, a sweep's
+    `collected.csv`) that does not hold the runs the page's parameters describe: each setting in
+    `settings` (model, dataset, epochs, eps, milestones, ...) that the table records as a column must
+    have the page's value, the table's last epoch must be `epochs`, and each of its runs must be a
+    point of the page's `grid` (batch size, learning rate, weight decay, momentum). ValueError names
+    the first mismatches."""
+    if "run" not in table.columns or "epoch" not in table.columns:
+        raise ValueError("sweep table: no run and epoch columns; give the collected.csv of a train_point sweep")
+    bad = []
+    for key, want in settings.items():
+        if key in table.columns:
+            have = table[key].dropna().unique()
+            wrong = [v for v in have if not _same(v, want)]
+            if wrong:
+                shown = wrong[0].item() if isinstance(wrong[0], np.generic) else wrong[0]
+                bad.append(f"{key} is {shown!r} in the table, {want!r} on the page")
+    last = int(table["epoch"].max())
+    if "epochs" in settings and last != int(settings["epochs"]):
+        bad.append(f"the table's runs end at epoch {last}, the page asks for epochs={settings['epochs']}")
+    keys = ["batch_size", "lr", "weight_decay", "momentum"]
+    # the configured rate: lr0 where the table has it (its lr is the epoch's, after milestones)
+    runs = table.drop(columns=["lr"]).rename(columns={"lr0": "lr"}) if "lr0" in table.columns else table
+    if set(keys) <= set(runs.columns):
+        points = runs.groupby("run")[keys].first().to_dict("records")
+        asked = [{k: g[k] for k in keys} for g in grid]
+        extra = [p for p in points if not any(all(_same(p[k], a[k]) for k in keys) for a in asked)]
+        if extra:
+            shown = ", ".join(f"{k} {extra[0][k]:g}" for k in keys)
+            bad.append(f"{len(extra)} of its {len(points)} runs are no point of the page's grid (first: {shown})")
+    else:
+        bad.append(f"no {', '.join(k for k in keys if k not in runs.columns)} column")
+    if bad:
+        raise ValueError(f"sweep table does not match the page's parameters: {'; '.join(bad[:4])}; give the "
+                         f"page the sweep's parameters (-p ...) or the table of a sweep with the page's")
+
+
 def rank_experiment(*, model: str, dataset: str, grid, epochs: int, eps: float, coarse_eps: float,
                     min_train_acc: float, milestones=(), lr_decay: float = 0.1, data_root=None,
                     cnn_width: float = 1.0, vit_dim: int = 512, vit_depth: int = 6, augment: bool = False,
@@ -339,8 +397,9 @@ def rank_experiment(*, model: str, dataset: str, grid, epochs: int, eps: float, 
         `coarse_column` at `coarse_eps`.
     min_train_acc : a run is `fitted` when it did not diverge and its final train accuracy is at least
         this (fixed in advance; the collapse to the zero function at large mu lambda fails it).
-    table : a monitor table trained elsewhere (a sweep's `collected.csv`): read, not trained; the grid
-        is read from it (a table without the coarse-threshold ranks gets NaN there).
+    table : a monitor table trained elsewhere (a sweep's `collected.csv`): read, not trained, after
+        `check_table` (its settings are the page's, its runs points of `grid`); the grid is read from it
+        (a table without the coarse-threshold ranks gets NaN there).
     regime_only : return only `regime` and `coarse_column`, before (without) any training.
     eval_every, eval_initial : train / test loss and accuracy every `eval_every` epochs, after the last,
         and at initialisation unless `eval_initial` is False (`lowrank.core.train.TrainConfig`); NaN in
@@ -355,6 +414,8 @@ def rank_experiment(*, model: str, dataset: str, grid, epochs: int, eps: float, 
     if not 0 <= min_train_acc <= 1:
         raise ValueError(f"min_train_acc must be in [0, 1], got {min_train_acc}")
     if table is not None:
+        check_table(table, grid=grid, model=model, dataset=dataset, epochs=epochs, eps=eps, milestones=list(milestones),
+                    lr_decay=lr_decay, augment=augment, rotation=rotation)
         grid = (table.rename(columns={"lr0": "lr"}).groupby("run")[["batch_size", "lr", "weight_decay", "momentum", "seed"]]
                 .first().reset_index().to_dict("records"))
     grid = list(grid)
@@ -372,6 +433,9 @@ def rank_experiment(*, model: str, dataset: str, grid, epochs: int, eps: float, 
                             vit_dim=vit_dim, vit_depth=vit_depth, augment=augment, rotation=rotation, milestones=milestones, lr_decay=lr_decay, eps=eps,
                             extra_eps=(coarse_eps,), loss="ce", layers=authors_layers, progress=False, eval_every=eval_every,
                             eval_initial=eval_initial)
+    from lowrank.core.train import check_some_run_finite
+
+    check_some_run_finite(result["table"], runs=len(grid))  # "every run diverged", not an empty figure later
     for frame in (result["avg"], result["final"]):
         if coarse not in frame.columns:
             frame[coarse] = np.nan

@@ -274,6 +274,9 @@ def mlp(in_features: int, widths=(256, 256), num_outputs: int = 1, *, rho_init: 
     widths = list(widths)
     if not widths:
         raise ValueError("widths must name at least one hidden layer")
+    for i, w in enumerate(widths):
+        _check_int(w, f"widths[{i}]")
+    _check_int(num_outputs, "num_outputs")
     gen = _generator(seed)
     sizes = [in_features] + widths
     body = [NormalizedLayer("linear", a, b, g=g, generator=gen) for a, b in zip(sizes[:-1], sizes[1:])]
@@ -294,6 +297,13 @@ def paper_cnn(in_shape=(3, 32, 32), channels=(32, 64, 128, 128), kernel_size: in
     channels, strides = list(channels), list(strides)
     if len(strides) != len(channels):
         raise ValueError(f"one stride per conv layer: {len(channels)} channels, {len(strides)} strides")
+    for i, (c, st) in enumerate(zip(channels, strides)):
+        _check_int(c, f"channels[{i}]")
+        _check_int(st, f"strides[{i}]")
+    _check_int(kernel_size, "kernel_size")
+    _check_int(padding, "padding", minimum=0)
+    _check_int(hidden, "hidden", minimum=0)
+    _check_int(num_outputs, "num_outputs")
     gen = _generator(seed)
     body, c_in, (h, w) = [], in_shape[0], in_shape[1:]
     for c_out, s in zip(channels, strides):

@@ -1,0 +1,688 @@
+"""Issue #51: what a hostile or careless user gives the tool. Nothing runs, writes or deletes what the
+user did not ask for; the silent cases say what is wrong; the tracebacks are one line.
+
+Sections by class: security, data loss, silently wrong, tracebacks and wrong errors.
+"""
+
+import os
+import pickle
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lowrank.book import cli, report, runs, sweeps
+from lowrank.core import io
+from test_bad_input_two import one_line  # `lowrank ARGV` exits with a code and says one line
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def dead_pid() -> int:
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+
+
+def spec_file(folder: Path, body: dict, name="spec.yaml") -> Path:
+    path = folder / name
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+@pytest.fixture
+def clean_env(tmp_path, monkeypatch):
+    monkeypatch.delenv("LOWRANK_SWEEP_MODULES", raising=False)
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+# ---- security: a sweep file names only the functions declared for sweeping -------------------------
+
+MARKER_COMMAND = "touch {marker}"
+
+
+@pytest.mark.parametrize("function, point", [
+    ("lowrank.book.sweeps:execute_point", lambda m: {"target_kind": "function", "target": "os:system",
+                                                     "params": {"command": MARKER_COMMAND.format(marker=m)},
+                                                     "folder": str(m.parent / "out1")}),
+    ("lowrank.core.io:write_atomically", lambda m: {"path": str(m), "data": "written"}),
+    ("lowrank.book.pages:publish_figures", lambda m: {"target": str(m.parent / "victim")}),
+    ("lowrank.book.cli:main", lambda m: {"argv": ["report", str(m.parent / "run"), "-o", str(m)]}),
+    ("lowrank.book.runs:run", lambda m: {"name": "x/y", "params": {}}),
+    ("os:system", lambda m: {"command": MARKER_COMMAND.format(marker=m)}),
+    ("subprocess:run", lambda m: {"args": ["touch", str(m)]}),
+])
+def test_a_sweep_refuses_every_function_not_declared_for_sweeping(clean_env, capsys, function, point):
+    marker = clean_env / "marker"
+    (clean_env / "victim").mkdir()
+    spec = spec_file(clean_env, {"function": function, "points": [point(marker)]})
+    for argv in (["sweep", spec, "--output", clean_env / "out"], ["sweep", spec, "--output", clean_env / "out", "--dry-run"]):
+        err = one_line(argv, capsys)
+        assert "not declared for sweeping" in err or "outside the lowrank package" in err, err
+    assert not marker.exists() and (clean_env / "victim").is_dir() and not (clean_env / "out").exists()
+
+
+def test_the_opt_in_variable_cannot_reopen_the_package(clean_env, capsys, monkeypatch):
+    """LOWRANK_SWEEP_MODULES opts in a user's module, never lowrank's own machinery."""
+    marker = clean_env / "marker"
+    for named in ("lowrank", "lowrank.core", "lowrank.core.io"):
+        monkeypatch.setenv("LOWRANK_SWEEP_MODULES", named)
+        spec = spec_file(clean_env, {"function": "lowrank.core.io:write_atomically",
+                                     "points": [{"path": str(marker), "data": "x"}]})
+        assert "not declared for sweeping" in one_line(["sweep", spec, "--output", clean_env / "out"], capsys)
+    assert not marker.exists()
+    assert sweeps.SWEEP_FUNCTIONS == {"lowrank.core.train:train_point"}
+
+
+def test_the_declared_function_and_an_opted_in_module_still_sweep(clean_env, monkeypatch):
+    spec = spec_file(clean_env, {"function": "lowrank.core.train:train_point",
+                                 "points": [{"model": "MLP-2-8", "dataset": "digits", "batch_size": 8, "lr": 0.1,
+                                             "epochs": 1}]})
+    assert sweeps.load_spec(spec, output=clean_env / "out").function == "lowrank.core.train:train_point"
+    monkeypatch.setenv("LOWRANK_SWEEP_MODULES", "sweep_fixture")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    spec = spec_file(clean_env, {"function": "sweep_fixture:ranked_matrix", "points": [{"size": 3, "seed": 0}]})
+    assert sweeps.load_spec(spec, output=clean_env / "out").function == "sweep_fixture:ranked_matrix"
+
+
+@pytest.mark.parametrize("name", ["...yaml", "..yaml", ".hidden.yaml", "a b.yaml"])
+def test_a_spec_name_cannot_move_the_default_output(clean_env, capsys, name):
+    spec = spec_file(clean_env, {"function": "lowrank.core.train:train_point",
+                                 "points": [{"model": "MLP-2-8", "dataset": "digits", "batch_size": 8, "lr": 0.1,
+                                             "epochs": 1}]}, name=name)
+    assert "cannot name the default output folder" in one_line(["sweep", spec, "--dry-run"], capsys)
+    assert not runs.RUNS.exists()
+    # with an explicit --output the file's name does not matter
+    assert sweeps.load_spec(spec, output=clean_env / "out").output == clean_env / "out"
+
+
+class _Payload:
+    """A pickle whose loading runs a command that creates a marker file."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _fit(tmp_path, checkpoint, **kw):
+    from lowrank.core import datasets, train
+    from lowrank.core.nets import mlp
+
+    return train.train_ensemble(lambda: mlp.mlp("MLP", 2, 8, 64, 10), datasets.digits(), [{"lr": 0.1, "seed": 0}],
+                                **({"batch_size": 128, "epochs": 1, "progress": False, "checkpoint": checkpoint} | kw))
+
+
+@pytest.mark.parametrize("writer", ["torch.save", "pickle-2", "pickle-5"])
+def test_a_crafted_checkpoint_is_refused_not_unpickled(tmp_path, writer):
+    import torch
+
+    marker = tmp_path / "marker"
+    ckpt = tmp_path / "run.ckpt"
+    payload = {"format": 6, "identity": _Payload(marker)}
+    if writer == "torch.save":
+        torch.save(payload, ckpt)
+    else:
+        ckpt.write_bytes(pickle.dumps(payload, protocol=int(writer[-1])))
+    pickle.loads(pickle.dumps(_Payload(tmp_path / "proof")))  # the payload does run when unpickled ...
+    assert (tmp_path / "proof").exists()
+    before = ckpt.read_bytes()
+    # ... but not by a checkpoint's loading (protocol 5's opcodes are not even read by the restricted unpickler)
+    with pytest.raises(ValueError, match="refused, not unpickled" if writer != "pickle-5" else "is unreadable"):
+        _fit(tmp_path, ckpt)
+    assert not marker.exists() and ckpt.read_bytes() == before
+
+
+def test_a_crafted_checkpoint_in_a_sweep_is_refused(clean_env, capsys):
+    import torch
+
+    marker = clean_env / "marker"
+    ckpt = clean_env / "point.ckpt"
+    torch.save({"format": 6, "x": _Payload(marker)}, ckpt)
+    spec = spec_file(clean_env, {"function": "lowrank.core.train:train_point",
+                                 "points": [{"model": "MLP-2-8", "dataset": "digits", "batch_size": 128, "lr": 0.1,
+                                             "epochs": 1, "checkpoint": str(ckpt)}]})
+    spec_obj = sweeps.load_spec(spec, output=clean_env / "out")
+    result = sweeps.run_sweep(spec_obj, "local", jobs=1, progress=False)
+    assert len(result["failed"]) == 1 and "refused, not unpickled" in next(iter(result["failed"].values()))
+    assert not marker.exists()
+
+
+def test_a_real_checkpoint_still_resumes_with_weights_only(tmp_path):
+    """The checkpoint format holds tensors and plain data only: the resumed run equals the uninterrupted one."""
+    ckpt = tmp_path / "run.ckpt"
+    _fit(tmp_path, ckpt, epochs=1)
+    resumed = _fit(tmp_path, ckpt, epochs=2)
+    straight = _fit(tmp_path, None, epochs=2)
+    cols = ["epoch", "layer", "rank_frobenius", "weight_norm", "train_loss", "lr"]
+    assert resumed[cols].equals(straight[cols])
+
+
+# ---- data loss: outputs never replace what the tool did not write ----------------------------------
+
+def _run_folder(root: Path) -> Path:
+    """A complete notebook run folder (as `runs.run` writes it) under `root`."""
+    import json
+
+    folder = root / "part" / "name" / "0123456789abcdef"
+    (folder / "figures").mkdir(parents=True)
+    (folder / "verdicts.json").write_text("{}")
+    (folder / "parameters.json").write_text("{}")
+    (folder / "provenance.json").write_text(json.dumps({"notebook": "part/name", "parameters": {}, "hash": folder.name}))
+    runs.write_manifest(folder)
+    return folder
+
+
+@pytest.mark.parametrize("victim", ["lowrank/core/io.py", "notebooks/sgd/rank_vs_batch_size.md",
+                                    "tests/golden_verdicts.yaml", "README.md"])
+def test_report_never_overwrites_a_file_it_did_not_write(tmp_path, capsys, monkeypatch, victim):
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    folder = _run_folder(tmp_path / "runs")
+    copy = tmp_path / Path(victim).name
+    copy.write_bytes((REPO / victim).read_bytes())
+    before = copy.read_bytes()
+    assert "was not written by lowrank" in one_line(["report", folder, "-o", copy], capsys)
+    assert copy.read_bytes() == before
+    link = tmp_path / "link.html"  # through a link: the same
+    link.symlink_to(copy)
+    assert "was not written by lowrank" in one_line(["report", folder, "-o", link], capsys)
+    assert copy.read_bytes() == before and link.is_symlink()
+
+
+def test_report_replaces_its_own_report_and_writes_through_a_link(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    folder = _run_folder(tmp_path / "runs")
+    out = tmp_path / "report.html"
+    assert cli.main(["report", str(folder), "-o", str(out)]) == 0
+    first = out.read_text()
+    assert report.GENERATOR in first
+    assert cli.main(["report", str(folder), "-o", str(out)]) == 0  # its own file: replaced
+    link = tmp_path / "latest.html"
+    link.symlink_to(out)
+    assert cli.main(["report", str(folder), "-o", str(link)]) == 0
+    assert link.is_symlink() and report.GENERATOR in out.read_text()
+    capsys.readouterr()
+
+
+def test_report_cannot_reach_a_run_folder_through_a_link(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    folder = _run_folder(tmp_path / "runs")
+    link = tmp_path / "figs"
+    link.symlink_to(folder / "figures")
+    assert "inside the run folder" in one_line(["report", folder, "-o", link / "r.html"], capsys)
+    assert runs.manifest_problems(folder) == []
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo"])
+def test_report_and_every_atomic_write_refuse_devices_and_fifos(tmp_path, capsys, monkeypatch, kind):
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    folder = _run_folder(tmp_path / "runs")
+    if kind == "device":
+        target = Path("/dev/null")
+    else:
+        target = tmp_path / "fifo"
+        os.mkfifo(target)
+    err = one_line(["report", folder, "-o", target], capsys)
+    assert "is a device" in err or "is a FIFO" in err
+    with pytest.raises(io.OutputRefused, match="a device|a FIFO"):
+        io.write_atomically(target, "x")
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    with pytest.raises(io.OutputRefused, match="a device|a FIFO"):
+        io.write_atomically(link, "x")
+    assert link.is_symlink() and (target.is_char_device() or target.is_fifo())
+
+
+def test_an_atomic_write_goes_through_a_link(tmp_path):
+    target = tmp_path / "real.txt"
+    target.write_text("old")
+    link = tmp_path / "link.txt"
+    link.symlink_to(target)
+    io.write_atomically(link, "new")
+    assert link.is_symlink() and target.read_text() == "new"
+    with pytest.raises(io.OutputRefused, match="a folder"):
+        io.write_atomically(tmp_path, "x")
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "link to a device"])
+def test_a_checkpoint_path_naming_a_device_or_fifo_is_refused(tmp_path, kind):
+    if kind == "fifo":
+        path = tmp_path / "fifo"
+        os.mkfifo(path)
+    elif kind == "device":
+        path = Path("/dev/null")
+    else:
+        path = tmp_path / "ckpt"
+        path.symlink_to("/dev/null")
+    with pytest.raises(ValueError, match="is a device|is a FIFO"):
+        _fit(tmp_path, path)
+    assert Path("/dev/null").is_char_device()
+
+
+def test_a_checkpoint_through_a_link_writes_its_target(tmp_path):
+    target = tmp_path / "real.ckpt"
+    link = tmp_path / "link.ckpt"
+    link.symlink_to(target)
+    _fit(tmp_path, link)
+    assert link.is_symlink() and target.is_file()
+
+
+def test_a_sweep_output_cannot_be_a_run_folder_or_a_users_folder(clean_env, capsys, monkeypatch):
+    monkeypatch.setenv("LOWRANK_SWEEP_MODULES", "sweep_fixture")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    run = _run_folder(runs.RUNS)
+    spec = spec_file(clean_env, {"function": "sweep_fixture:ranked_matrix", "points": [{"size": 3, "seed": 0}]})
+    for out in (run, run / "figures", run.parent.parent):
+        err = one_line(["sweep", spec, "--output", out], capsys)
+        assert "inside the run folder" in err or "holds files that no sweep wrote" in err, err
+    assert runs.manifest_problems(run) == []
+    home = clean_env / "home"
+    home.mkdir()
+    (home / ".zshrc").write_text("mine")
+    assert "holds files that no sweep wrote" in one_line(["sweep", spec, "--output", home], capsys)
+    # a sweep's own folder is its to resume; an empty or new folder is fine
+    assert cli.main(["sweep", str(spec), "--output", str(clean_env / "new")]) == 0
+    assert cli.main(["sweep", str(spec), "--output", str(clean_env / "new")]) == 0
+    assert "1 already finished" in capsys.readouterr().out
+
+
+def test_cleanup_removes_only_marked_leftovers_of_dead_processes(tmp_path):
+    dead, host = dead_pid(), socket.gethostname()
+    users = [tmp_path / ".zshrc.old-2023", tmp_path / ".thesis.partial-77777", tmp_path / f".x.partial-{host}-{dead}",
+             tmp_path / ".x.partial-99999999999999999999", tmp_path / f".y.old-{dead}"]
+    users[0].write_text("my shell")
+    for p in users[1:]:
+        p.mkdir()
+        (p / "chapter.tex").write_text("mine")
+    huge = io.make_work_folder(tmp_path / ".z.partial-99999999999999999999")  # a marker, but no process has that id
+    ours_dead = io.make_work_folder(tmp_path / f".r.partial-{host}-{dead}")
+    ours_alive = io.make_work_folder(io.work_name(tmp_path / "r"))
+    elsewhere = io.make_work_folder(tmp_path / f".r.partial-otherhost-{dead}")
+    link = tmp_path / f".l.partial-{host}-{dead}"
+    link.symlink_to(ours_alive)
+    assert io.clean_leftovers(tmp_path) == [ours_dead]
+    assert all(p.exists() for p in users + [huge, ours_alive, elsewhere, link])
+    assert (users[1] / "chapter.tex").read_text() == "mine"
+
+
+def test_kernel_file_cleanup_survives_huge_numbers(tmp_path):
+    from lowrank.book import notebooks
+
+    name = tmp_path / f"lowrank-kernel-{notebooks._host_tag()}-99999999999999999999-ab.json"
+    name.write_text("{}")
+    notebooks.clean_kernel_files(tmp_path)  # no OverflowError
+    assert io.process_alive(10**20) is False and io.process_alive(os.getpid())
+
+
+def test_a_finished_run_folder_holds_no_marker_and_its_manifest_matches(tmp_path):
+    final = tmp_path / "abc"
+    work = io.make_work_folder(io.work_name(final))
+    (work / "a.txt").write_text("a")
+    runs.write_manifest(work)
+    io.replace_folder(work, final)
+    assert not (final / io.WORK_MARKER).exists() and runs.manifest_problems(final) == [f"provenance.json missing or "
+                                                                                       f"unreadable (required)"]
+    assert sorted(p.name for p in final.iterdir()) == ["a.txt", "manifest.json"]
+
+
+# ---- silently wrong: the input is the key, bounds where the work is sized, spectra, resumes --------
+
+def test_resuming_to_train_longer_evaluates_the_epochs_an_uninterrupted_run_does(tmp_path):
+    ckpt = tmp_path / "run.ckpt"
+    _fit(tmp_path, ckpt, epochs=3, eval_every=2)
+    resumed = _fit(tmp_path, ckpt, epochs=5, eval_every=2)
+    straight = _fit(tmp_path, None, epochs=5, eval_every=2)
+    evaluated = lambda t: sorted(t.loc[t["train_loss"].notna(), "epoch"].unique().tolist())  # noqa: E731
+    assert evaluated(straight) == [0, 2, 4, 5] and evaluated(resumed) == evaluated(straight)
+    cols = ["epoch", "layer", "rank_frobenius", "weight_norm", "train_loss", "test_acc"]
+    assert resumed[cols].equals(straight[cols])
+
+
+def test_the_lr_column_is_the_configured_rate(tmp_path):
+    from lowrank.core import datasets, train
+    from lowrank.core.nets import mlp
+
+    table = train.train_ensemble(lambda: mlp.mlp("MLP", 2, 8, 64, 10), datasets.digits(),
+                                 [{"lr": 0.1, "seed": 0}, {"lr": 0.03, "seed": 1}], batch_size=256, epochs=3,
+                                 milestones=[1], lr_decay=0.2, progress=False)
+    by_epoch = table.groupby(["lr0", "epoch"])["lr"].first()
+    assert by_epoch[(0.1, 0)] == 0.1 and by_epoch[(0.1, 1)] == 0.1 and by_epoch[(0.03, 1)] == 0.03
+    assert by_epoch[(0.1, 2)] == 0.1 * 0.2 and by_epoch[(0.03, 3)] == 0.03 * 0.2  # in float64, not 0.0200000004
+
+
+def test_a_collected_sweep_holds_the_configured_lr(clean_env, monkeypatch):
+    import pandas as pd
+
+    spec = spec_file(clean_env, {"function": "lowrank.core.train:train_point",
+                                 "points": [{"model": "MLP-2-8", "dataset": "digits", "batch_size": 256, "lr": 0.1,
+                                             "epochs": 1}]})
+    loaded = sweeps.load_spec(spec, output=clean_env / "out")
+    assert not sweeps.run_sweep(loaded, "local", jobs=1, progress=False)["failed"]
+    sweeps.collect(loaded)
+    sweeps.collect(loaded)  # its own table: replaced
+    text = (clean_env / "out" / "collected.csv").read_text()
+    assert "0.10000000149" not in text and set(pd.read_csv(clean_env / "out" / "collected.csv")["lr"]) == {0.1}
+
+
+def test_spectral_functions_take_every_finite_input_and_refuse_the_rest():
+    import math
+
+    import torch
+
+    from lowrank.core import spectral
+
+    for scale in (1e200, 1e-200, 1.0, 1e-310):
+        assert spectral.alignment([scale, scale], [scale, 0.0]) == pytest.approx(1 / math.sqrt(2), rel=1e-12)
+        assert spectral.alignment([scale, 0.0], [scale, 0.0]) == pytest.approx(1.0)
+        s = torch.tensor([3.0, 2.0, 1.0], dtype=torch.float64) * scale
+        stats = spectral.spectrum_stats(s, 0.5)
+        assert stats["stable_rank"].item() == pytest.approx(14 / 9)  # ||s||^2 / s_1^2 = (9 + 4 + 1) / 9
+        assert stats["weight_norm"].item() == pytest.approx(math.sqrt(14) * scale, rel=1e-12)
+        assert int(spectral.rank_from_singular_values(s, 0.5)) == 2  # 3 and 2 above 1.5; 1 not
+    for bad, message in [([1.0, 2.0, 3.0], "descending"), ([3.0, -1.0], "negative"), ([3.0, math.nan], "NaN"),
+                         ([math.inf, 1.0], "infinite")]:
+        with pytest.raises(ValueError, match=message):
+            spectral.rank_from_singular_values(torch.tensor(bad, dtype=torch.float64), 0.5)
+        with pytest.raises(ValueError, match=message):
+            spectral.spectrum_stats(torch.tensor(bad, dtype=torch.float64), 0.5)
+    s = torch.tensor([3.0, 2.0, 1.0], dtype=torch.float64)
+    for fro, message in [(math.nan, "NaN"), (-1.0, "negative"), (math.inf, "infinite")]:
+        with pytest.raises(ValueError, match=message):
+            spectral.rank_from_singular_values(s, 0.5, "frobenius", fro=torch.tensor(fro, dtype=torch.float64))
+        with pytest.raises(ValueError, match=message):
+            spectral.spectrum_stats(s, 0.5, fro=torch.tensor(fro, dtype=torch.float64))
+    for bad in ([math.nan, 1.0], [math.inf, 1.0]):
+        with pytest.raises(ValueError, match="NaN or infinite"):
+            spectral.alignment(bad, [1.0, 1.0])
+    with pytest.raises(ValueError, match="zero vector"):
+        spectral.alignment([0.0, 0.0], [1.0, 1.0])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"widths": [-5]}, "widths"), ({"widths": [0]}, "widths"), ({"widths": [2.5]}, "widths"),
+])
+def test_negative_or_broken_widths_are_refused(kwargs, message):
+    from lowrank.core.nets import normalized
+
+    with pytest.raises(ValueError, match=message):
+        normalized.make("mlp", (1, 8, 8), 10, **kwargs)
+    with pytest.raises(ValueError, match="channels"):
+        normalized.make("paper_cnn", (1, 8, 8), 10, channels=[-2, 4], strides=[1, 1], padding=1)
+
+
+def test_an_extra_key_does_not_bypass_the_memory_estimate(monkeypatch):
+    from lowrank.book import rules
+
+    monkeypatch.setenv("LOWRANK_MEMORY_LIMIT", "8G")
+    name = "square/low_rank_sgd"
+    with pytest.raises(rules.ParameterError, match="GiB"):
+        rules.resolve_parameters(name, overrides={"arch_kwargs": {"widths": [20000]}})
+    with pytest.raises(rules.ParameterError, match="GiB"):  # a negative seed once cancelled the width
+        rules.resolve_parameters(name, overrides={"arch_kwargs": {"widths": [20000], "seed": -20000}})
+    with pytest.raises(rules.ParameterError, match="sizes"):
+        rules.resolve_parameters(name, overrides={"arch_kwargs": {"widths": [-5]}})
+    assert rules.numbers_in({"widths": [64, 64], "seed": 3, "rho_init": 2.0}) == 128
+
+
+@pytest.mark.parametrize("grid, expect", [
+    ({"a": list(range(1000)), "b": list(range(1000))}, "1,000,000 runs"),
+    ({"a": list(range(1000)), "b": list(range(1000)), "c": list(range(1000))}, "1,000,000,000 runs"),
+])
+def test_a_huge_grid_is_refused_before_it_is_built(clean_env, capsys, grid, expect):
+    spec = spec_file(clean_env, {"function": "lowrank.core.train:train_point", "grid": grid})
+    err = one_line(["sweep", spec, "--dry-run", "--output", clean_env / "out"], capsys)
+    assert expect in err and "split it" in err
+
+
+def test_the_data_folder_and_its_files_key_the_run(tmp_path, monkeypatch):
+    point = {"model": "MLP-2-8", "dataset": "mnist", "batch_size": 8, "lr": 0.1, "epochs": 1, "data_root": "data"}
+    target = "lowrank.core.train:train_point"
+    one, two = tmp_path / "one", tmp_path / "two"
+    for d in (one, two):
+        d.mkdir()
+        (d / "train-images-idx3-ubyte").write_bytes(b"images")
+    monkeypatch.setenv("LOWRANK_DATA", str(one))
+    first = runs.run_hash(target, point)
+    monkeypatch.setenv("LOWRANK_DATA", str(two))
+    (two / "train-images-idx3-ubyte").write_bytes(b"other images")
+    assert runs.run_hash(target, point) != first  # another data folder with other files: another run
+    monkeypatch.setenv("LOWRANK_DATA", str(one))
+    assert runs.run_hash(target, point) == first
+    os.utime(one / "train-images-idx3-ubyte", ns=(1, 1))  # a changed image file
+    assert runs.run_hash(target, point) != first
+    # a notebook's data_root as well
+    name = "sgd/rank_bound"
+    from lowrank.book import rules
+
+    params = rules.resolve_parameters(name)
+    before = runs.run_hash(name, params)
+    (one / "new-batch").write_bytes(b"x")
+    assert runs.run_hash(name, params) != before
+
+
+def _table(**over):
+    """A monitor table as a train_point sweep's collected.csv holds it."""
+    import pandas as pd
+
+    rows = []
+    for run, (B, lr) in enumerate([(16, 0.1), (32, 0.1), (64, 0.1)]):
+        for epoch in range(0, 3):
+            rows.append({"run": run, "model": "MLP-BN-4-64", "dataset": "digits", "batch_size": B, "lr": lr, "lr0": lr,
+                         "epochs": 2, "weight_decay": 5e-3, "momentum": 0.9, "eps": 1e-3, "milestones": "[]",
+                         "lr_decay": 0.1, "augment": False, "rotation": "uniform", "seed": 0, "epoch": epoch} | over)
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("over, named", [
+    ({"model": "MLP-2-16"}, "model is 'MLP-2-16' in the table"), ({"eps": 0.05}, "eps is 0.05"),
+    ({"momentum": 0.5}, "no point of the page's grid"), ({"dataset": "mnist1d"}, "dataset"),
+    ({"milestones": "[60]"}, "milestones"), ({"batch_size": 4}, "first: batch_size 4"),
+])
+def test_a_sweep_table_that_does_not_match_the_page_is_refused(over, named):
+    from lowrank.sgd import ranks
+
+    grid = ranks.experiment_grid(batch_sizes=[16, 32, 64], lrs=[0.1], weight_decays=[5e-3, 0.0], momenta=[0.9],
+                                 seeds=[0])
+    page = dict(model="MLP-BN-4-64", dataset="digits", epochs=2, eps=1e-3, milestones=[], lr_decay=0.1,
+                augment=False, rotation="uniform")
+    ranks.check_table(_table(), grid=grid, **page)  # the matching table passes
+    with pytest.raises(ValueError, match=named):
+        ranks.check_table(_table(**over), grid=grid, **page)
+    with pytest.raises(ValueError, match="end at epoch 2, the page asks for epochs=500"):
+        ranks.check_table(_table(), grid=grid, **(page | {"epochs": 500}))
+    with pytest.raises(ValueError, match="does not match the page's parameters"):
+        ranks.rank_experiment(grid=grid, **(page | {"model": "MLP-BN-10-100"}), coarse_eps=1e-2, min_train_acc=0.5,
+                              table=_table(), regime_only=True)
+
+
+# ---- tracebacks and wrong errors: one line each -------------------------------------------------------
+
+def test_paths_naming_a_user_without_a_home_give_one_line(clean_env, capsys):
+    assert "names no user" in one_line(["data", "fetch", "mnist", "--root", "~nouser_lowrank/d"], capsys)
+    # `-p sweep_table ~nouser/...` is the parameter rules' (the params branch's rules.py refuses it)
+    spec = spec_file(clean_env, {"function": "lowrank.core.train:train_point",
+                                 "points": [{"model": "MLP-2-8", "dataset": "digits", "batch_size": 8, "lr": 0.1,
+                                             "epochs": 1, "checkpoint": "~nouser_lowrank/c.ckpt"}]})
+    assert "names no user" in one_line(["sweep", spec, "--output", clean_env / "out", "--dry-run"], capsys)
+    spec = spec_file(clean_env, {"function": "lowrank.core.train:train_point",
+                                 "points": [{"model": "MLP-2-8", "dataset": "mnist", "batch_size": 8, "lr": 0.1,
+                                             "epochs": 1, "data_root": "~nouser_lowrank/data"}]})
+    assert "names no user" in one_line(["sweep", spec, "--output", clean_env / "out", "--dry-run"], capsys)
+
+
+@pytest.mark.parametrize("content", ["[]", "3", '"text"', "null"])
+def test_a_provenance_that_is_no_mapping_gives_one_line(tmp_path, capsys, monkeypatch, content):
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    folder = _run_folder(tmp_path / "runs")
+    (folder / "provenance.json").write_text(content)
+    runs.write_manifest(folder)
+    assert "not a mapping" in one_line(["report", folder, "-o", tmp_path / "r.html"], capsys)
+    assert "not a mapping" in one_line(["results", "store", folder], capsys)
+
+
+def test_results_store_on_a_sweeps_folder_gives_one_line(clean_env, capsys, monkeypatch):
+    monkeypatch.setenv("LOWRANK_SWEEP_MODULES", "sweep_fixture")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    spec = spec_file(clean_env, {"function": "sweep_fixture:ranked_matrix", "points": [{"size": 3, "seed": 0}]})
+    assert cli.main(["sweep", str(spec), "--output", str(clean_env / "out")]) == 0
+    capsys.readouterr()
+    run = next(p for p in (clean_env / "out").iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert "not of a notebook" in one_line(["results", "store", run], capsys)
+    assert "not a complete run folder" in one_line(["results", "store", clean_env / "out"], capsys)
+
+
+def test_a_full_disk_is_said_to_be_full(tmp_path, capsys, monkeypatch):
+    import errno
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cli, "cmd_list", full)
+    assert "the disk is full" in one_line(["list"], capsys, code=1)
+
+
+def test_every_run_diverging_is_said_so(recwarn):
+    from lowrank.core import train
+    from lowrank.sgd import ranks
+
+    grid = ranks.experiment_grid(batch_sizes=[64, 128], lrs=[1e6], weight_decays=[5e-3], momenta=[0.0], seeds=[0])
+    setup = dict(model="MLP-2-8", dataset="digits", epochs=2, eps=1e-3, coarse_eps=1e-2, min_train_acc=0.5)
+    with pytest.raises(train.AllDiverged, match=r"every run diverged \(2 of 2.*learning rates 1e\+06"):
+        ranks.rank_experiment(grid=grid, **setup)
+    # one run that trains: a result, with the diverged one excluded as before
+    grid = ranks.experiment_grid(batch_sizes=[64], lrs=[1e6, 0.1], weight_decays=[5e-3], momenta=[0.0], seeds=[0])
+    assert len(ranks.rank_experiment(grid=grid, **setup)["diverged"]) == 1
+
+
+# ---- the hostile pass's findings (cases beyond the issue's) ---------------------------------------------
+
+def test_a_run_folder_holding_a_link_is_not_trusted(tmp_path, capsys, monkeypatch):
+    """A run folder handed over by someone else, with a figure that links to a local secret and a
+    manifest that matches it: the report would carry the secret. A run writes no links."""
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    secret = tmp_path / "id_rsa"
+    secret.write_bytes(b"PRIVATE KEY")
+    folder = _run_folder(tmp_path / "runs")
+    (folder / "figures" / "fig.png").symlink_to(secret)
+    runs.write_manifest(folder)
+    assert runs.manifest_problems(folder) == ["figures/fig.png is a link (a run writes none)"]
+    assert "is a link" in one_line(["report", folder, "-o", tmp_path / "r.html"], capsys)
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_a_sweep_checkpoint_cannot_lie_in_a_run_folder(clean_env, capsys):
+    run = _run_folder(runs.RUNS)
+    spec = spec_file(clean_env, {"function": "lowrank.core.train:train_point",
+                                 "points": [{"model": "MLP-2-8", "dataset": "digits", "batch_size": 8, "lr": 0.1,
+                                             "epochs": 1, "checkpoint": str(run / "figures" / "c.ckpt")}]})
+    assert "inside the run folder" in one_line(["sweep", spec, "--output", clean_env / "out", "--dry-run"], capsys)
+
+
+def test_a_sweep_output_through_a_link_to_a_run_folder_is_refused(clean_env, capsys, monkeypatch):
+    monkeypatch.setenv("LOWRANK_SWEEP_MODULES", "sweep_fixture")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    run = _run_folder(runs.RUNS)
+    link = clean_env / "results"
+    link.symlink_to(run)
+    spec = spec_file(clean_env, {"function": "sweep_fixture:ranked_matrix", "points": [{"size": 3, "seed": 0}]})
+    assert "inside the run folder" in one_line(["sweep", spec, "--output", link / "sub"], capsys)
+    assert runs.manifest_problems(run) == []
+
+
+@pytest.mark.parametrize("victim", ["README.md", "tests/golden_verdicts.yaml"])
+def test_diff_never_overwrites_a_file_it_did_not_write(tmp_path, capsys, victim):
+    copy = tmp_path / Path(victim).name
+    copy.write_bytes((REPO / victim).read_bytes())
+    assert "was not written by lowrank" in one_line(["diff", "-o", copy], capsys)
+    assert copy.read_bytes() == (REPO / victim).read_bytes()
+
+
+def test_a_sweep_checkpoint_naming_a_device_is_refused_when_the_spec_is_read(clean_env, capsys):
+    spec = spec_file(clean_env, {"function": "lowrank.core.train:train_point",
+                                 "points": [{"model": "MLP-2-8", "dataset": "digits", "batch_size": 8, "lr": 0.1,
+                                             "epochs": 1, "checkpoint": "/dev/null"}]})
+    assert "is a device" in one_line(["sweep", spec, "--output", clean_env / "out", "--dry-run"], capsys)
+
+
+def test_a_fetch_cut_short_by_a_full_disk_says_the_disk_is_full(tmp_path, capsys, monkeypatch):
+    """The download's own message was "stopped at N bytes ... run the command again to resume"; with
+    the disk holding the data folder full, the command says that instead."""
+    from lowrank.core import datasets
+
+    def cut_short(name, root):
+        raise datasets.FetchError("https://example.invalid/x stopped at 10 of 100 bytes ([Errno 28]); run the "
+                                  "command again to resume from .x.part")
+
+    free_bytes = cli._free_bytes
+    assert free_bytes(tmp_path / "no" / "such" / "folder") > 0  # the deepest existing folder's disk
+    monkeypatch.setattr(datasets, "fetch", cut_short)
+    monkeypatch.setattr(cli, "_free_bytes", lambda path: 4096)
+    err = one_line(["data", "fetch", "mnist", "--root", tmp_path / "d"], capsys, code=1)
+    assert "is full (0.0 MiB free)" in err and str(tmp_path / "d") in err
+    monkeypatch.setattr(cli, "_free_bytes", lambda path: 2**40)  # room enough: the download's own message
+    assert "stopped at 10 of 100 bytes" in one_line(["data", "fetch", "mnist", "--root", tmp_path / "d"], capsys)
+
+
+def test_collect_never_writes_through_a_planted_link(clean_env, monkeypatch):
+    monkeypatch.setenv("LOWRANK_SWEEP_MODULES", "sweep_fixture")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    spec = sweeps.load_spec(spec_file(clean_env, {"function": "sweep_fixture:ranked_matrix",
+                                                  "points": [{"size": 3, "seed": 0}]}), output=clean_env / "out")
+    assert not sweeps.run_sweep(spec, "local", jobs=1, progress=False)["failed"]
+    mine = clean_env / "thesis.tex"
+    mine.write_text("mine")
+    (clean_env / "out" / "collected.csv").symlink_to(mine)
+    with pytest.raises(io.OutputRefused, match="was not written by lowrank"):
+        sweeps.collect(spec)
+    assert mine.read_text() == "mine"
+
+
+def test_a_failed_notebooks_copy_never_writes_through_a_planted_link(tmp_path, monkeypatch):
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    from lowrank.book import notebooks
+
+    monkeypatch.setattr(notebooks, "FAILED_ROOT", tmp_path / "failed")
+    mine = tmp_path / "thesis.tex"
+    mine.write_text("mine")
+    kept = tmp_path / "failed" / "gradients" / "decomposition.ipynb"
+    kept.parent.mkdir(parents=True)
+    kept.symlink_to(mine)
+
+    def fails(src, out, **kwargs):
+        Path(out).write_text('{"cells": []}')
+        raise PapermillExecutionError(cell_index=1, exec_count=1, source="x", ename="ValueError", evalue="no",
+                                      traceback=[])
+
+    monkeypatch.setattr(papermill, "execute_notebook", fails)
+    with pytest.raises(notebooks.NotebookFailed):
+        notebooks.execute("gradients/decomposition", tmp_path / "nb.ipynb")
+    assert mine.read_text() == "mine" and not kept.is_symlink() and kept.read_text() == '{"cells": []}'
+
+
+def test_a_link_of_another_user_is_not_followed(tmp_path):
+    """Resolving links in Python would bypass the kernel's protected_symlinks: a link planted in /tmp
+    by another user would let a write create or replace a file wherever it points."""
+    target = tmp_path / "real.txt"
+    target.write_text("old")
+    foreign = tmp_path / "foreign"
+    foreign.symlink_to(target)
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "elsewhere" / "cron-job")
+    own = tmp_path / "own"  # the user's own link to a file still to be written: followed
+    own.symlink_to(tmp_path / "new.txt")
+    io.write_atomically(own, "new")
+    assert (tmp_path / "new.txt").read_text() == "new"
+    if os.getuid() != 0:
+        pytest.skip("giving a link to another user needs root")
+    for link in (foreign, dangling):
+        os.lchown(link, 12345, 12345)
+        with pytest.raises(io.OutputRefused, match="owned by another user"):
+            io.write_atomically(link, "x")
+    assert target.read_text() == "old" and not (tmp_path / "elsewhere").exists()
