@@ -1,9 +1,29 @@
 // Figures shown smaller than they were drawn can be enlarged: click (or Enter) opens the image at
 // its drawn size in an overlay (scrollable when wider than the window); click, Escape or the close
 // button closes it. Marked images carry the class "enlargeable" (tests/test_html.py checks it).
+// A figure with a phone layout (lowrank.book.plotting.phone_layout: named by its download links'
+// data-phone) shows that layout in columns up to PHONE_QUERY wide; "Enlarge" still opens the wide one.
 (function () {
   "use strict";
   const SHRUNK = 0.95; // displayed below 95 % of the drawn width: offer to enlarge
+  const PHONE_QUERY = "(max-width: 600px)";
+
+  function phoneLayouts() {
+    document.querySelectorAll("p.figure-downloads[data-phone]").forEach((links) => {
+      const cell = links.closest(".cell_output") || links.parentElement;
+      const before = [...cell.querySelectorAll("img")].filter(
+        (i) => i.compareDocumentPosition(links) & Node.DOCUMENT_POSITION_FOLLOWING);
+      const img = before[before.length - 1];  // the figure these links belong to
+      if (!img || img.closest("picture")) return;
+      const picture = document.createElement("picture");
+      const source = document.createElement("source");
+      source.media = PHONE_QUERY;
+      source.srcset = links.dataset.phone;
+      img.dataset.wide = img.getAttribute("src");
+      img.replaceWith(picture);
+      picture.append(source, img);
+    });
+  }
 
   function overlay(img) {
     const box = document.createElement("div");
@@ -15,9 +35,9 @@
     close.type = "button";
     close.textContent = "Close ×";
     const big = document.createElement("img");
-    big.src = img.currentSrc || img.src;
     big.alt = img.alt;
-    big.style.width = img.naturalWidth + "px";
+    big.addEventListener("load", () => { big.style.width = big.naturalWidth + "px"; });
+    big.src = img.dataset.wide || img.currentSrc || img.src;  // the wide layout, at its drawn size
     box.append(close, big);
     const shut = () => { box.remove(); document.removeEventListener("keydown", onKey); img.focus(); };
     const onKey = (e) => { if (e.key === "Escape") shut(); };
@@ -55,6 +75,7 @@
   }
 
   function markAll() {
+    phoneLayouts();
     document.querySelectorAll("article.bd-article img, main article img").forEach((img) => {
       if (img.complete) mark(img); else img.addEventListener("load", () => mark(img), { once: true });
     });
