@@ -4,9 +4,11 @@
   `lowrank run PART/NAME`, the paper-scale command with its YAML and cost note, an example `-p`,
   and the table of parameters the page allows (read by `lowrank.book.runs.parameter_specs`, the
   same parsing `lowrank run` uses), with when and how long the page executed.
-- **Verdict rows**: every row of a page's verdict table gets the anchor `verdict-<name>` (the ledger
-  links there), its outcome a colour badge; the verdicts' details, notes and excluded runs follow
-  the table in a folded block.
+- **Verdict rows**: a page's verdict table is rebuilt from the glued records in four columns (claim;
+  the verdict with what it expects and the threshold's origin; the measured value with its controls;
+  the outcome as a colour badge), which fit the page column and read as cards on a phone; every row
+  gets the anchor `verdict-<name>` (the ledger links there); `$...$` in any of its text is typeset.
+  The verdicts' details, notes and excluded runs follow the table in a folded block.
 - **Code folded**: the parameter cell and code cells longer than `FOLD_LINES` lines are folded behind a
   "Show code" toggle (still in the notebook, still runnable).
 - **Theorem boxes numbered as the papers number them**: "Proposition 2.1" when the title cites
@@ -14,7 +16,9 @@
   references to the box read the same.
 - **Launch and provenance**: the Colab button opens the executed notebook the book publishes
   (its first cell installs the package); the footer names the commit, the build date and the scale.
-- **Figures**: `static/reader.js` lets every figure shown smaller than it was drawn be enlarged.
+- **Figures**: `static/reader.js` lets every figure shown smaller than it was drawn be enlarged; in a
+  phone's column it shows a figure's phone layout (`lowrank.book.plotting.phone_layout`), or, for the few
+  figures without one, the wide figure at a legible width in a box that scrolls sideways.
 """
 
 from __future__ import annotations
@@ -405,7 +409,8 @@ def _details_html(records: list[dict]) -> str:
                 parts.append(f"<p><strong>regime</strong>: {_regime_html(value)}</p>")
                 continue
             text = json.dumps(value) if not isinstance(value, str) else value
-            parts.append(f"<p><strong>{html.escape(str(key).replace('_', ' '))}</strong>: <code>{html.escape(text)}</code></p>")
+            # the numbers behind the row, as the glued record names them (data, so shown as code)
+            parts.append(f"<p><code>{html.escape(str(key))}</code>: <code>{html.escape(text)}</code></p>")
         if parts:
             items.append(f'<dt><a href="#verdict-{html.escape(v["name"])}">{description_html(v)}</a> '
                          f'({html.escape(v["kind"])}, {html.escape(v["outcome"])})</dt><dd>{"".join(parts)}</dd>')
@@ -450,6 +455,13 @@ def _math_or_plain(text: str, classes: list[str] | None = None) -> nodes.paragra
     return latex_paragraph(text, classes) or nodes.paragraph(text=text, classes=classes or [])
 
 
+def _description(record: dict, classes: list[str] | None = None) -> nodes.paragraph:
+    """A verdict's `latex` description with its math, else (empty or unmatched dollars) its plain one."""
+    shown = latex_paragraph(record.get("latex") or "", classes)
+    return shown if shown is not None else nodes.paragraph(text=record.get("description") or record["name"],
+                                                          classes=classes or [])
+
+
 MEASURED_DIGITS = 4  # as lowrank.book.verdicts.show prints them
 # The verdict table a page shows: four columns that fit a 750 px column (the seven of
 # lowrank.book.verdicts.show, the Markdown a notebook prints, regrouped), each row a card on a phone.
@@ -491,7 +503,7 @@ def verdict_row(record: dict, outcome_text: str) -> nodes.row:
     claim += nodes.Text(record.get("claim_id", ""))
     claim += nodes.inline(text=record.get("kind", ""), classes=["verdict-kind"])
     row += _entry("claim", claim)
-    description = record.get("latex") or record.get("description") or record["name"]
+    description = _description(record, ["verdict-description"])
     origin = (record.get("threshold") or {}).get("origin", "")
     expects = _math_or_plain(record.get("expected", ""), ["verdict-expects"])
     expects.insert(0, nodes.strong(text="expects "))
@@ -499,7 +511,7 @@ def verdict_row(record: dict, outcome_text: str) -> nodes.row:
         expects += nodes.Text(" (")
         expects.extend(_math_or_plain(origin).children)
         expects += nodes.Text(")")
-    row += _entry("verdict", _math_or_plain(description, ["verdict-description"]), expects)
+    row += _entry("verdict", description, expects)
     measured = record.get("measured")
     value = significant(measured, MEASURED_DIGITS) if isinstance(measured, (int, float)) else str(measured)
     cells = [nodes.paragraph(text=value, classes=["verdict-measured"])]
@@ -550,7 +562,7 @@ def _replace_notes(table, records: list[dict]) -> None:
                 text = f"{ex['count']} of {ex['total']} runs left out ({ex['reason']})"
             else:  # the note as glued: its Markdown rendering may have eaten the LaTeX's backslashes
                 text = record.get("note") or rest
-            shown = _math_or_plain(record.get("latex") or record.get("description") or record["name"])
+            shown = _description(record)
             new = nodes.paragraph()
             new += nodes.emphasis("", "", *shown.children)
             new += nodes.Text(": ")

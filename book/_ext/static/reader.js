@@ -7,6 +7,9 @@
   "use strict";
   const SHRUNK = 0.95; // displayed below 95 % of the drawn width: offer to enlarge
   const PHONE_QUERY = "(max-width: 600px)";
+  // No text of a figure is drawn below 10 pt at 100 px per inch (lowrank.book.plotting.MIN_FONT, checked by
+  // tests/test_figures.py): shown at LEGIBLE of its drawn width or more, it is at least 8 px high.
+  const LEGIBLE = 8 / (10 * 100 / 72);
 
   function phoneLayouts() {
     document.querySelectorAll("p.figure-downloads[data-phone]").forEach((links) => {
@@ -74,10 +77,31 @@
     }
   }
 
+  /* In a phone's column, a figure still shown below LEGIBLE of its drawn width (one without a phone
+   * layout) is shown at that width in a box that scrolls sideways (the page does not); "Enlarge" still
+   * opens it whole. */
+  function legible(img) {
+    if (!img.naturalWidth || !img.closest(".cell_output") || img.closest(".figure-overlay")) return;
+    const figure = img.closest("picture") || img;
+    const narrow = window.matchMedia(PHONE_QUERY).matches;
+    const box = figure.parentElement.classList.contains("figure-scroll") ? figure.parentElement : null;
+    if (narrow && !box && img.getBoundingClientRect().width < LEGIBLE * img.naturalWidth - 0.5) {
+      const scroll = document.createElement("div");
+      scroll.className = "figure-scroll";
+      figure.replaceWith(scroll);
+      scroll.append(figure);
+      img.style.width = Math.ceil(LEGIBLE * img.naturalWidth) + "px";
+    } else if (!narrow && box) {
+      img.style.width = "";
+      box.replaceWith(figure);
+    }
+  }
+
   function markAll() {
     phoneLayouts();
     document.querySelectorAll("article.bd-article img, main article img").forEach((img) => {
-      if (img.complete) mark(img); else img.addEventListener("load", () => mark(img), { once: true });
+      const both = () => { legible(img); mark(img); };
+      if (img.complete) both(); else img.addEventListener("load", both, { once: true });
     });
     document.documentElement.dataset.figuresMarked = "1";
   }
