@@ -4,7 +4,7 @@ On each page with an explorer: it draws without JavaScript errors or outside req
 slider with the keyboard redraws the plot (its SVG changes) and the numbers shown, and those
 numbers (the table beside the plot and the data the plot draws: Part I's spectrum of G with its
 outliers, Part II's curves of either momentum) equal the figure's CSV as published with the book,
-averaged here with pandas as the static figures average them.
+averaged here with pandas as the static figures average them. A setting without final numbers says why.
 """
 
 import json
@@ -195,3 +195,38 @@ def _check_rank_setting(tab, state, curves, final, name):
     assert shown["fitted"] == f"{len(fitted)} / {len(runs)}"
     if "A" in final.columns:
         assert _near(shown["A"], runs["A"].iloc[0])
+
+
+_SET_JS = """(setting) => { const box = document.querySelector('.lowrank-explorer');
+  for (const [key, value] of Object.entries(setting)) {
+    const input = box.querySelector(`input[type=range][data-key='${key}']`);
+    if (!input) continue;
+    const i = box.explorer.data.keys[key].findIndex(v => Math.abs(v - value) <= 1e-9 * Math.max(1, Math.abs(v)));
+    input.value = String(i);
+    input.dispatchEvent(new Event('input'));
+  } }"""
+_MISSING_JS = "() => { const p = document.querySelector('.lowrank-explorer .explorer-missing'); return [p.hidden, p.textContent]; }"
+
+
+@pytest.mark.parametrize("name", [n for n in PAGES if explorer.EXPLORERS[n]["kind"] == "rank"])
+def test_rank_explorer_says_why_a_setting_shows_a_dash(browser, server, name):
+    """A setting none of whose seeds fitted the training set (counted here from the final CSV) has no
+    final numbers: its readout shows "–" and says why under the table; a fitted setting says nothing."""
+    final = _csv(name, explorer.EXPLORERS[name]["stems"][1])
+    tab, outside, errors = _open_explorer(browser, server, name)
+    keys = [k for k in tab.evaluate("() => Object.keys(document.querySelector('.lowrank-explorer').explorer.data.keys)")
+            if k in final.columns]
+    ok = final["fitted"].astype(bool) if "fitted" in final.columns else pd.Series(True, index=final.index)
+    fitted = final.assign(fitted=ok).groupby(keys)["fitted"].sum()
+    for setting, n_fitted in ((fitted.idxmin(), fitted.min()), (fitted.idxmax(), fitted.max())):
+        before = _rendered(tab)
+        tab.evaluate(_SET_JS, dict(zip(keys, map(float, setting if isinstance(setting, tuple) else (setting,)))))
+        tab.wait_for_function(f"Number(document.querySelector('.lowrank-explorer').dataset.rendered) > {before}",
+                              timeout=15_000)
+        hidden, text = tab.evaluate(_MISSING_JS)
+        shown = _readout(tab)
+        if n_fitted == 0:
+            assert shown["avg_rank"] is None and not hidden and "none of its" in text, (setting, text)
+        else:
+            assert shown["avg_rank"] is not None and hidden, (setting, text)
+    assert not errors and not outside, (errors, outside)

@@ -196,3 +196,66 @@ def test_titles_in_words():
     for bad in (("svhn", [1, 2]), ("digits", [1])):
         with pytest.raises(ValueError):
             plotting.describe_task(*bad)
+
+
+def test_a_wide_figure_gets_a_phone_layout_with_its_fonts_and_is_left_as_it_was(tmp_path, monkeypatch):
+    """Three panels 9.5 in wide: the phone PNG is at most PHONE_WIDTH inches wide (so 10 pt text shows at
+    8 px or more in a 358 px column), taller (panels wrapped), and the figure itself is unchanged."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    plotting.use_style()
+    fig, axes = plt.subplots(1, 3, figsize=(9.5, 3.0), sharey=True)
+    for ax in axes:
+        ax.plot(np.arange(5), np.arange(5) ** 2)
+        ax.set_xlabel("step")
+    axes[0].set_ylabel("loss")
+    fig.tight_layout()
+    before = [ax.get_position().bounds for ax in axes], tuple(fig.get_size_inches())
+    phone = plotting.phone_layout(fig)
+    assert phone is not None
+    w, h = Image.open(io.BytesIO(phone)).size
+    assert w <= plotting.PHONE_WIDTH * fig.dpi * 1.08 and h > 1.5 * 3.0 * fig.dpi, (w, h)
+    assert 10 * fig.dpi / 72 * 358 / w >= 8  # the smallest text allowed, as a phone shows it
+    assert ([ax.get_position().bounds for ax in axes], tuple(fig.get_size_inches())) == before
+    assert not axes[1].yaxis.get_tick_params().get("labelleft", True)  # the shared axis' inner labels still hidden
+    _save(fig, tmp_path, monkeypatch, stem="wide")
+    assert (tmp_path / f"wide{plotting.PHONE_SUFFIX}").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_phone_layout_wraps_a_long_title_and_narrows_the_figure_legend():
+    """Two columns of 4.6 in panels become one; the suptitle wraps and the legend below takes two columns
+    (a one-row legend of four entries is wider than a phone); the figure keeps its own legend."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    plotting.use_style()
+    fig, axes = plotting.panel_grid(4, panel=(4.6, 2.6), ncols=2)
+    for ax in axes:
+        for j in range(4):
+            ax.plot(np.arange(5), np.arange(5) * (j + 1), label=f"singular value group {j}")
+    legend = plotting.legend_below(fig)
+    fig.suptitle("Spectrum of $G$: ReLU, MSE loss, n = 2000, d = 1000, m = 1500, alpha = 0.5, ten seeds pooled")
+    phone = plotting.phone_layout(fig)
+    assert phone is not None and Image.open(io.BytesIO(phone)).size[0] <= plotting.PHONE_WIDTH * fig.dpi * 1.08
+    assert fig.legends == [legend] and legend._ncols == 4 and not fig._suptitle.get_wrap()
+    plt.close(fig)
+
+
+def test_no_phone_layout_for_a_narrow_figure_or_a_panel_across_cells(tmp_path, monkeypatch):
+    plotting.use_style()
+    fig, ax = plt.subplots(figsize=(5.5, 3.0))
+    ax.plot([0, 1])
+    assert plotting.phone_layout(fig) is None
+    fig = plt.figure(figsize=(9.0, 4.0))
+    grid = fig.add_gridspec(2, 3)
+    fig.add_subplot(grid[:, 0]).plot([0, 1])  # spans both rows: no cell-by-cell reflow
+    fig.add_subplot(grid[0, 1]).plot([0, 1])
+    assert plotting.phone_layout(fig) is None
+    _save(fig, tmp_path, monkeypatch, stem="span")
+    assert not (tmp_path / f"span{plotting.PHONE_SUFFIX}").exists()
+    plt.close("all")

@@ -5,7 +5,11 @@ less than 70 % of its drawn width unless the reader can enlarge it; no raw TeX i
 served with the book); internal links and anchors resolve; no page scrolls sideways on a phone.
 Every notebook page's verdict section holds an HTML table with one row per glued verdict, each row
 anchored as `verdict-<name>`; every notebook page ends with the rerun box. The ledger's summary
-counts equal the verdicts the executed notebooks glued. Full-page screenshots of a few pages are
+counts equal the verdicts the executed notebooks glued. A reader's view of the verdicts and figures:
+at 390 px every verdict card's text column is at least MIN_VERDICT_COLUMN px wide and breaks no word
+inside itself, at 1366 px every outcome lies inside the page and its table, the verdict fields write
+formulas as typeset math (no ASCII formula outside it, ASCII_FORMULA), and every figure's smallest
+text is shown at MIN_FIGURE_TEXT px or more at 390 px. Full-page screenshots of a few pages are
 saved to `_build/screenshots/` for review.
 
 Needs Debian's chromium (`apt-get install -y chromium`; `.ci/run` installs it, `make test` refuses
@@ -40,6 +44,15 @@ PHONE = {"width": 390, "height": 844}
 SHOTS = {"book/intro.html", "book/ledger.html", "notebooks/gradients/decomposition.html",
          "notebooks/square/neural_collapse.html", "book/bibliography.html"}
 MIN_BODY = 300  # px: the body column of a notebook page on a phone
+MIN_VERDICT_COLUMN = 200  # px: the narrowest text column of a verdict card on a phone
+MIN_FIGURE_TEXT = 8.0  # px: a figure's smallest text as shown on a phone
+FIGURE_DPI = 100  # px per inch of the PNGs a page shows (lowrank.book.plotting.use_style)
+# A formula written as ASCII: norms as ||, subscripts and superscripts as _ and ^, sqrt( and min(,
+# >= and ->, Greek letters spelled out. Verdict fields write formulas as $...$ (typeset by MathJax).
+ASCII_FORMULA = re.compile(
+    r"\|\||_perp|\bsqrt\(|>=|<=|!=|->|\^T\b|\w\^[\w({-]|\b[A-Za-z][A-Za-z0-9]*_[A-Za-z0-9{]+|"
+    r"\b(?:min|max|log|log2|exp|cos|sign)\(|"
+    r"\b(?:nu|alpha|beta|gamma|sigma|rho|lambda|mu|eta|tau|theta|Theta|zeta|epsilon|eps|perp)\b")
 
 
 def _pages() -> list[str]:
@@ -284,8 +297,38 @@ _LAYOUT_JS = """() => {
       .map(p => p.getBoundingClientRect().width).filter(w => w > 0);
   const margins = [...article.querySelectorAll('aside.margin, aside.sidebar')].map(a => a.getBoundingClientRect().width);
   const rows = [...document.querySelectorAll('table.verdict-table tbody tr')].map(r => getComputedStyle(r).display);
+  // the verdict cards' text columns and the words broken inside themselves (a word on two lines)
+  const cells = [...document.querySelectorAll('table.verdict-table tbody td.vcol-verdict, table.verdict-table tbody td.vcol-measured')];
+  const broken = [];
+  for (const cell of cells) {
+    const walk = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT,
+        {acceptNode: n => n.parentElement.closest('mjx-container') ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT});
+    for (let node = walk.nextNode(); node; node = walk.nextNode()) {
+      for (const m of node.data.matchAll(/[^\\s\\-\\/–—]+/g)) {  // a hyphen or a slash may end a line
+        const range = document.createRange();
+        range.setStart(node, m.index);
+        range.setEnd(node, m.index + m[0].length);
+        if (new Set([...range.getClientRects()].map(r => Math.round(r.top))).size > 1) broken.push(m[0]);
+      }
+    }
+  }
+  // each outcome inside the viewport and inside the box that clips it (a table wrapper scrolling sideways)
+  const cut = [];
+  for (const badge of document.querySelectorAll('table.verdict-table tbody td.vcol-outcome')) {
+    const box = badge.getBoundingClientRect();
+    let right = document.documentElement.clientWidth, left = 0;
+    for (let e = badge.parentElement; e; e = e.parentElement) {
+      if (['auto', 'scroll', 'hidden', 'clip'].includes(getComputedStyle(e).overflowX)) {
+        const r = e.getBoundingClientRect();
+        right = Math.min(right, r.right); left = Math.max(left, r.left);
+      }
+    }
+    if (box.right > right + 1 || box.left < left - 1) cut.push(badge.closest('tr').id);
+  }
   return {scroll: [document.documentElement.scrollWidth, document.documentElement.clientWidth],
-          body: para.length ? Math.min(...para) : null, margins: margins, verdictRows: rows};
+          body: para.length ? Math.min(...para) : null, margins: margins, verdictRows: rows,
+          verdictColumn: cells.length ? Math.min(...cells.map(c => c.getBoundingClientRect().width)) : null,
+          broken: broken, cut: cut};
 }"""
 
 
@@ -302,9 +345,10 @@ def test_pages_do_not_scroll_sideways_and_keep_a_readable_column_on_a_phone(page
 
 
 def _check_layout(page, tab, viewport):
-    """Code blocks and wide tables scroll inside their own box; the page itself never does. On a phone
-    a notebook page's paragraphs keep at least MIN_BODY px (margin notes join the flow) and its verdict
-    tables read as cards."""
+    """Code blocks and wide tables scroll inside their own box; the page itself never does. Every verdict's
+    outcome is inside the page and its table. On a phone a notebook page's paragraphs keep at least
+    MIN_BODY px (margin notes join the flow), its verdict tables read as cards whose text columns keep
+    MIN_VERDICT_COLUMN px without breaking a word, and its figures' text is legible."""
     info = tab.evaluate(_LAYOUT_JS)
     width = info["scroll"]
     assert width[0] <= width[1] + 1, f"{page} scrolls sideways at {viewport['width']} px: {width}"
@@ -312,11 +356,68 @@ def _check_layout(page, tab, viewport):
         assert info["body"] is not None and info["body"] >= MIN_BODY, \
             f"{page}: body column {info['body']} px at {PHONE['width']} px (margin notes {info['margins']})"
         assert all(w >= MIN_BODY for w in info["margins"]), f"{page}: margin notes still float: {info['margins']}"
-        assert info["verdictRows"] and set(info["verdictRows"]) == {"block"}, \
+        assert info["verdictRows"] and set(info["verdictRows"]) <= {"block", "grid"}, \
             f"{page}: verdict rows are not cards on a phone: {set(info['verdictRows'])}"
+        assert info["verdictColumn"] >= MIN_VERDICT_COLUMN, \
+            f"{page}: a verdict card's text column is {info['verdictColumn']:.0f} px at {PHONE['width']} px"
+        assert not info["broken"], f"{page}: words broken inside themselves in the verdict cards: {info['broken'][:8]}"
+        _check_figure_text(page, tab)
+    if _notebook(page):
+        assert not info["cut"], f"{page}: outcomes cut off at {viewport['width']} px: {info['cut']}"
     if page in SHOTS and viewport is PHONE:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         tab.screenshot(path=str(SCREENSHOTS / (page.replace("/", "__")[:-5] + "-phone.png")), full_page=True)
+
+
+_FIGURES_JS = """() => [...document.querySelectorAll('article img')].map(img => {
+  const cell = img.closest('.cell_output');
+  const links = cell ? [...cell.querySelectorAll('p.figure-downloads')].find(p =>
+      img.compareDocumentPosition(p) & Node.DOCUMENT_POSITION_FOLLOWING) : null;
+  const svg = links ? [...links.querySelectorAll('a')].map(a => a.href).find(h => h.endsWith('.svg')) : null;
+  return {src: img.currentSrc, shown: img.getBoundingClientRect().width, drawn: img.naturalWidth, svg: svg};
+})"""
+
+
+def _check_figure_text(page, tab):
+    """Every figure's smallest text (its SVG's smallest font, the same in the phone layout) as shown:
+    points at FIGURE_DPI px per inch, scaled by the shown over the drawn width of the PNG on screen."""
+    from lowrank.book import plotting
+
+    tab.wait_for_function("() => [...document.querySelectorAll('article img')].every(i => i.complete && i.naturalWidth > 0)",
+                          timeout=10_000)
+    small = []
+    for img in tab.evaluate(_FIGURES_JS):
+        if not img["svg"]:
+            continue  # not a figure of the book (save_figure names its SVG under every figure)
+        svg = HTML / unquote(urlparse(img["svg"]).path.lstrip("/"))
+        text_px = plotting.legibility(svg)["min_font_pt"] * FIGURE_DPI / 72 * img["shown"] / img["drawn"]
+        if text_px < MIN_FIGURE_TEXT:
+            small.append(f"{img['src'].rsplit('/', 1)[-1]}: {text_px:.1f} px")
+    assert not small, f"{page}: figure text below {MIN_FIGURE_TEXT} px at {PHONE['width']} px: {small}"
+
+
+_VERDICT_TEXT_JS = """() => [...document.querySelectorAll('table.verdict-table tbody tr, #verdict-details dt, #verdict-details dd')]
+  .map(r => { const c = r.cloneNode(true); c.querySelectorAll('mjx-container, code').forEach(m => m.remove());
+              return [r.id || r.tagName, c.textContent]; })"""
+
+
+@pytest.mark.parametrize("desktop", [p for p in _pages() if _notebook(p)], indirect=True)
+def test_verdict_fields_write_formulas_as_math(desktop):
+    """Claim, expects, origin, controls, notes and regimes: no formula left as ASCII outside the typeset
+    math (the numbers behind each row, shown as code, and file paths aside)."""
+    texts = [(row, re.sub(r"\S*/\S*\.\w+", "", text)) for row, text in desktop.tab.evaluate(_VERDICT_TEXT_JS)]  # paths aside
+    found = [(row, m.group(0), text[max(0, m.start() - 30):m.end() + 30]) for row, text in texts
+             for m in [ASCII_FORMULA.search(text)] if m]
+    assert not found, f"{desktop.page}: ASCII formulas in verdict fields: {found[:6]}"
+
+
+def test_the_ascii_formula_pattern_finds_what_the_pages_wrote_before():
+    for text in ("||sigma'_perp||_2 = Theta(n) for ReLU where 2 nu > 1 - alpha", "min(rho / 0.5, fall) >= 1",
+                 "u1 along X_B^T r", "||E|| / ||S1|| -> 0", "Theta(sqrt n)", "nc2_equinorm_classifiers"):
+        assert ASCII_FORMULA.search(text), text
+    for text in ("the fall of the mean final rank from the largest to the smallest batch", "MLP-BN-4-64 on 8x8 digits",
+                 "effect size fixed in advance: a 20 % drop", "Theorem 3.2 (left side at most the right)"):
+        assert not ASCII_FORMULA.search(text), text
 
 
 _VERDICT_MATH_JS = """() => [...document.querySelectorAll('table.verdict-table tbody tr, table.ledger-table tbody tr')]
@@ -372,7 +473,8 @@ def test_long_code_is_folded_and_figures_enlarge(server, browser):
     folded = tab.evaluate("""() => [...document.querySelectorAll('details.hide')].filter(d => !d.open)
         .map(d => d.querySelector('pre').textContent.trim().split('\\n').length)""")
     assert folded and min(folded) > 10, f"long code cells are not folded: {folded}"
-    assert tab.locator(".cell.tag_parameters details.hide").count() == 0, "the parameter cell is folded"
+    # the parameter cell folded too: the page leads with its prose, the defaults are in the rerun box
+    assert tab.locator(".cell.tag_parameters details.hide").count() == 1, "the parameter cell is not folded"
     img = tab.locator("img.enlargeable").first
     if img.count():
         img.click()

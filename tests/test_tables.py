@@ -61,7 +61,18 @@ def test_a_pivot_tables_columns_are_named_by_their_levels():
     df = pd.DataFrame({"lr": [0.1, 0.1, 0.2], "momentum": [0.0, 0.9, 0.0], "A": [1.5, 15.0, 3.0]})
     pivot = df.pivot_table(index="lr", columns=["momentum"], values="A")
     t = tables.table(pivot)
-    assert t.header == ["lr", "momentum 0.0", "momentum 0.9"]
+    assert t.header == ["learning rate", "momentum 0", "momentum 0.9"]  # words, levels without float reprs
     assert t.rows[1] == ["0.200", "3.00", "—"]
     two = df.assign(bs=[4, 4, 8]).pivot_table(index="lr", columns=["momentum", "bs"], values="A")
-    assert tables.table(two).header == ["lr", "momentum 0.0, bs 4", "momentum 0.0, bs 8", "momentum 0.9, bs 4"]
+    assert tables.table(two).header == ["learning rate", "momentum 0, batch size 4", "momentum 0, batch size 8",
+                                        "momentum 0.9, batch size 4"]
+
+
+def test_code_names_in_headers_read_as_words_unless_named():
+    assert tables.header_words("batch_size") == "batch size"
+    assert tables.header_words("avg_rank@0.01") == "average rank at 0.01"
+    assert tables.header_words("nc2_equinorm_classifiers") == "NC2 equinorm classifiers"
+    assert tables.header_words("wall (s)") == "wall (s)" and tables.header_words("Fig. 9") == "Fig. 9"
+    df = pd.DataFrame({"weight_decay": [0.0, 5e-4], "final_rank": [3, 2]})
+    assert tables.table(df, units={"final_rank": "of 64"}).header == ["weight decay", "final rank (of 64)"]
+    assert tables.table(df, names={"weight_decay": "λ"}).header == ["λ", "final rank"]

@@ -4,17 +4,21 @@
   `lowrank run PART/NAME`, the paper-scale command with its YAML and cost note, an example `-p`,
   and the table of parameters the page allows (read by `lowrank.book.runs.parameter_specs`, the
   same parsing `lowrank run` uses), with when and how long the page executed.
-- **Verdict rows**: every row of a page's verdict table gets the anchor `verdict-<name>` (the ledger
-  links there), its outcome a colour badge; the verdicts' details, notes and excluded runs follow
-  the table in a folded block.
-- **Long code folded**: code cells longer than `FOLD_LINES` lines are folded behind a toggle (the
-  parameter cell stays open).
+- **Verdict rows**: a page's verdict table is rebuilt from the glued records in four columns (claim;
+  the verdict with what it expects and the threshold's origin; the measured value with its controls;
+  the outcome as a colour badge), which fit the page column and read as cards on a phone; every row
+  gets the anchor `verdict-<name>` (the ledger links there); `$...$` in any of its text is typeset.
+  The verdicts' details, notes and excluded runs follow the table in a folded block.
+- **Code folded**: the parameter cell and code cells longer than `FOLD_LINES` lines are folded behind a
+  "Show code" toggle (still in the notebook, still runnable).
 - **Theorem boxes numbered as the papers number them**: "Proposition 2.1" when the title cites
   "Prop. 2.1 of ...", no number when the title cites none (sphinx-proof would count 1, 2, ...);
   references to the box read the same.
 - **Launch and provenance**: the Colab button opens the executed notebook the book publishes
   (its first cell installs the package); the footer names the commit, the build date and the scale.
-- **Figures**: `static/reader.js` lets every figure shown smaller than it was drawn be enlarged.
+- **Figures**: `static/reader.js` lets every figure shown smaller than it was drawn be enlarged; in a
+  phone's column it shows a figure's phone layout (`lowrank.book.plotting.phone_layout`), or, for the few
+  figures without one, the wide figure at a legible width in a box that scrolls sideways.
 """
 
 from __future__ import annotations
@@ -129,11 +133,15 @@ def _table(header: list[str], rows: list[list], classes: list[str]) -> nodes.tab
 
 
 def _prose(text: str, classes: list[str] | None = None) -> nodes.paragraph:
-    """A paragraph from plain text in which `code` (a YAML comment, a parameter's comment) is code."""
+    """A paragraph from plain text in which `code` (a YAML comment, a parameter's comment) is code and
+    `$...$` is math."""
     p = nodes.paragraph(classes=classes or [])
     for i, piece in enumerate(re.split(r"`([^`]+)`", text)):
-        if piece:
-            p += nodes.literal(text=piece) if i % 2 else nodes.Text(piece)
+        if piece and i % 2:
+            p += nodes.literal(text=piece)
+        elif piece:
+            shown = latex_paragraph(piece)
+            p.extend(shown.children if shown is not None else [nodes.Text(piece)])
     return p
 
 
@@ -304,7 +312,8 @@ def _renumber_html(app, body: str) -> str:
 # --- code folding --------------------------------------------------------------------------------
 
 class FoldLongCode(SphinxPostTransform):
-    """Fold code cells longer than FOLD_LINES lines (myst-nb's hide-input, applied by length)."""
+    """Fold the parameter cell and code cells longer than FOLD_LINES lines (myst-nb's hide-input,
+    applied by length): a page leads with its prose and figures, its code a click away."""
 
     default_priority = 150  # before myst-nb's HideInputCells (199), which does the folding
     formats = ("html",)
@@ -316,10 +325,13 @@ class FoldLongCode(SphinxPostTransform):
             source = cell.children[0]
             if source.get("nb_element") != "cell_code_source":
                 continue
-            if "parameters" in cell.get("cell_metadata", {}).get("tags", []):
-                continue
             lines = source.astext().count("\n") + 1
-            if lines > FOLD_LINES:
+            if "parameters" in cell.get("cell_metadata", {}).get("tags", []):
+                # the defaults, folded: the rerun box at the end lists them with what each allows
+                cell["hide_mode"] = "input"
+                cell["prompt_show"] = f"Show code: the page's parameters ({lines} lines)"
+                cell["prompt_hide"] = "Hide code"
+            elif lines > FOLD_LINES:
                 cell["hide_mode"] = "input"
                 cell["prompt_show"] = f"Show code ({lines} lines)"
                 cell["prompt_hide"] = "Hide code"
@@ -376,24 +388,52 @@ def verdict_tables(doctree) -> list[nodes.table]:
     return found
 
 
+_OP_WORDS = {">": ">", ">=": "≥", "<": "<", "<=": "≤"}
+
+
+def _text_html(text: str) -> str:
+    """Plain text with inline `$...$` as HTML for MathJax; escaped as it is when a dollar is unmatched."""
+    from lowrank.book.ledger import math_html
+
+    return math_html(text) if text and math_html(text) is not None else html.escape(str(text))
+
+
+def _threshold_words(threshold: dict) -> str:
+    op, value = threshold.get("op"), threshold.get("value")
+    if op == "between" and isinstance(value, (list, tuple)):
+        return f"between {value[0]:.4g} and {value[1]:.4g}"
+    return f"{_OP_WORDS.get(op, op)} {value:.4g}" if isinstance(value, (int, float)) else f"{op} {value}"
+
+
+def _regime_html(regime: dict) -> str:
+    state = "reached" if regime.get("reached") else "not reached: the claim needs a larger scale"
+    return (f"{_text_html(regime.get('quantity', ''))} = {regime.get('value', float('nan')):.4g}, needs at least "
+            f"{regime.get('needed', float('nan')):.4g} ({_text_html(regime.get('origin', ''))}): {state}")
+
+
 def _details_html(records: list[dict]) -> str:
+    from lowrank.book.ledger import description_html
+
     items = []
     for v in records:
         parts = []
         if v.get("note"):
-            parts.append(f"<p>{html.escape(v['note'])}</p>")
+            parts.append(f"<p>{_text_html(v['note'])}</p>")
         ex = v.get("excluded")
         if ex:
-            parts.append(f"<p>{ex['count']} of {ex['total']} runs left out ({html.escape(ex['reason'])}).</p>")
+            parts.append(f"<p>{ex['count']} of {ex['total']} runs left out ({_text_html(ex['reason'])}).</p>")
         if v.get("threshold", {}).get("origin"):
-            parts.append(f"<p>Threshold: <code>{html.escape(str(v['threshold'].get('op')))} "
-                         f"{html.escape(str(v['threshold'].get('value')))}</code>, "
-                         f"origin: {html.escape(v['threshold']['origin'])}.</p>")
+            parts.append(f"<p>Threshold: measured {html.escape(_threshold_words(v['threshold']))}; "
+                         f"origin: {_text_html(v['threshold']['origin'])}.</p>")
         for key, value in (v.get("details") or {}).items():
+            if key == "regime" and isinstance(value, dict):
+                parts.append(f"<p><strong>regime</strong>: {_regime_html(value)}</p>")
+                continue
             text = json.dumps(value) if not isinstance(value, str) else value
-            parts.append(f"<p><strong>{html.escape(str(key))}</strong>: <code>{html.escape(text)}</code></p>")
+            # the numbers behind the row, as the glued record names them (data, so shown as code)
+            parts.append(f"<p><code>{html.escape(str(key))}</code>: <code>{html.escape(text)}</code></p>")
         if parts:
-            items.append(f'<dt><a href="#verdict-{html.escape(v["name"])}">{html.escape(v["name"])}</a> '
+            items.append(f'<dt><a href="#verdict-{html.escape(v["name"])}">{description_html(v)}</a> '
                          f'({html.escape(v["kind"])}, {html.escape(v["outcome"])})</dt><dd>{"".join(parts)}</dd>')
     if not items:
         return ""
@@ -417,35 +457,36 @@ def _figure_alt(doctree, page_title: str) -> None:
         img["alt"] = f"Figure: {section}" + (f" ({page_title})" if page_title and page_title != section else "")
 
 
-def latex_paragraph(text: str) -> nodes.paragraph | None:
-    """A verdict's `latex` description as a paragraph of text and math nodes (rendered by MathJax as
-    the prose's `$...$` is), None when it is empty or does not parse (the plain description stays)."""
+def latex_paragraph(text: str, classes: list[str] | None = None) -> nodes.paragraph | None:
+    """Text with inline LaTeX (`$...$`) as a paragraph of text and math nodes (rendered by MathJax as
+    the prose's `$...$` is), None when it is empty or a dollar is left unmatched (the caller keeps the
+    plain text rather than show broken TeX)."""
     from lowrank.book.ledger import math_segments
 
     pieces = math_segments(text) if text else None
     if not pieces:
         return None
-    para = nodes.paragraph(classes=["verdict-latex"])
+    para = nodes.paragraph(classes=classes if classes is not None else ["verdict-latex"])
     for is_math, piece in pieces:
         para += nodes.math(piece, piece) if is_math else nodes.Text(piece)
     return para
 
 
-VERDICT_COLUMN_NAMES = {"": "claim"}
-MEASURED_DIGITS = 4  # as lowrank.book.verdicts.show prints them  # show() leaves the claim id's header empty
+def _math_or_plain(text: str, classes: list[str] | None = None) -> nodes.paragraph:
+    return latex_paragraph(text, classes) or nodes.paragraph(text=text, classes=classes or [])
 
 
-def _label_columns(table, cols: list[str]) -> list[str]:
-    """Name each column of a verdict table (an empty header reads "claim") and mark the table, so that
-    on a phone its rows read as cards (static/reader.css labels each cell by its column)."""
-    labels = [VERDICT_COLUMN_NAMES.get(c, c) for c in cols]
-    head = next(iter(table.findall(nodes.thead)), None)
-    for entry, label, col in zip(head.findall(nodes.entry), labels, cols):
-        entry["classes"].append(f"vcol-{_key(label) or 'x'}")
-        if not col:
-            entry.children = [nodes.paragraph(text=label)]
-    table["classes"].append("verdict-table")
-    return [_key(label) or "x" for label in labels]
+def _description(record: dict, classes: list[str] | None = None) -> nodes.paragraph:
+    """A verdict's `latex` description with its math, else (empty or unmatched dollars) its plain one."""
+    shown = latex_paragraph(record.get("latex") or "", classes)
+    return shown if shown is not None else nodes.paragraph(text=record.get("description") or record["name"],
+                                                          classes=classes or [])
+
+
+MEASURED_DIGITS = 4  # as lowrank.book.verdicts.show prints them
+# The verdict table a page shows: four columns that fit a 750 px column (the seven of
+# lowrank.book.verdicts.show, the Markdown a notebook prints, regrouped), each row a card on a phone.
+VERDICT_COLUMNS = ("claim", "verdict", "measured", "outcome")
 
 
 def _key(text: str) -> str:
@@ -454,10 +495,103 @@ def _key(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "", str(text).lower())
 
 
-def _mark_verdicts(app, doctree, docname):
+def _entry(label: str, *children) -> nodes.entry:
+    entry = nodes.entry(classes=[f"vcol-{label}"])
+    entry.extend(children)
+    return entry
+
+
+def _outcome_paragraph(text: str) -> nodes.paragraph:
+    """"agrees" or "unstable (agrees in 2 of 6)" with the outcome as a colour badge."""
     from lowrank.book.ledger import OUTCOME_STYLE
+
+    outcome, _, rest = text.strip().partition(" (")
+    if outcome not in OUTCOME_STYLE:
+        return nodes.paragraph(text=text)
+    badge = nodes.inline(text=outcome, classes=["outcome-badge", f"outcome-{OUTCOME_STYLE[outcome]}"])
+    return nodes.paragraph("", "", badge, *([nodes.Text(" (" + rest)] if rest else []))
+
+
+def verdict_row(record: dict, outcome_text: str) -> nodes.row:
+    """One verdict as the page shows it, from its glued record: claim id and kind; the description with
+    what it expects and the threshold's origin below it; the measured value with the controls below it;
+    the outcome (as the Markdown table printed it: "unstable (agrees in 2 of 6)"). Text fields may carry
+    `$...$`, rendered as math."""
     from lowrank.book.tables import significant
 
+    row = nodes.row(ids=[f"verdict-{record['name']}"])
+    claim = nodes.paragraph(classes=["verdict-claim-id"])
+    claim += nodes.Text(record.get("claim_id", ""))
+    claim += nodes.inline(text=record.get("kind", ""), classes=["verdict-kind"])
+    row += _entry("claim", claim)
+    description = _description(record, ["verdict-description"])
+    origin = (record.get("threshold") or {}).get("origin", "")
+    expects = _math_or_plain(record.get("expected", ""), ["verdict-expects"])
+    expects.insert(0, nodes.strong(text="expects "))
+    if origin:
+        expects += nodes.Text(" (")
+        expects.extend(_math_or_plain(origin).children)
+        expects += nodes.Text(")")
+    row += _entry("verdict", description, expects)
+    measured = record.get("measured")
+    value = significant(measured, MEASURED_DIGITS) if isinstance(measured, (int, float)) else str(measured)
+    cells = [nodes.paragraph(text=value, classes=["verdict-measured"])]
+    for c in record.get("controls") or []:
+        p = _math_or_plain(c["name"], ["verdict-control"])
+        p.insert(0, nodes.strong(text="control "))
+        p += nodes.Text(f": {c['value']:.4g}")
+        cells.append(p)
+    row += _entry("measured", *cells)
+    row += _entry("outcome", _outcome_paragraph(outcome_text))
+    return row
+
+
+def verdict_table(rows: list[nodes.row]) -> nodes.table:
+    table = nodes.table(classes=["verdict-table"])
+    group = nodes.tgroup(cols=len(VERDICT_COLUMNS))
+    table += group
+    group.extend(nodes.colspec(colwidth=1) for _ in VERDICT_COLUMNS)
+    head = nodes.row()
+    head.extend(_entry(c, nodes.paragraph(text=c)) for c in VERDICT_COLUMNS)
+    thead, tbody = nodes.thead(), nodes.tbody()
+    thead += head
+    tbody.extend(rows)
+    group += thead
+    group += tbody
+    return table
+
+
+def _replace_notes(table, records: list[dict]) -> None:
+    """The list verdicts.show prints after its table ("- *name*: note") again, each verdict named by its
+    description (math rendered) instead of its code name, its note's `$...$` rendered."""
+    parent = table.parent
+    if parent is None:
+        return
+    names = {r["name"]: r for r in records}
+    for sibling in parent.children[parent.index(table) + 1:]:
+        if not isinstance(sibling, nodes.bullet_list):
+            continue
+        for item in sibling.children:
+            para = item.children[0] if item.children and isinstance(item.children[0], nodes.paragraph) else None
+            first = para.children[0] if para is not None and para.children else None
+            record = names.get(first.astext()) if isinstance(first, nodes.emphasis) else None
+            if record is None:
+                continue
+            rest = para.astext()[len(first.astext()):].removeprefix(": ")
+            ex = record.get("excluded")
+            if ex and rest.startswith(f"{ex['count']} of {ex['total']} runs left out"):
+                text = f"{ex['count']} of {ex['total']} runs left out ({ex['reason']})"
+            else:  # the note as glued: its Markdown rendering may have eaten the LaTeX's backslashes
+                text = record.get("note") or rest
+            shown = _description(record)
+            new = nodes.paragraph()
+            new += nodes.emphasis("", "", *shown.children)
+            new += nodes.Text(": ")
+            new.extend(_math_or_plain(text).children)
+            item.replace(para, new)
+
+
+def _mark_verdicts(app, doctree, docname):
     name = _notebook_name(docname)
     if name is None:
         return
@@ -469,29 +603,18 @@ def _mark_verdicts(app, doctree, docname):
         by_label.setdefault(_key(v.get("description") or v["name"]), []).append(v)
     for table, cols in verdict_tables(doctree):
         i_verdict, i_outcome = cols.index("verdict"), cols.index("outcome")
-        labels = _label_columns(table, cols)
         tbody = next(iter(table.findall(nodes.tbody)), None)
+        rows, used = [], []
         for row in tbody.children if tbody is not None else []:
             entries = [c for c in row.children if isinstance(c, nodes.entry)]
-            if len(entries) <= max(i_verdict, i_outcome):
-                continue
-            for entry, label in zip(entries, labels):
-                entry["classes"].append(f"vcol-{label}")
-            candidates = by_label.get(_key(entries[i_verdict].astext()), [])
-            if candidates:
-                record = candidates.pop(0)
-                row["ids"].append(f"verdict-{record['name']}")
-                shown = latex_paragraph(record.get("latex") or "")
-                if shown is not None:
-                    entries[i_verdict].children = [shown]
-                if "measured" in cols and isinstance(record.get("measured"), (int, float)):
-                    # one format down the column: 4 significant digits with their trailing zeros, no "-0"
-                    entries[cols.index("measured")].children = [
-                        nodes.paragraph(text=significant(record["measured"], MEASURED_DIGITS))]
-            outcome, _, rest = entries[i_outcome].astext().strip().partition(" (")  # "unstable (agrees in 2 of 6)"
-            if outcome in OUTCOME_STYLE:
-                badge = nodes.inline(text=outcome, classes=["outcome-badge", f"outcome-{OUTCOME_STYLE[outcome]}"])
-                entries[i_outcome].children = [nodes.paragraph("", "", badge, *([nodes.Text(" (" + rest)] if rest else []))]
+            candidates = by_label.get(_key(entries[i_verdict].astext()), []) if len(entries) == len(cols) else []
+            if not candidates:
+                break  # a row without its record: the table stays as printed
+            used.append(candidates.pop(0))
+            rows.append(verdict_row(used[-1], entries[i_outcome].astext()))
+        else:
+            _replace_notes(table, used)
+            table.replace_self(verdict_table(rows))
     details = _details_html(list(records.values()))
     tables = verdict_tables(doctree)
     if details and tables:  # once, after the last verdict table's cell

@@ -9,8 +9,8 @@ from pathlib import Path
 from lowrank.core.io import write_atomically
 
 __all__ = ["use_style", "figure_dir", "save_figure", "text_overlaps", "OVERLAP_WARNING", "PALETTE", "PALETTE_COLOURS",
-           "SEABORN_THEME", "MAX_WIDTH", "MIN_FONT", "panel_grid", "legend_below", "count_colours", "legibility",
-           "describe_network", "describe_task", "dataset_label"]
+           "SEABORN_THEME", "MAX_WIDTH", "MIN_FONT", "PHONE_WIDTH", "PHONE_SUFFIX", "phone_layout", "panel_grid",
+           "legend_below", "count_colours", "legibility", "describe_network", "describe_task", "dataset_label"]
 
 PALETTE = "colorblind"  # seaborn's colour-blind-safe palette, whose colours follow
 PALETTE_COLOURS = ["#0173b2", "#de8f05", "#029e73", "#d55e00", "#cc78bc", "#ca9161", "#fbafe4", "#949494",
@@ -33,6 +33,11 @@ SEABORN_THEME = {
 # than MAX_WIDTH inches with no text below MIN_FONT points, no text is shown below about 9 px.
 MAX_WIDTH = 9.5  # inches
 MIN_FONT = 10  # points; seaborn's "notebook" context (use_style) draws 11-12 pt by default
+# A phone shows the page column about 358 px wide: a figure drawn at most PHONE_WIDTH inches wide shows
+# MIN_FONT text at 8 px or more there. save_figure writes such a phone layout of every wider figure
+# (`<stem>.phone.png`: its panels in fewer columns, the same fonts), which the book shows below 600 px.
+PHONE_WIDTH = 6.0  # inches
+PHONE_SUFFIX = ".phone.png"
 
 
 def use_style():
@@ -91,10 +96,126 @@ def save_figure(fig, stem: str, data) -> None:
         write_atomically(paths["svg"], save=lambda p: fig.savefig(p, format="svg", bbox_inches="tight"))
     finally:
         fig.set_layout_engine(engine)
-    _show_in_kernel(fig, stem, png.getvalue())
+    phone = phone_layout(fig)
+    if phone is not None:
+        write_atomically(out / f"{stem}{PHONE_SUFFIX}", phone)
+    _show_in_kernel(fig, stem, png.getvalue(), phone is not None)
 
 
-def _show_in_kernel(fig, stem: str, png: bytes) -> None:
+def phone_layout(fig) -> bytes | None:
+    """`fig` drawn for a phone's column, as PNG: no wider than PHONE_WIDTH inches, the panels of its grid in
+    as many columns as fit (in reading order, or a column's panels kept together where the grid's columns
+    share their x axis), the same fonts; None when it is narrow enough already or its layout cannot be
+    redrawn so (panels spanning several cells, unequal columns, text drawn over text, or still too wide).
+    The figure is left as it was."""
+    width, height = fig.get_size_inches()
+    if width <= PHONE_WIDTH + 0.05:
+        return None
+    grids = [ax for ax in fig.axes if ax.get_subplotspec() is not None]
+    gs = {ax.get_subplotspec().get_gridspec() for ax in grids}
+    if len(gs) != 1:
+        return None
+    (grid,) = gs
+    nrows, ncols = grid.get_geometry()
+    ratios = grid.get_width_ratios()
+    if ratios is not None and len(set(ratios)) > 1 or any(
+            len(ax.get_subplotspec().rowspan) != 1 or len(ax.get_subplotspec().colspan) != 1 for ax in grids):
+        return None
+    cells = sorted({(ax.get_subplotspec().rowspan.start, ax.get_subplotspec().colspan.start) for ax in grids})
+    panel_w, panel_h = width / ncols, height / nrows
+    cols = max(1, min(ncols, int(PHONE_WIDTH / panel_w + 0.3)))  # panels a little narrower rather than one column
+    by_axes = {(ax.get_subplotspec().rowspan.start, ax.get_subplotspec().colspan.start): ax for ax in grids}
+    # a grid whose columns are conditions and rows quantities (the x axis shared down each column, as
+    # rank_and_accuracy_curves draws): each condition's column stays together, cut into chunks of `cols`;
+    # otherwise the panels wrap in reading order
+    by_column = nrows > 1 and len(cells) == nrows * ncols and all(
+        by_axes[r, c].get_shared_x_axes().joined(by_axes[r, c], by_axes[r + 1, c]) for r in range(nrows - 1) for c in range(ncols))
+    if by_column:
+        place = {(r, c): ((c // cols) * nrows + r, c % cols) for r, c in cells}
+    else:
+        place = {cell: divmod(i, cols) for i, cell in enumerate(cells)}
+    rows = max(r for r, _ in place.values()) + 1
+    before = {ax: ax.get_subplotspec() for ax in grids}
+    positions = {ax: (ax.get_position(original=True), ax.get_position(original=False)) for ax in fig.axes}
+    labels = {ax: (ax.xaxis.get_tick_params()["labelbottom"] if "labelbottom" in ax.xaxis.get_tick_params() else True,
+                   ax.yaxis.get_tick_params()["labelleft"] if "labelleft" in ax.yaxis.get_tick_params() else True)
+              for ax in grids}
+    engine = fig.get_layout_engine()
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+
+    tight = not isinstance(engine, ConstrainedLayoutEngine)  # laid out once by tight_layout (or not at all)
+    from matplotlib.text import Text
+
+    # long titles wrap at the narrower figure's edge and figure legends take at most two columns, else the
+    # tight box grows past the phone's width again
+    titles = [t for t in fig.findobj(Text) if t.get_text().strip() and (t is getattr(fig, "_suptitle", None)
+              or any(t in (ax.title, ax._left_title, ax._right_title) for ax in fig.axes))]
+    wraps = {t: t.get_wrap() for t in titles}
+    narrowed = {}
+    try:
+        for t in titles:
+            t.set_wrap(True)
+        for leg in list(fig.legends):
+            copy = _narrow_legend(fig, leg, 2)
+            if copy is not None:
+                narrowed[leg] = copy
+        phone = fig.add_gridspec(rows, cols)
+        for ax in grids:
+            spec = before[ax]
+            r, c = place[(spec.rowspan.start, spec.colspan.start)]
+            ax.set_subplotspec(phone[r, c])
+            # shared axes hid the inner panels' tick labels; in the new grid other panels are outer
+            ax.tick_params(labelleft=True, labelbottom=True)
+        fig.set_size_inches(min(PHONE_WIDTH, panel_w * cols), panel_h * rows)
+        if tight:
+            fig.tight_layout()
+        fig.canvas.draw()
+        if text_overlaps(fig):
+            return None
+        png = io.BytesIO()
+        fig.savefig(png, format="png", bbox_inches="tight")
+        from PIL import Image
+
+        shown = Image.open(io.BytesIO(png.getvalue())).size[0] / fig.dpi
+        return png.getvalue() if shown <= PHONE_WIDTH * 1.08 else None  # a tight box adds a few points
+    except Exception:  # a layout this cannot redraw: the page shows the wide figure (enlargeable) on phones too
+        return None
+    finally:
+        for t, wrap in wraps.items():
+            t.set_wrap(wrap)
+        for leg, copy in narrowed.items():
+            _restore_legend(fig, leg, copy)
+        for ax, spec in before.items():
+            ax.set_subplotspec(spec)
+            ax.tick_params(labelbottom=labels[ax][0], labelleft=labels[ax][1])
+        fig.set_size_inches(width, height)
+        if tight:  # the positions tight_layout had found (a constrained layout finds its own at the next draw)
+            for ax, (original, active) in positions.items():
+                ax._set_position(original, which="original")
+                ax._set_position(active, which="active")
+
+
+def _narrow_legend(fig, legend, ncols: int):
+    """Put a copy of figure legend `legend` in at most `ncols` columns in its place (same entries and place);
+    returns the copy, or None when `legend` is narrow already. `_restore_legend` undoes it."""
+    from matplotlib.legend import Legend
+
+    if legend._ncols <= ncols:
+        return None
+    where = {code: name for name, code in Legend.codes.items()}[legend._loc_real]
+    outside = getattr(legend, "_outside_loc", None)
+    copy = fig.legend(legend.legend_handles, [t.get_text() for t in legend.texts], ncols=ncols,
+                      loc=f"outside {where}" if outside else where)
+    fig.legends.remove(copy)
+    fig.legends[fig.legends.index(legend)] = copy
+    return copy
+
+
+def _restore_legend(fig, legend, copy) -> None:
+    fig.legends[fig.legends.index(copy)] = legend
+
+
+def _show_in_kernel(fig, stem: str, png: bytes, phone: bool = False) -> None:
     """Inside a kernel, show the figure as `png`, then links to its data and vector image.
 
     The book build sets LOWRANK_FIGURE_URL to where it publishes the figure folder, relative to
@@ -114,7 +235,9 @@ def _show_in_kernel(fig, stem: str, png: bytes) -> None:
     base = os.environ.get("LOWRANK_FIGURE_URL") or figure_dir().resolve().as_uri()
     links = " · ".join(f'<a href="{base}/{stem}.{ext}" download>{label}</a>'
                        for ext, label in (("csv", "data (CSV)"), ("svg", "figure (SVG)")))
-    display(HTML(f'<p class="figure-downloads">Download: {links}</p>'))
+    # the phone layout, when there is one, is named here; the book's reader.js shows it in narrow columns
+    at = f' data-phone="{base}/{stem}{PHONE_SUFFIX}"' if phone else ""
+    display(HTML(f'<p class="figure-downloads"{at}>Download: {links}</p>'))
 
 
 def rank_and_accuracy_curves(avg, *, panel: str, panel_values, colour: str, colour_values, colour_label,

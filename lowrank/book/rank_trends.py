@@ -23,7 +23,7 @@ def decay_regime(regime: pd.DataFrame, *, needed: float, origin: str, what: str 
     grid point where the paper predicts the lowest rank; 0 when no run has weight decay."""
     positive = regime[regime["weight_decay"] > 0]
     value = float(positive["A"].max()) if len(positive) else 0.0
-    return verdicts.Regime(f"largest accumulated weight decay A = sum_t mu_t lambda / (1 - beta){what}", value, needed, origin)
+    return verdicts.Regime(f"largest accumulated weight decay A = Σₜ μₜ λ / (1 − β){what}", value, needed, origin)
 
 
 def combined_score(rho, drop_fraction, *, min_trend: float, min_drop_fraction: float):
@@ -82,14 +82,14 @@ def pooled_trend_claim(name: str, *, claim_id: str, scale: str, final: pd.DataFr
     _glue_numbers(name, record)
     return verdicts.claim(
         name, claim_id=claim_id, scale=scale, measured=scored["score"],
-        threshold=verdicts.Threshold(">=", 1.0, f"effect sizes fixed in advance: mean signed Spearman rho >= {min_trend:g} "
+        threshold=verdicts.Threshold(">=", 1.0, rf"effect sizes fixed in advance: mean signed Spearman $\rho \geq {min_trend:g}$ "
                                      f"(half-way from no trend to a perfect ordering) and a fall of the mean rank across the "
-                                     f"grid >= {min_drop_fraction:g} of full rank (a round size; the size was added after the "
+                                     f"grid of at least {min_drop_fraction:g} of full rank (a round size; the size was added after the "
                                      f"Spearman-only criterion was seen to be unstable); paper {paper}"),
         controls=controls, regime=regime,
-        expected=f"min(rho / {min_trend:g}, fall / ({min_drop_fraction:g} x full rank)) >= 1, rho the mean over "
-                 f"{main['slices']} slices of the signed Spearman rho",
-        excluded=verdicts.Excluded(main["excluded"], main["total"], f"diverged or train accuracy < {min_train_acc:g}"),
+        expected=rf"$\min(\rho / {min_trend:g},\ \mathrm{{fall}} / ({min_drop_fraction:g} \times \text{{full rank}})) \geq 1$, "
+                 rf"$\rho$ the mean over {main['slices']} slices of the signed Spearman $\rho$",
+        excluded=verdicts.Excluded(main["excluded"], main["total"], f"diverged or train accuracy below {min_train_acc:g}"),
         description=description, latex=latex, note="" if finite else "no slice with enough fitted runs: recorded as -1 (no evidence)",
         details={"statistic_range": [-max(1 / min_trend, 1 / min_drop_fraction), bound], **record,
                  "slices": main["slices"], "dropped_slices": main["dropped_slices"],

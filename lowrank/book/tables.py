@@ -8,7 +8,9 @@ column, never a text dump (`print(df.to_string())`).
 Numbers keep `digits` significant digits with their trailing zeros ("0.500", "0.123", "12.3"), so a
 column never mixes "0.5" and "0.123"; a column whose magnitudes span more than `digits` decades, or
 reach below 1e-3 or above 1e6, is written in scientific notation throughout ("1.29e-15"). Integers
-stay integers, booleans read "yes"/"no", a missing value "—", and no number reads "-0".
+stay integers, booleans read "yes"/"no", a missing value "—", and no number reads "-0". Headers are
+words: a column named in code ("batch_size", "avg_rank@0.01") reads "batch size", "average rank at
+0.01" (`header_words`), a pivot table's "momentum 0, weight decay 0"; `names=` overrides any header.
 """
 
 from __future__ import annotations
@@ -16,11 +18,37 @@ from __future__ import annotations
 import html
 import math
 import numbers
+import re
 
-__all__ = ["significant", "column_formatter", "Table", "table", "show", "text_dump"]
+__all__ = ["significant", "column_formatter", "header_words", "Table", "table", "show", "text_dump"]
 
 SCIENTIFIC_BELOW, SCIENTIFIC_FROM = 1e-3, 1e6
 MISSING = "—"
+
+
+# the words for the abbreviations a column name in code uses (one token between underscores each)
+HEADER_WORDS = {"lr": "learning rate", "wd": "weight decay", "bs": "batch size", "acc": "accuracy", "avg": "average",
+                "init": "initial", "nc1": "NC1", "nc2": "NC2", "nc3": "NC3", "nc4": "NC4", "cv": "CV", "sd": "SD",
+                "nu": "ν", "alpha": "α", "beta": "β", "gamma": "γ", "lam": "λ", "lambda": "λ", "mu": "μ", "rho": "ρ",
+                "sigma": "σ", "tau": "τ", "tau2": "τ²", "eps": "ε", "eta": "η", "zeta": "ζ", "mlp": "MLP", "sgd": "SGD",
+                "gd": "GD", "ntk": "NTK", "mf": "MF", "relu": "ReLU", "elu": "ELU", "cnn": "CNN", "vit": "ViT"}
+_CODE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)*(?:@[0-9.e-]+)?")
+
+
+def header_words(name) -> str:
+    """A column name written in code as words: "batch_size" -> "batch size", "lr" -> "learning rate",
+    "avg_rank@0.01" -> "average rank at 0.01"; a name that is already words ("wall (s)") is kept."""
+    text = str(name)
+    if not _CODE_NAME.fullmatch(text):
+        return text
+    base, _, at = text.partition("@")
+    words = " ".join(HEADER_WORDS.get(t.lower(), t) for t in base.split("_"))
+    return words + (f" at {at}" if at else "")
+
+
+def _level_value(v) -> str:
+    """A pivot level's value in a header: 0.0 -> "0", 0.0005 -> "0.0005" (no float repr)."""
+    return f"{v:g}" if isinstance(v, float) else str(v)
 
 
 def _no_negative_zero(text: str) -> str:
@@ -102,13 +130,16 @@ class Table:
             raise ValueError(f"units for columns the table does not have: {unknown}")
         levels = list(frame.columns.names)
 
-        def label(c):  # a pivot table's column ("momentum 0.9, weight_decay 0.0005"), else the column's name
+        def label(c):  # a pivot table's column ("momentum 0.9, weight decay 0.0005"), else the column's name
             if not isinstance(c, tuple):
                 named = len(levels) == 1 and levels[0] and not isinstance(c, str)  # a one-level pivot: "momentum 0.9"
-                return f"{levels[0]} {c}" if named else str(names.get(str(c), c))
+                if named:
+                    return f"{header_words(levels[0])} {_level_value(c)}"
+                return str(names[str(c)]) if str(c) in names else header_words(c)
             if all(str(v) == "" for v in c[1:]):  # the index, moved into the columns
-                return str(c[0])
-            return ", ".join(f"{lv} {v}" if lv else str(v) for lv, v in zip(levels, c) if str(v) != "")
+                return str(names[str(c[0])]) if str(c[0]) in names else header_words(c[0])
+            return ", ".join(f"{header_words(lv)} {_level_value(v)}" if lv else str(v)
+                             for lv, v in zip(levels, c) if str(v) != "")
 
         self.header = [label(c) + (f" ({units[str(c)]})" if str(c) in units else "") for c in frame.columns]
         self.numeric = [pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])

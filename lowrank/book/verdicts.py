@@ -123,7 +123,7 @@ class Excluded:
 class Regime:
     """The quantity a claim's mechanism needs, computed from the parameters before any training.
 
-    quantity: what it is, in words (e.g. "accumulated weight decay A = sum_t mu_t lambda / (1 - beta)");
+    quantity: what it is, in words (e.g. "accumulated weight decay A = Σₜ μₜ λ / (1 − β)", printed as it is: no ASCII formulas);
     value: its value for this run; needed: the least value at which the mechanism acts; origin: where
     `needed` comes from (a paper's line, a measured onset fixed in advance). A claim whose regime is not
     reached reads "needs a larger scale", whatever it measures.
@@ -149,7 +149,7 @@ class Regime:
 
     def text(self) -> str:
         state = "reached" if self.reached else "NOT reached: what it decides needs a larger scale"
-        return f"{self.quantity} = {self.value:.4g} (needs >= {self.needed:.4g}; {self.origin}): {state}"
+        return f"{self.quantity} = {self.value:.4g} (needs at least {self.needed:.4g}; {self.origin}): {state}"
 
 
 @dataclass(frozen=True)

@@ -87,17 +87,17 @@ def rho_relaxation_regime(*, M0: float, lam: float, rho_lr: float, steps: int, i
     initial M (a lower bound on M during training, so the time is an upper bound). Fields of
     `lowrank.book.verdicts.Regime`."""
     tau = rho_relaxation_steps(M0, lam, rho_lr)
-    return {"quantity": f"e-foldings of |rho - rho_eq| in {steps} steps of size {rho_lr:g} "
-                        f"(relaxation time {tau:.4g} steps at the initial M = {M0:.3g}, lambda = {lam:g}; Eq. 6)",
+    return {"quantity": f"e-foldings of ρ's distance to its equilibrium μ/(M + λ) in {steps} steps of size {rho_lr:g} "
+                        f"(relaxation time {tau:.4g} steps at the initial M = {M0:.3g}, λ = {lam:g}; Eq. 6)",
             "value": steps / tau if math.isfinite(tau) and tau > 0 else (math.inf if tau == 0 else 0.0),
             "needed": relaxations_needed(initial_error, tolerance),
-            "origin": f"log(initial |rho/rho_eq - 1| = {initial_error:.3g} / tolerance {tolerance:g})"}
+            "origin": f"the log of the initial relative distance {initial_error:.3g} over the tolerance {tolerance:g}"}
 
 
 def weight_decay_regime(*, steps: int, lam: float, rho_lr: float, needed: float = 1.0,
-                        origin: str = "one weight-decay time 1/(eta_rho lambda), fixed in advance") -> dict:
+                        origin: str = "one weight-decay time 1/(ηλ), η the step size of ρ, fixed in advance") -> dict:
     """The regime of a weight-decay mechanism: `accumulated_weight_decay(steps, lam, rho_lr)` against `needed`.
     Fields of `lowrank.book.verdicts.Regime`."""
-    return {"quantity": f"accumulated weight decay steps * eta_rho * lambda ({steps} steps, eta_rho = {rho_lr:g}, "
-                        f"lambda = {lam:g})",
+    return {"quantity": f"accumulated weight decay, steps × η × λ ({steps} steps, step size of ρ η = {rho_lr:g}, "
+                        f"λ = {lam:g})",
             "value": accumulated_weight_decay(steps, lam, rho_lr), "needed": float(needed), "origin": origin}

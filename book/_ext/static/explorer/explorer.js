@@ -79,9 +79,12 @@
     const panes = [0, 1, 2].map((i) => el("div", {class: "explorer-chart", "data-chart": String(i)}));
     panes.forEach((p) => charts.appendChild(p));
     const table = el("table", {class: "explorer-readout"});
+    const missing = el("p", {class: "explorer-missing"});  // why a value reads "–"
+    missing.hidden = true;
     box.appendChild(charts);
     box.appendChild(table);
-    return {panes, table};
+    box.appendChild(missing);
+    return {panes, table, missing};
   }
 
   function rendered(box) {
@@ -92,7 +95,7 @@
    * spike norms and numbers. */
   function phase(box, data) {
     const state = {}, keys = data.keys;
-    const {panes, table} = layout(box);
+    const {panes, table, missing} = layout(box);
     const views = {};
     box.explorer = {state, views, data};
     const match = (c, ks) => ks.every((k) => same(c[k], state[k]));
@@ -175,6 +178,10 @@
                     norm_S1: "‖S₁‖₂", norm_S12: "‖S₁₂‖₂", norm_S2: "‖S₂‖₂"};
       data.shown.forEach((k) => rows.push([said[k] || k, k, cell ? cell[k] : null]));
       readout(table, rows);
+      const why = !cell ? "this cell of the grid was not computed at this scale"
+        : rows.some((r) => r[2] === null || r[2] === undefined) ? "not recorded for this cell (the page's CSV has no value there)" : "";
+      missing.textContent = why ? `– : ${why}.` : "";
+      missing.hidden = !why;
       rendered(box);
     }
 
@@ -187,7 +194,7 @@
    * parameter with the setting marked; the final numbers and A. */
   function rank(box, data) {
     const state = {}, keys = data.keys, swept = data.swept;
-    const {panes, table} = layout(box);
+    const {panes, table, missing} = layout(box);
     const views = {};
     box.explorer = {state, views, data};
     const names = Object.keys(keys);
@@ -197,7 +204,7 @@
     async function redraw() {
       const w = width(box);
       const epochs = data.curves.filter((r) => match(r, names));
-      const coarseName = data.coarse ? `average rank (eps ${data.coarse.slice(9)})` : "coarse rank";
+      const coarseName = data.coarse ? `average rank at ε = ${data.coarse.slice(9)}` : "coarse rank";
       const long = [];
       epochs.forEach((r) => {
         long.push({epoch: r.epoch, quantity: "average rank", value: r.avg_rank});
@@ -245,12 +252,18 @@
       rows.push(["final average rank (mean of fitted seeds)", "avg_rank", f.avg_rank],
                 ["its range over fitted seeds", "avg_rank_range",
                  f.avg_rank_min === undefined ? null : `${fmt(f.avg_rank_min)} – ${fmt(f.avg_rank_max)}`]);
-      if (data.coarse) rows.push([`final ${data.coarse}`, data.coarse, f[data.coarse]]);
+      if (data.coarse) rows.push([`final ${coarseName}`, data.coarse, f[data.coarse]]);
       rows.push(["final train accuracy", "train_acc", f.train_acc], ["final test accuracy", "test_acc", f.test_acc],
                 ["fitted seeds / seeds", "fitted", f.seeds === undefined ? null : `${f.fitted} / ${f.seeds}`],
                 ["epochs", "epochs", f.epochs]);
       if (data.lacks.indexOf("A") < 0) rows.push(["accumulated weight decay A", "A", f.A]);
       readout(table, rows);
+      // a dash is a number that does not exist for this setting: say why, under the table
+      const why = !setting ? "this combination of settings was not run"
+        : f.fitted === 0 ? `none of its ${f.seeds} seeds fitted the training set (diverged or below the page's train-accuracy bar), so there is no final value to average`
+        : "";
+      missing.textContent = why ? `– : ${why}.` : "";
+      missing.hidden = !why;
       rendered(box);
     }
 
