@@ -422,9 +422,11 @@ def test_an_extra_key_does_not_bypass_the_memory_estimate(monkeypatch):
     name = "square/low_rank_sgd"
     with pytest.raises(rules.ParameterError, match="GiB"):
         rules.resolve_parameters(name, overrides={"arch_kwargs": {"widths": [20000]}})
-    with pytest.raises(rules.ParameterError, match="GiB"):  # a negative seed once cancelled the width
+    with pytest.raises(rules.ParameterError, match="below the minimum"):  # a negative seed once cancelled the width
         rules.resolve_parameters(name, overrides={"arch_kwargs": {"widths": [20000], "seed": -20000}})
-    with pytest.raises(rules.ParameterError, match="sizes"):
+    with pytest.raises(rules.ParameterError, match="GiB"):  # other keys add nothing to the estimate
+        rules.resolve_parameters(name, overrides={"arch_kwargs": {"widths": [20000], "seed": 3, "rho_init": 0.5}})
+    with pytest.raises(rules.ParameterError, match="element -5 is below the minimum"):
         rules.resolve_parameters(name, overrides={"arch_kwargs": {"widths": [-5]}})
     assert rules.numbers_in({"widths": [64, 64], "seed": 3, "rho_init": 2.0}) == 128
 

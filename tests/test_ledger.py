@@ -22,7 +22,7 @@ def test_beyond_the_paper_verdicts_are_not_counted_with_the_papers_claims():
     counts = ledger.ledger_counts(rows)
     assert counts["claim"] == Counter({"agrees": 1, "unstable": 1, "needs a larger scale": 1})
     html = ledger.summary_html(rows, "../", golden={})
-    assert "1 verdict(s) on the book's own hypotheses" in html
+    assert "1 verdict on the book's own hypotheses" in html
     page = ledger.ledger_markdown(rows, set())
     assert "## Beyond the papers" in page
 
@@ -73,7 +73,7 @@ def test_an_unstable_row_shows_how_often_each_outcome_came():
 
 def test_tolerances_that_cover_the_range_are_counted():
     golden = {"sgd/x": {"a": {"tolerance_covers_range": True}, "b": {}}}
-    assert "1 verdict(s) vary" in ledger.summary_html([_row("a", "unstable")], "../", golden=golden)
+    assert "1 verdict varies" in ledger.summary_html([_row("a", "unstable")], "../", golden=golden)
 
 
 def _claim(name, outcome):
@@ -102,8 +102,8 @@ def test_the_landing_sentence_says_what_holds_and_fails_at_each_pages_largest_sc
     rows = _three_scales(monkeypatch)
     html = ledger.landing_html(rows, "../")
     assert html.count('class="paper-answer"') == 1 and 'data-part="II" data-scale="paper"' in html
-    assert _text(html) == ("Part II (Galanti, Siegel, Gupte and Poggio): 3 of 5 claims agree (paper scale on 1, laptop "
-                           "scale on 1, ci scale on 1 of its 3 pages; 1 stored result(s) stale). Every claim holds on "
+    assert _text(html) == ("Part II (Galanti, Siegel, Gupte and Poggio, 2022): 3 of 5 claims agree (paper scale on 1, laptop "
+                           "scale on 1, ci scale on 1 of its 3 pages; 1 stored result stale). Every claim holds on "
                            "Page Z; a claim fails on Page X, Page Y. Its pages.")
     assert '<a href="../notebooks/sgd/x.html">Page X</a>' in html and 'href="../book/sgd/index.html"' in html
     counts = ledger.ledger_counts(rows, "laptop")["claim"]

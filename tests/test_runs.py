@@ -215,7 +215,7 @@ def test_files_are_readable_by_all(tmp_path, monkeypatch):
     out = write_atomically(tmp_path / "r.html", "<html></html>")
     for p in [*(tmp_path / "figs").iterdir(), out]:
         assert p.stat().st_mode & 0o777 == 0o644, p
-    assert sorted(q.name for q in tmp_path.rglob("*") if q.is_file()) == ["f.csv", "f.png", "f.svg", "r.html"]
+    assert sorted(q.name for q in tmp_path.rglob("*") if q.is_file()) == ["f.csv", "f.phone.png", "f.png", "f.svg", "r.html"]
 
 
 def test_report_temporary_file_is_removed_on_error(tmp_path, monkeypatch):

@@ -172,6 +172,12 @@ def math_html(text: str) -> str | None:
                    for m, p in pieces)
 
 
+def _math(text: str) -> str:
+    """Verdict text with `$...$` as HTML for MathJax (expects, origins, control names, notes)."""
+    shown = math_html(text) if text else None
+    return _e(text) if shown is None else shown
+
+
 def description_html(v: dict) -> str:
     """A verdict's description: its `latex` rendered when present and well formed, else the plain text."""
     shown = math_html(v["latex"]) if v.get("latex") else None
@@ -401,8 +407,10 @@ def landing_html(rows: list[dict], base: str) -> str:
         where = ", ".join(f"{scale} scale on {scales[scale]}" for scale in reversed(SCALES) if scales[scale])
         agree = sum(v["outcome"] == "agrees" for n in pages for v in claims[n])
         total = sum(len(claims[n]) for n in pages)
-        text = (f"<strong>Part {part}</strong> ({_e(PAPERS[part].split(':')[0])}): {agree} of {total} claims agree "
-                f"({where} of its {len(pages)} pages{f'; {len(stale)} stored result(s) stale' if stale else ''}). "
+        authors = PAPERS[part].split(":")[0].replace(" (", ", ").rstrip(")")  # "A and B (2023)" -> "A and B, 2023"
+        stale_text = f"; {len(stale)} stored result{'s' if len(stale) != 1 else ''} stale" if stale else ""
+        text = (f"<strong>Part {part}</strong> ({_e(authors)}): {agree} of {total} claims agree "
+                f"({where} of its {len(pages)} pages{stale_text}). "
                 + (f"Every claim holds on {_page_links(holds, base)}" if holds else "No page has every claim holding"))
         text += f"; a claim fails on {_page_links(fails, base)}" if fails else "; no claim fails"
         text += (f"; {len(open_)} page{'s are' if len(open_) != 1 else ' is'} undecided (uninformative, unstable or "
@@ -490,12 +498,12 @@ def _range_note(golden: dict | None) -> str:
     wide = sorted(k for block in golden.values() for k, e in block.items() if e.get("tolerance_covers_range"))
     if not wide:
         return ""
-    return (f'<p class="ledger-note">{len(wide)} verdict(s) vary over seeds and CPU paths across the whole range of '
+    return (f'<p class="ledger-note">{len(wide)} verdict{"s vary" if len(wide) != 1 else " varies"} over seeds and CPU paths across the whole range of '
             f"their statistic, so the regression tests compare only their outcome: {_e(', '.join(wide))}.</p>")
 
 
 PAPERS = {"I": "Sonthalia, Murray and Montúfar (2025): the gradient is rank one or rank two",
-          "II": "Galanti, Siegel, Gupte and Poggio: SGD and weight decay minimise rank",
+          "II": "Galanti, Siegel, Gupte and Poggio (2022): SGD and weight decay minimise rank",
           "III": "Xu, Rangamani, Liao, Galanti and Poggio (2023): square-loss dynamics"}
 
 
@@ -507,7 +515,7 @@ def summary_html(rows: list[dict], base: str, golden: dict | None = None) -> str
     n_beyond = sum(beyond_paper(r) for r in rows)
     out = [legend_html(),
            f'<p class="ledger-group-title">At ci scale: {n_claims} claims, {sum(counts["check"].values())} checks'
-           + (f" (and {n_beyond} verdict(s) on the book's own hypotheses, listed apart)" if n_beyond else "") + "</p>",
+           + (f" (and {n_beyond} verdict{'s' if n_beyond != 1 else ''} on the book's own hypotheses, listed apart)" if n_beyond else "") + "</p>",
            _cards(counts, "ci")]
     for scale in ("laptop", "paper"):
         at = ledger_counts(rows, scale)
@@ -528,7 +536,7 @@ def _control_text(v: dict) -> str:
     parts = []
     for c in v.get("controls") or []:
         cls = ' class="control-pass" title="this control meets the threshold too"' if c.get("passes") else ""
-        parts.append(f"<span{cls}>{_e(c['name'])}: {fmt(c['value'])}</span>")
+        parts.append(f"<span{cls}>{_math(c['name'])}: {fmt(c['value'])}</span>")
     return "<br>".join(parts) or "—"
 
 
@@ -541,7 +549,7 @@ def _threshold_text(v: dict) -> str:
         rule = f"in [{fmt(value[0])}, {fmt(value[1])}] "
     else:
         rule = f"{op} {fmt(value)} "
-    return f"{_e(v['expected'])} <small>({_e(rule)}; {_e(thr.get('origin', ''))})</small>"
+    return f"{_math(v['expected'])} <small>({_e(rule)}; {_math(thr.get('origin', ''))})</small>"
 
 
 def fmt(x, digits: int = 3) -> str:
@@ -580,7 +588,7 @@ def _row_html(r: dict, toc_files: set[str]) -> str:
     if v.get("controls"):
         more.append(f"<p><strong>Negative control{'s' if len(v['controls']) > 1 else ''}</strong>: {_control_text(v)}</p>")
     if v.get("note"):
-        more.append(f"<p>{_e(v['note'])}</p>")
+        more.append(f"<p>{_math(v['note'])}</p>")
     return (f'<tr class="kind-{_e(v["kind"])}" data-outcome="{_e(v["outcome"])}">'
             f'<td data-label="{_e(v["kind"])}">{link}<details class="ledger-more"><summary>threshold, control</summary>'
             f'{"".join(more)}</details></td>'
