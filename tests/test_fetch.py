@@ -224,17 +224,17 @@ def test_a_root_naming_an_unknown_user_is_one_line(tmp_path, capsys):
         datasets.load("mnist", root="~nouser-lowrank/x")
 
 
-def test_cli_fetch_and_offline_message(tmp_path, monkeypatch, capsys):
+def test_cli_fetch_and_offline_message(tmp_path, monkeypatch, capfd):  # capfd: pooch logs to the stream itself
     mnist, cifar = _mnist_files(), _cifar_archive()
     with _Server(mnist) as srv:
         monkeypatch.setitem(datasets.SOURCES, "mnist", _sources(srv.base, mnist, cifar)["mnist"])
         assert cli.main(["data", "fetch", "mnist", "--root", str(tmp_path / "d")]) == 0
-    assert "mnist is in" in capsys.readouterr().out
+    assert "mnist is in" in capfd.readouterr().out
     assert len(_all_files(tmp_path / "d" / "MNIST" / "raw")) == 4
     # a port nobody listens on: the server above has closed
     monkeypatch.setitem(datasets.SOURCES, "mnist", datasets.SOURCES["mnist"]._replace(files=(("x.gz", "0" * 32),)))
     assert cli.main(["data", "fetch", "mnist", "--root", str(tmp_path / "offline")]) == 2
-    err = capsys.readouterr().err.strip()
+    err = capfd.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("lowrank: error: offline?")
     assert "x.gz" in err and str(tmp_path / "offline" / "MNIST" / "raw") in err and srv.base in err
     assert not (tmp_path / "offline").exists()

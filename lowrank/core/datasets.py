@@ -456,7 +456,7 @@ def download(url: str, target, md5: str, *, progress: bool = True, timeout: floa
             return target
         raise FetchError(f"{target} exists but its md5 is not the published {md5}: remove it and fetch again")
     made = [p for p in (target.parent, *target.parent.parents) if not p.exists()]  # pooch makes the folder first
-    logging.getLogger("pooch").setLevel(logging.WARNING)  # no "Downloading data from ..." line per file
+    pooch.get_logger().setLevel(logging.WARNING)  # its own logger (not logging.getLogger("pooch")): no "Downloading data from ..." line per file
     try:
         pooch.retrieve(url, known_hash=f"md5:{md5}", fname=target.name, path=target.parent,
                        downloader=pooch.HTTPDownloader(progressbar=progress, timeout=timeout))
