@@ -9,7 +9,7 @@ kernelspec: {display_name: Python 3, language: python, name: python3}
 
 
 def probe_notebook(name: str, code: str, parameters: str = "", prose: str = "") -> str:
-    """Page "Probe NAME": a parameter cell (`scale = "ci"` plus `parameters`), one code cell, then `prose`."""
-    params = 'scale = "ci"\n' + parameters
+    """Page "Probe NAME": a parameter cell (`scale: str = "ci"` plus `parameters`, declared `name: TYPE = value`), one code cell, then `prose`."""
+    params = 'scale: str = "ci"\n' + parameters
     return (f"{HEADER}\n# Probe {name}\n\n```{{code-cell}} ipython3\n:tags: [parameters]\n\n{params}```\n\n"
             f"```{{code-cell}} ipython3\n{code}\n```\n" + (f"\n{prose}\n" if prose else ""))

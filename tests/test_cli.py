@@ -112,7 +112,7 @@ def test_a_failing_notebook_keeps_its_partial_notebook_and_lowrank_run_says_so(t
     (root / "t" / "fails.md").write_text(
         "---\njupytext:\n  text_representation:\n    extension: .md\n    format_name: myst\n"
         "kernelspec:\n  display_name: Python 3\n  language: python\n  name: python3\n---\n\n"
-        "```{code-cell} ipython3\n:tags: [parameters]\n\nlr = 0.1  # step size {gt: 0}\n```\n\n"
+        "```{code-cell} ipython3\n:tags: [parameters]\n\nlr: float = 0.1  # step size {exclusiveMinimum: 0}\n```\n\n"
         "```{code-cell} ipython3\nprint('before', lr)\n```\n\n"
         "```{code-cell} ipython3\nraise ValueError(f'lr {lr} is too small')\n```\n")
     monkeypatch.setattr(notebooks, "NOTEBOOK_ROOT", root)

@@ -7,7 +7,7 @@ import nbformat
 import pytest
 import yaml
 
-from lowrank.book import build, goldens, ledger, notebooks, pages, rules
+from lowrank.book import build, goldens, ledger, notebooks, pages, plotting, rules
 
 GOLDEN = goldens.load()
 NAMES = build.book_notebooks()
@@ -60,8 +60,10 @@ def test_figures_written_with_data(name, executed_notebooks):
     source = notebooks.source_path(name).read_text()
     declared = source.count("plotting.save_figure(")
     folder = pages.FIGURES / name
-    stems = {p.stem for p in folder.glob("*.png")}
+    phone = {p.name[:-len(plotting.PHONE_SUFFIX)] for p in folder.glob(f"*{plotting.PHONE_SUFFIX}")}
+    stems = {p.stem for p in folder.glob("*.png")} - {f"{s}.phone" for s in phone}
     assert len(stems) >= max(declared, 1), f"{name}: {len(stems)} figures written, {declared} declared"
+    assert phone <= stems, f"{name}: phone layouts of no figure: {sorted(phone - stems)}"
     for stem in stems:
         for ext in ("png", "svg", "csv"):
             path = folder / f"{stem}.{ext}"

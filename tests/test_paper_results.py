@@ -195,7 +195,7 @@ print("n squared is", n * n, "at", scale, "scale")"""
 
 
 def _probe(name, dataset):
-    return probe_notebook(name, PROBE_CODE, f'n = 2\ndataset = "{dataset}"\ndata_root = "data"\n',
+    return probe_notebook(name, PROBE_CODE, f'n: int = 2\ndataset: str = "{dataset}"\ndata_root: str = "data"\n',
                           "The value is {glue:text}`n_squared`.")
 
 
@@ -330,6 +330,7 @@ def test_a_stored_result_goes_stale_when_an_imported_module_is_edited(tmp_path):
         shutil.copytree(notebooks.REPO_ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
     (copy / "tests").mkdir()
     shutil.copy(notebooks.REPO_ROOT / "tests" / "golden_verdicts.yaml", copy / "tests")
+    shutil.copy(notebooks.REPO_ROOT / "_toc.yml", copy)  # a clone, not an installed copy (notebooks.IN_CLONE)
     assert _state(copy, "store") == {"stale": False, "reason": None}
     used = set(keys.code_files(NAME))
     edited = copy / "lowrank" / "gradients" / "decomposition.py"
