@@ -226,6 +226,8 @@ def test_science_install_in_a_fresh_venv_runs_the_lowrank_command_and_a_page(tmp
     # end to end, its run folder below the current folder, its verdicts those of the golden file
     out = _run([bin_ / "pip", "install", "--quiet", "--no-compile", "-c", lock, f"{ROOT}[run]"], env, timeout=1200)
     assert out.returncode == 0, out.stderr[-3000:]
+    probe = "import importlib.util as u; print([m for m in ('sphinx', 'myst_nb') if u.find_spec(m)])"
+    assert _run([python, "-c", probe], env).stdout.strip() == "[]", "the run extra brings Sphinx"
     out = _run([lowrank, "run", CHEAP_PAGE], env, cwd=work, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     folder = Path(re.search(r"^wrote (.+)$", out.stdout, re.M).group(1))

@@ -138,3 +138,57 @@ def test_a_check_whose_wrong_version_also_holds_is_loose():
                      controls=[V.Control("a quarter of the rank budget", 0)])
     assert (tight.outcome, loose.outcome, broken.outcome) == ("holds", "loose", "fails")
     assert loose.controls[0]["passes"] and not tight.controls[0]["passes"]
+
+
+def test_a_null_control_is_judged_against_the_observed_score_by_its_p_value():
+    """A permutation null explains a claim only when the observed score is not outside it (p > 0.05),
+    whatever its percentile does against the threshold: here its 95th percentile meets the threshold but
+    the observed score is beyond every draw, and the other way round."""
+    t = V.Threshold(">=", 1.0, "effect size fixed in advance")
+    null = [0.5 + 0.001 * i for i in range(1000)]  # 95th percentile 1.45 >= 1
+    p = V.null_p_value(2.0, null)
+    assert p == pytest.approx(1 / 1001)
+    v = V.claim("t_null_beaten", claim_id="X", measured=2.0, threshold=t, expected="", scale="ci",
+                controls=V.Control("shuffled", 1.45, p_value=p))
+    assert v.outcome == "agrees" and v.controls[0]["p_value"] == p and v.controls[0]["passes"] is False
+    inside = V.null_p_value(1.2, null)  # 300 of 1000 draws >= 1.2
+    assert inside == pytest.approx(301 / 1001)
+    v = V.claim("t_null_explains", claim_id="X", measured=1.2, threshold=t, expected="", scale="ci",
+                controls=V.Control("shuffled", 0.2, p_value=inside))
+    assert v.outcome == "uninformative", "a null that reaches the observed score explains it even below the threshold"
+
+
+def test_the_null_p_value_counts_the_observed_labelling_and_refuses_nans():
+    assert V.null_p_value(0.0, [1.0, 2.0, 3.0], greater=False) == pytest.approx(1 / 4)
+    assert V.null_p_value(5.0, [1.0, 2.0, 3.0], greater=False) == 1.0
+    with pytest.raises(ValueError, match="finite"):
+        V.null_p_value(1.0, [1.0, float("nan")])
+    with pytest.raises(ValueError, match="p_value"):
+        V.Control("c", 1.0, p_value=0.0)
+
+
+@pytest.mark.parametrize("value", [0.25, "text", {"a": 1}, float("nan")])
+def test_glue_writes_the_output_myst_nb_glue_writes(value, monkeypatch):
+    """`verdicts.glue` (no myst-nb in the notebook extra) displays the same data and metadata as
+    `myst_nb.glue`, hidden or shown, so the book's {glue:text} roles read it alike."""
+    from IPython.core.interactiveshell import InteractiveShell
+    import IPython.display
+    from myst_nb import glue as myst_glue
+
+    shell = InteractiveShell.instance()
+    monkeypatch.setattr("IPython.get_ipython", lambda: shell)
+    shown = []
+    record = lambda *a, **kw: shown.append((a, kw))  # noqa: E731
+    monkeypatch.setattr(IPython.display, "display", record)
+    monkeypatch.setattr("myst_nb.ext.glue.ipy_display", record)
+    for display in (False, True):
+        shown.clear()
+        myst_glue("name", value, display=display)
+        V.glue("name", value, display=display)
+        assert len(shown) == 2 and shown[0] == shown[1], shown
+
+
+def test_glue_outside_a_kernel_does_nothing(monkeypatch, capsys):
+    monkeypatch.setattr("IPython.get_ipython", lambda: None)
+    V.glue("name", 1.0)
+    assert capsys.readouterr().out == ""

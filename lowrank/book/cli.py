@@ -347,7 +347,7 @@ def parser() -> argparse.ArgumentParser:
 NEEDS_CLONE = {"diff": "compares the built book's verdicts with tests/golden_verdicts.yaml",
                "goldens": "measures into tests/golden_verdicts.yaml", "results": "keeps results in results/paper/"}
 # the extra that brings a module a command imports (what the science install lacks)
-EXTRA_OF = {"mnist1d": "data", "matplotlib": "notebook", "myst_nb": "notebook", "papermill": "run", "jupytext": "run",
+EXTRA_OF = {"mnist1d": "data", "matplotlib": "notebook", "IPython": "notebook", "papermill": "run", "jupytext": "run",
             "nbformat": "run", "ipykernel": "run", "ray": "sweep"}
 
 

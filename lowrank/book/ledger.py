@@ -535,8 +535,10 @@ def summary_html(rows: list[dict], base: str, golden: dict | None = None) -> str
 def _control_text(v: dict) -> str:
     parts = []
     for c in v.get("controls") or []:
-        cls = ' class="control-pass" title="this control meets the threshold too"' if c.get("passes") else ""
-        parts.append(f"<span{cls}>{_math(c['name'])}: {fmt(c['value'])}</span>")
+        why = "the observed score lies inside this null (p > 0.05)" if "p_value" in c else "this control meets the threshold too"
+        cls = f' class="control-pass" title="{why}"' if c.get("passes") else ""
+        p = f" (p = {c['p_value']:.2g})" if "p_value" in c else ""
+        parts.append(f"<span{cls}>{_math(c['name'])}: {fmt(c['value'])}{p}</span>")
     return "<br>".join(parts) or "—"
 
 

@@ -103,10 +103,6 @@ def _round(v) -> float | None:
 
 
 def _glue_numbers(name: str, record: dict) -> None:
-    try:
-        from myst_nb import glue
-    except ImportError:  # outside a book build
-        return
     for key in ("spearman", "drop_fraction", "control_spearman", "control_drop_fraction"):
         if key in record:
-            glue(f"{name}.{key}", float("nan") if record[key] is None else record[key], display=False)
+            verdicts.glue(f"{name}.{key}", float("nan") if record[key] is None else record[key], display=False)

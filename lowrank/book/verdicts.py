@@ -39,7 +39,7 @@ import math
 import operator
 from dataclasses import asdict, dataclass, field, replace
 
-__all__ = ["Threshold", "Control", "Excluded", "Regime", "Verdict", "check", "claim", "show", "summary",
+__all__ = ["Threshold", "Control", "NULL_ALPHA", "null_p_value", "glue", "Excluded", "Regime", "Verdict", "check", "claim", "show", "summary",
            "GLUE_PREFIX", "OUTCOMES", "CHECK_OUTCOMES", "CLAIM_OUTCOMES", "UNSTABLE", "LARGER_SCALE", "STABILITY_ENV",
            "stability_text", "within", "entry_mismatch"]
 
@@ -97,13 +97,44 @@ class Threshold:
 
 @dataclass(frozen=True)
 class Control:
-    """A negative control: `value` is the claim's statistic for a trivial predictor or null model."""
+    """A negative control: `value` is the claim's statistic for a trivial predictor or null model.
+
+    p_value: for a null distribution (shuffled labels, a permutation, random directions), the share of it
+    at least as extreme as the observed score (`null_p_value`). Such a control is judged against the
+    observed score, not the threshold: it explains the claim (passes) when `p_value > NULL_ALPHA`, and
+    `value` is what is shown for it (e.g. its 95th percentile). Without a p-value the control passes
+    when its value meets the claim's threshold.
+    """
 
     name: str
     value: float
+    p_value: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "value", float(self.value))
+        if self.p_value is not None:
+            p = float(self.p_value)
+            if not 0 < p <= 1:
+                raise ValueError(f"control {self.name}: p_value must be in (0, 1], got {p}")
+            object.__setattr__(self, "p_value", p)
+
+
+NULL_ALPHA = 0.05  # fixed in advance (the conventional level): a null explains a score unless p <= 0.05
+
+
+def null_p_value(observed: float, null, *, greater: bool = True) -> float:
+    """The permutation p-value of `observed` under the draws `null`: (1 + #{null >= observed}) / (1 + n),
+    or with <= when `greater` is False (the +1 counts the observed labelling itself, so p > 0)."""
+    import numpy as np
+
+    draws = np.asarray(null, float).ravel()
+    if draws.size == 0 or not np.all(np.isfinite(draws)):
+        raise ValueError("null_p_value needs a non-empty null of finite scores")
+    observed = float(observed)
+    if math.isnan(observed):
+        raise ValueError("null_p_value: the observed score is NaN")
+    extreme = draws >= observed if greater else draws <= observed
+    return float((1 + int(extreme.sum())) / (1 + draws.size))
 
 
 @dataclass(frozen=True)
@@ -181,7 +212,8 @@ class Verdict:
         """The verdict as one line, stable across reruns: values at round-off level (|m| < 1e-10)
         print as such, since their digits depend on the summation order (thread count)."""
         parts = [f"{self.claim_id} {self.kind} {self.name}: {_round(self.measured, digits)}"]
-        parts += [f"control {c['name']}: {_round(c['value'], digits)}" for c in self.controls]
+        parts += [f"control {c['name']}: {_round(c['value'], digits)}" + (f" (p = {c['p_value']:.2g})" if "p_value" in c else "")
+                  for c in self.controls]
         return "; ".join(parts) + f" ({self.outcome})"
 
 
@@ -202,7 +234,8 @@ def _controls(name, controls, threshold: Threshold) -> list[dict]:
     controls = [controls] if isinstance(controls, Control) else list(controls or [])
     if not all(isinstance(c, Control) for c in controls):
         raise ValueError(f"verdict {name}: controls must be Control objects")
-    return [{"name": c.name, "value": c.value, "passes": threshold.met(c.value)} for c in controls]
+    return [{"name": c.name, "value": c.value, "passes": threshold.met(c.value)} if c.p_value is None else
+            {"name": c.name, "value": c.value, "p_value": c.p_value, "passes": c.p_value > NULL_ALPHA} for c in controls]
 
 
 def check(name, *, claim_id, measured, threshold: Threshold, expected, scale, controls=(), description="", note="",
@@ -314,15 +347,32 @@ def _with_stability(v: Verdict) -> Verdict:
 def _glue(v: Verdict) -> Verdict:
     v = _with_stability(v)
     text = _JsonText(json.dumps(v.as_dict()))  # fails now, not in the ledger, if details are not JSON-able
-    try:
-        from myst_nb import glue
-    except ImportError:  # outside a book build the record is still returned
-        return v
     glue(v.name, v.measured, display=False)
     if v.controls:
         glue(f"{v.name}.control", v.controls[0]["value"], display=False)
     glue(GLUE_PREFIX + v.name, text, display=False)
     return v
+
+
+GLUE_MIME_PREFIX = "application/papermill.record/"  # what myst-nb's {glue} roles read from a cell's outputs
+
+
+def glue(name: str, value, display: bool = False) -> None:
+    """Store `value`'s display data in the running notebook's outputs under `name`, as `myst_nb.glue`
+    does (the same output: a raw display of its mimebundle, prefixed when not displayed, with
+    `scrapbook` metadata), so the book's `{glue:text}` roles paste it. Outside a kernel it does
+    nothing. Written here so that an executed notebook needs IPython, not myst-nb and Sphinx."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None:
+        return
+    from IPython.display import display as ipy_display
+
+    mimebundle, metadata = shell.display_formatter.format(value)
+    prefix = "" if display else GLUE_MIME_PREFIX
+    metadata["scrapbook"] = {"name": name, "mime_prefix": prefix}
+    ipy_display({prefix + k: v for k, v in mimebundle.items()}, raw=True, metadata=metadata)
 
 
 class _JsonText(str):
@@ -402,7 +452,8 @@ def show(verdicts):
 
     rows = ["| | kind | verdict | measured | control | expects (origin) | outcome |", "|---|---|---|---|---|---|---|"]
     for v in sorted(verdicts, key=lambda v: v.kind != "claim"):
-        control = "; ".join(f"{c['name']}: {c['value']:.4g}" for c in v.controls) or "—"
+        control = "; ".join(f"{c['name']}: {c['value']:.4g}" + (f" (p = {c['p_value']:.2g})" if "p_value" in c else "")
+                            for c in v.controls) or "—"
         thr = v.threshold
         rows.append(f"| {v.claim_id} | {v.kind} | {_cell(v.description or v.name)} | {v.measured:.4g} | {_cell(control)} | "
                     f"{_cell(v.expected)} ({_cell(thr['origin'])}) | {_outcome_cell(v)} |")
