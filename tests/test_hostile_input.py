@@ -32,6 +32,12 @@ def spec_file(folder: Path, body: dict, name="spec.yaml") -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def own_record(tmp_path, monkeypatch):
+    """The record of the tool's outputs (`io.written_record`) of this test only."""
+    monkeypatch.setenv("LOWRANK_STATE", str(tmp_path / "state"))
+
+
 @pytest.fixture
 def clean_env(tmp_path, monkeypatch):
     monkeypatch.delenv("LOWRANK_SWEEP_MODULES", raising=False)
@@ -188,25 +194,31 @@ def test_report_never_overwrites_a_file_it_did_not_write(tmp_path, capsys, monke
     before = copy.read_bytes()
     assert "was not written by lowrank" in one_line(["report", folder, "-o", copy], capsys)
     assert copy.read_bytes() == before
-    link = tmp_path / "link.html"  # through a link: the same
+    link = tmp_path / "link.html"  # through a link: refused, whatever it points to
     link.symlink_to(copy)
-    assert "was not written by lowrank" in one_line(["report", folder, "-o", link], capsys)
+    assert "is a link" in one_line(["report", folder, "-o", link], capsys)
     assert copy.read_bytes() == before and link.is_symlink()
+    # "ours" is the tool's record, not the first bytes: a file starting with the report's meta tag is the user's
+    typed = tmp_path / "typed.html"
+    typed.write_text(f"<!doctype html><html><head>{report.GENERATOR}</head><body>my notes</body></html>")
+    assert "was not written by lowrank" in one_line(["report", folder, "-o", typed], capsys)
+    assert "my notes" in typed.read_text()
 
 
-def test_report_replaces_its_own_report_and_writes_through_a_link(tmp_path, capsys, monkeypatch):
+def test_report_replaces_its_own_report_only_as_written_and_never_through_a_link(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
     folder = _run_folder(tmp_path / "runs")
     out = tmp_path / "report.html"
     assert cli.main(["report", str(folder), "-o", str(out)]) == 0
-    first = out.read_text()
-    assert report.GENERATOR in first
-    assert cli.main(["report", str(folder), "-o", str(out)]) == 0  # its own file: replaced
+    assert io.written_by_lowrank(out)
+    assert cli.main(["report", str(folder), "-o", str(out)]) == 0  # its own file, as it wrote it: replaced
     link = tmp_path / "latest.html"
     link.symlink_to(out)
-    assert cli.main(["report", str(folder), "-o", str(link)]) == 0
-    assert link.is_symlink() and report.GENERATOR in out.read_text()
-    capsys.readouterr()
+    assert "is a link" in one_line(["report", folder, "-o", link], capsys)
+    out.write_text(out.read_text() + "<!-- my annotations -->")  # the user's edits make it the user's
+    assert not io.written_by_lowrank(out)
+    assert "was not written by lowrank" in one_line(["report", folder, "-o", out], capsys)
+    assert out.read_text().endswith("<!-- my annotations -->")
 
 
 def test_report_cannot_reach_a_run_folder_through_a_link(tmp_path, capsys, monkeypatch):
@@ -233,18 +245,19 @@ def test_report_and_every_atomic_write_refuse_devices_and_fifos(tmp_path, capsys
         io.write_atomically(target, "x")
     link = tmp_path / "link"
     link.symlink_to(target)
-    with pytest.raises(io.OutputRefused, match="a device|a FIFO"):
+    with pytest.raises(io.OutputRefused, match="is a link"):
         io.write_atomically(link, "x")
     assert link.is_symlink() and (target.is_char_device() or target.is_fifo())
 
 
-def test_an_atomic_write_goes_through_a_link(tmp_path):
+def test_an_atomic_write_never_goes_through_a_link(tmp_path):
     target = tmp_path / "real.txt"
     target.write_text("old")
     link = tmp_path / "link.txt"
     link.symlink_to(target)
-    io.write_atomically(link, "new")
-    assert link.is_symlink() and target.read_text() == "new"
+    with pytest.raises(io.OutputRefused, match=r"is a link \(-> .*real.txt\)"):
+        io.write_atomically(link, "new")
+    assert link.is_symlink() and target.read_text() == "old"
     with pytest.raises(io.OutputRefused, match="a folder"):
         io.write_atomically(tmp_path, "x")
 
@@ -259,17 +272,18 @@ def test_a_checkpoint_path_naming_a_device_or_fifo_is_refused(tmp_path, kind):
     else:
         path = tmp_path / "ckpt"
         path.symlink_to("/dev/null")
-    with pytest.raises(ValueError, match="is a device|is a FIFO"):
+    with pytest.raises(ValueError, match="is a device|is a FIFO|is a link"):
         _fit(tmp_path, path)
     assert Path("/dev/null").is_char_device()
 
 
-def test_a_checkpoint_through_a_link_writes_its_target(tmp_path):
+def test_a_checkpoint_through_a_link_is_refused(tmp_path):
     target = tmp_path / "real.ckpt"
     link = tmp_path / "link.ckpt"
     link.symlink_to(target)
-    _fit(tmp_path, link)
-    assert link.is_symlink() and target.is_file()
+    with pytest.raises(ValueError, match="is a link"):
+        _fit(tmp_path, link)
+    assert link.is_symlink() and not target.exists()
 
 
 def test_a_sweep_output_cannot_be_a_run_folder_or_a_users_folder(clean_env, capsys, monkeypatch):
@@ -639,9 +653,16 @@ def test_collect_never_writes_through_a_planted_link(clean_env, monkeypatch):
     mine = clean_env / "thesis.tex"
     mine.write_text("mine")
     (clean_env / "out" / "collected.csv").symlink_to(mine)
-    with pytest.raises(io.OutputRefused, match="was not written by lowrank"):
+    with pytest.raises(io.OutputRefused, match="is a link"):
         sweeps.collect(spec)
     assert mine.read_text() == "mine"
+    (clean_env / "out" / "collected.csv").unlink()
+    sweeps.collect(spec)  # its own table, then replaced as written ...
+    sweeps.collect(spec)
+    (clean_env / "out" / "collected.csv").write_text("run,my own table\n")  # ... but not a user's, whatever its head
+    with pytest.raises(io.OutputRefused, match="was not written by lowrank"):
+        sweeps.collect(spec)
+    assert (clean_env / "out" / "collected.csv").read_text() == "run,my own table\n"
 
 
 def test_a_failed_notebooks_copy_never_writes_through_a_planted_link(tmp_path, monkeypatch):
@@ -668,23 +689,18 @@ def test_a_failed_notebooks_copy_never_writes_through_a_planted_link(tmp_path, m
     assert mine.read_text() == "mine" and not kept.is_symlink() and kept.read_text() == '{"cells": []}'
 
 
-def test_a_link_of_another_user_is_not_followed(tmp_path):
-    """Resolving links in Python would bypass the kernel's protected_symlinks: a link planted in /tmp
-    by another user would let a write create or replace a file wherever it points."""
+def test_no_link_is_followed_by_a_write_whoever_owns_it(tmp_path):
+    """A link in an output's place is refused, the user's own as another's (a planted one in /tmp, or a
+    dangling one, would otherwise create or replace a file wherever it points)."""
     target = tmp_path / "real.txt"
     target.write_text("old")
-    foreign = tmp_path / "foreign"
-    foreign.symlink_to(target)
     dangling = tmp_path / "dangling"
     dangling.symlink_to(tmp_path / "elsewhere" / "cron-job")
-    own = tmp_path / "own"  # the user's own link to a file still to be written: followed
+    own = tmp_path / "own"
     own.symlink_to(tmp_path / "new.txt")
-    io.write_atomically(own, "new")
-    assert (tmp_path / "new.txt").read_text() == "new"
-    if os.getuid() != 0:
-        pytest.skip("giving a link to another user needs root")
-    for link in (foreign, dangling):
-        os.lchown(link, 12345, 12345)
-        with pytest.raises(io.OutputRefused, match="owned by another user"):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    for link in (own, dangling, loop):
+        with pytest.raises(io.OutputRefused, match="is a link"):
             io.write_atomically(link, "x")
-    assert target.read_text() == "old" and not (tmp_path / "elsewhere").exists()
+    assert not (tmp_path / "new.txt").exists() and not (tmp_path / "elsewhere").exists()
