@@ -6,6 +6,7 @@ Sections by class: security, data loss, silently wrong, tracebacks and wrong err
 
 import os
 import pickle
+import shutil
 import socket
 import subprocess
 import sys
@@ -704,3 +705,209 @@ def test_no_link_is_followed_by_a_write_whoever_owns_it(tmp_path):
         with pytest.raises(io.OutputRefused, match="is a link"):
             io.write_atomically(link, "x")
     assert not (tmp_path / "new.txt").exists() and not (tmp_path / "elsewhere").exists()
+
+
+# ---- round 2: "ours" is the tool's record; nothing it did not write is deleted; no hang on odd files -----
+
+def test_diff_never_overwrites_a_file_starting_with_its_title(tmp_path, capsys):
+    mine = tmp_path / "notes.md"
+    mine.write_text("# Verdict diff\n\nmy notes on the last build\n")
+    assert "was not written by lowrank" in one_line(["diff", "-o", mine], capsys)
+    assert "my notes" in mine.read_text()
+
+
+def test_a_sweep_rerun_never_deletes_a_finished_folder_holding_a_users_file(clean_env, capsys, monkeypatch):
+    monkeypatch.setenv("LOWRANK_SWEEP_MODULES", "sweep_fixture")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    spec_path = spec_file(clean_env, {"function": "sweep_fixture:ranked_matrix", "points": [{"size": 3, "seed": 0}]})
+    spec = sweeps.load_spec(spec_path, output=clean_env / "out")
+    assert not sweeps.run_sweep(spec, "local", jobs=1, progress=False)["failed"]
+    folder = spec.run_folder(spec.points[0])
+    (folder / "my-analysis.ipynb").write_text("mine")
+    with pytest.raises(runs.RunFolderError, match=r"holds files its run did not write \(my-analysis.ipynb\); "
+                                                  r"nothing was deleted"):
+        sweeps.run_sweep(spec, "local", jobs=1, progress=False)
+    assert (folder / "my-analysis.ipynb").read_text() == "mine"
+    (folder / "my-analysis.ipynb").unlink()  # without it the changed folder is the tool's to redo
+    (folder / "results.json").write_text("{}")
+    assert not sweeps.run_sweep(spec, "local", jobs=1, progress=False)["failed"]
+    assert runs.manifest_problems(folder) == []
+
+
+def test_a_sweep_run_folder_that_is_a_link_is_refused_in_one_line(clean_env, capsys, monkeypatch):
+    """shutil.rmtree on a link raised OSError "Cannot call rmtree on a symbolic link"."""
+    monkeypatch.setenv("LOWRANK_SWEEP_MODULES", "sweep_fixture")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    spec = sweeps.load_spec(spec_file(clean_env, {"function": "sweep_fixture:ranked_matrix",
+                                                  "points": [{"size": 3, "seed": 0}]}), output=clean_env / "out")
+    assert not sweeps.run_sweep(spec, "local", jobs=1, progress=False)["failed"]
+    folder = spec.run_folder(spec.points[0])
+    elsewhere = clean_env / "thesis"
+    elsewhere.mkdir()
+    (elsewhere / "chapter.tex").write_text("mine")
+    shutil.rmtree(folder)
+    folder.symlink_to(elsewhere)
+    with pytest.raises(runs.RunFolderError, match="is a link"):
+        sweeps.run_sweep(spec, "local", jobs=1, progress=False)
+    assert (elsewhere / "chapter.tex").read_text() == "mine"
+
+
+def test_a_notebook_rerun_never_deletes_a_users_file_in_the_run_folder(tmp_path):
+    folder = _run_folder(tmp_path / "runs")
+    runs.check_discardable(folder)  # as its run wrote it: the tool's to replace
+    (folder / "verdicts.json").write_text('{"edited": 1}')  # a changed file of the run: still the run's
+    runs.check_discardable(folder)
+    (folder / "figures" / "my-sketch.svg").write_text("mine")
+    with pytest.raises(runs.RunFolderError, match="figures/my-sketch.svg"):
+        runs.check_discardable(folder)
+    (folder / "manifest.json").unlink()  # without a manifest nothing there is known to be the run's
+    with pytest.raises(runs.RunFolderError, match="parameters.json"):
+        runs.discard_run_folder(folder)
+    assert (folder / "figures" / "my-sketch.svg").read_text() == "mine"
+
+
+def test_fetch_never_removes_an_incomplete_cifar_folder_holding_a_users_files(tmp_path):
+    from test_fetch import _cifar_archive, _cifar_batches, _md5, _mnist_files, _Server, _sources
+
+    from lowrank.core import datasets
+
+    cifar = _cifar_archive()
+    batches = _cifar_batches()
+    with _Server({"cifar-10-python.tar.gz": cifar}) as srv:
+        sources = _sources(srv.base, _mnist_files(), cifar)
+        folder = tmp_path / "cifar-10-batches-py"
+        folder.mkdir()
+        (folder / "my-notes.txt").write_text("mine")
+        (folder / "data_batch_1").write_bytes(batches["data_batch_1"])  # one published batch already there
+        datasets.fetch("cifar10", tmp_path, sources=sources, progress=False)
+        assert (folder / "my-notes.txt").read_text() == "mine"
+        assert all(_md5((folder / n).read_bytes()) == _md5(b) for n, b in batches.items())
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # the unpack folder is gone
+        # a batch there that is not the published one: named, nothing removed or replaced
+        (folder / "test_batch").write_bytes(b"my own")
+        (tmp_path / "cifar-10-python.tar.gz").unlink()
+        with pytest.raises(datasets.FetchError, match="test_batch is there but its md5"):
+            datasets.fetch("cifar10", tmp_path, sources=sources, progress=False)
+        assert (folder / "test_batch").read_bytes() == b"my own" and (folder / "my-notes.txt").is_file()
+
+
+def test_a_leftover_unpack_folder_of_the_same_pid_name_is_not_removed(tmp_path):
+    """The unpack folder was `.cifar-10-batches-py.tmp-PID`, removed first: a user's folder of that name went."""
+    from test_fetch import _cifar_archive, _mnist_files, _Server, _sources
+
+    from lowrank.core import datasets
+
+    theirs = tmp_path / f".cifar-10-batches-py.tmp-{os.getpid()}"
+    theirs.mkdir()
+    (theirs / "keep.txt").write_text("mine")
+    cifar = _cifar_archive()
+    with _Server({"cifar-10-python.tar.gz": cifar}) as srv:
+        datasets.fetch("cifar10", tmp_path, sources=_sources(srv.base, _mnist_files(), cifar), progress=False)
+    assert (theirs / "keep.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "broken link"])
+def test_an_mnist_file_that_is_a_fifo_or_a_broken_link_is_refused_without_waiting(tmp_path, capsys, kind):
+    from lowrank.core import datasets
+
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    odd = raw / "train-images-idx3-ubyte.gz"
+    if kind == "fifo":
+        os.mkfifo(odd)
+    else:
+        odd.symlink_to(tmp_path / "gone.gz")
+    want = "is a FIFO, not a regular file" if kind == "fifo" else r"is a broken link \(-> .*gone.gz\)"
+    with pytest.raises(datasets.FetchError, match=want):  # in data fetch: before pooch opens it
+        datasets.fetch("mnist", tmp_path, sources={"mnist": datasets.SOURCES["mnist"]._replace(
+            mirrors=("http://127.0.0.1:9/",))}, progress=False)
+    with pytest.raises(ValueError, match=want):  # and in the loader, not "not found"
+        datasets.mnist(tmp_path)
+
+
+def test_a_gzip_bomb_mnist_file_is_stopped_at_what_its_header_says(tmp_path):
+    import gzip
+
+    from lowrank.core import datasets
+
+    header = bytes([0, 0, 8, 1]) + (10).to_bytes(4, "big")  # "10 labels"
+    bomb = tmp_path / "t10k-labels-idx1-ubyte.gz"
+    with gzip.open(bomb, "wb") as f:
+        f.write(header)
+        for _ in range(64):  # 64 MiB unpacked from ~64 KiB
+            f.write(bytes(1 << 20))
+    assert bomb.stat().st_size < 1 << 20
+    with pytest.raises(ValueError, match="holds more than its header"):
+        datasets._read_idx(bomb)
+    huge = tmp_path / "train-images-idx3-ubyte"
+    huge.write_bytes(bytes([0, 0, 8, 3]) + b"".join(n.to_bytes(4, "big") for n in (10**9, 28, 28)))
+    with pytest.raises(ValueError, match="an MNIST file holds at most"):
+        datasets._read_idx(huge)
+
+
+class _OddServer:
+    """A mirror that drips one byte every `pause` s, or sends bytes for ever (no Content-Length)."""
+
+    def __init__(self, mode: str, pause: float = 0.2):
+        import http.server
+        import threading
+        import time
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                self.send_response(200)
+                if mode == "drip":
+                    self.send_header("Content-Length", "1000")
+                self.end_headers()
+                try:
+                    for _ in range(10**6):
+                        self.wfile.write(b"x" if mode == "drip" else bytes(1 << 16))
+                        self.wfile.flush()
+                        if mode == "drip":
+                            time.sleep(pause)
+                except OSError:
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_dripping_mirror_is_stopped_at_the_minimum_rate(tmp_path, monkeypatch):
+    import time
+
+    from lowrank.core import datasets
+
+    monkeypatch.setattr(datasets, "DOWNLOAD_GRACE", 1)  # deadline: 1 x timeout + size / rate
+    monkeypatch.setattr(datasets, "DOWNLOAD_MIN_RATE", 1000)
+    with _OddServer("drip") as srv:
+        started = time.monotonic()
+        with pytest.raises(datasets.FetchError, match="slower than"):
+            datasets.download(srv.base + "f.gz", tmp_path / "f.gz", "0" * 32, progress=False, timeout=1.0,
+                              max_bytes=1000)
+        assert time.monotonic() - started < 10  # each byte came within the timeout: without a deadline, 200 s
+    assert not (tmp_path / "f.gz").exists()
+
+
+def test_an_endless_download_is_stopped_at_the_published_size(tmp_path):
+    from lowrank.core import datasets
+
+    with _OddServer("endless") as srv:
+        with pytest.raises(datasets.FetchError, match="sent more than the 100000 bytes"):
+            datasets.download(srv.base + "f.gz", tmp_path / "f.gz", "0" * 32, progress=False, timeout=5.0,
+                              max_bytes=100000)
+    assert list(tmp_path.iterdir()) == []
+    assert dict(datasets.SOURCES["mnist"].sizes).keys() == {n for n, _ in datasets.SOURCES["mnist"].files}
+    assert dict(datasets.SOURCES["cifar10"].sizes).keys() == {n for n, _ in datasets.SOURCES["cifar10"].files}

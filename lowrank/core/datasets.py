@@ -506,49 +506,48 @@ class _CappedDownloader:
         self.deadline = self.timeout * DOWNLOAD_GRACE + self.max_bytes / DOWNLOAD_MIN_RATE
 
     def __call__(self, url, output_file, pooch_=None, check_only=False):
-        import threading
         import time
 
         import requests
 
-        started, got, late = time.monotonic(), 0, threading.Event()
+        started, got = time.monotonic(), 0
         with requests.get(url, stream=True, timeout=self.timeout) as response:
             response.raise_for_status()
-
-            def stop():  # closing the connection ends a read that a dripping mirror keeps alive
-                late.set()
-                response.close()
-
-            timer = threading.Timer(self.deadline, stop)
-            timer.daemon = True
-            timer.start()
+            length = response.headers.get("Content-Length")
+            if length and length.isdigit() and int(length) > self.max_bytes:
+                raise FetchError(f"{url} announces {int(length)} bytes; the published file has {self.max_bytes}: "
+                                 f"nothing was kept")
+            sink = open(output_file, "wb") if isinstance(output_file, (str, os.PathLike)) else output_file
             try:
-                length = response.headers.get("Content-Length")
-                if length and length.isdigit() and int(length) > self.max_bytes:
-                    raise FetchError(f"{url} announces {int(length)} bytes; the published file has {self.max_bytes}: "
-                                     f"nothing was kept")
-                sink = open(output_file, "wb") if isinstance(output_file, (str, os.PathLike)) else output_file
-                try:
-                    for chunk in response.iter_content(chunk_size=1 << 16):
-                        got += len(chunk)
-                        if got > self.max_bytes:
-                            raise FetchError(f"{url} sent more than the {self.max_bytes} bytes of the published file; "
-                                             f"stopped, nothing was kept")
-                        sink.write(chunk)
-                finally:
-                    if sink is not output_file:
-                        sink.close()
-            except (requests.exceptions.RequestException, OSError, AttributeError, ValueError) as err:
-                if late.is_set():
-                    raise FetchError(f"{url} sent {got} bytes in {time.monotonic() - started:.0f} s, slower than "
-                                     f"{DOWNLOAD_MIN_RATE // 1024} KiB/s: stopped, nothing was kept; try another "
-                                     f"mirror ({MIRRORS_ENV})") from None
-                raise
+                while True:
+                    # read1: whatever has arrived (each wait at most `timeout`), so the deadline is checked
+                    # between the bytes of a mirror that drips them
+                    chunk = response.raw.read1(1 << 16, decode_content=True)
+                    if not chunk:
+                        break
+                    got += len(chunk)
+                    if got > self.max_bytes:
+                        raise FetchError(f"{url} sent more than the {self.max_bytes} bytes of the published file; "
+                                         f"stopped, nothing was kept")
+                    if time.monotonic() - started > self.deadline:
+                        raise FetchError(f"{url} sent {got} bytes in {time.monotonic() - started:.0f} s, slower than "
+                                         f"{DOWNLOAD_MIN_RATE / 1024:g} KiB/s: stopped, nothing was kept; try another "
+                                         f"mirror ({MIRRORS_ENV})")
+                    sink.write(chunk)
+            except urllib3_errors() as err:  # as requests' iter_content says them
+                raise requests.exceptions.ChunkedEncodingError(err) from None
             finally:
-                timer.cancel()
-            if late.is_set():
-                raise FetchError(f"{url} sent {got} bytes in {time.monotonic() - started:.0f} s, slower than "
-                                 f"{DOWNLOAD_MIN_RATE // 1024} KiB/s: stopped, nothing was kept")
+                if sink is not output_file:
+                    sink.close()
+            if length and length.isdigit() and got < int(length):
+                raise requests.exceptions.ChunkedEncodingError(f"{got} of {length} bytes")
+
+
+def urllib3_errors() -> tuple:
+    """urllib3's errors of a body cut short (a dropped connection, a read that timed out)."""
+    from urllib3 import exceptions as e
+
+    return (e.ProtocolError, e.ReadTimeoutError, e.IncompleteRead)
 
 
 def download(url: str, target, md5: str, *, progress: bool = True, timeout: float = 30.0,
