@@ -911,3 +911,9 @@ def test_an_endless_download_is_stopped_at_the_published_size(tmp_path):
     assert list(tmp_path.iterdir()) == []
     assert dict(datasets.SOURCES["mnist"].sizes).keys() == {n for n, _ in datasets.SOURCES["mnist"].files}
     assert dict(datasets.SOURCES["cifar10"].sizes).keys() == {n for n, _ in datasets.SOURCES["cifar10"].files}
+
+
+@pytest.mark.parametrize("page, name", [("sgd/architectures", "res_bn_lrs"), ("sgd/architectures", "mlp_lrs"),
+                                        ("sgd/generalization", "panel_lrs")])
+def test_a_learning_rate_list_with_a_repeated_value_is_refused(capsys, page, name):
+    assert "repeats a value" in one_line(["run", page, "-p", name, "[0.05, 0.05]", "--dry-run"], capsys)
