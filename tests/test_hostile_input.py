@@ -917,3 +917,58 @@ def test_an_endless_download_is_stopped_at_the_published_size(tmp_path):
                                         ("sgd/generalization", "panel_lrs")])
 def test_a_learning_rate_list_with_a_repeated_value_is_refused(capsys, page, name):
     assert "repeats a value" in one_line(["run", page, "-p", name, "[0.05, 0.05]", "--dry-run"], capsys)
+
+
+# ---- spectral functions: defined for every finite input (ratios before squares), refusing the rest --------
+
+def test_spectrum_stats_of_huge_and_subnormal_spectra_are_their_ratios():
+    import torch
+
+    from lowrank.core import spectral
+
+    huge = spectral.spectrum_stats(torch.tensor([1.7e308, 1e308, 1.0], dtype=torch.float64), 0.01)
+    # independent: the ratios 1, 1/1.7, 1/1.7e308 -> stable rank 1 + 1/1.7^2; ||s|| beyond float64: inf
+    assert float(huge["stable_rank"]) == pytest.approx(1 + 1 / 1.7**2, rel=1e-12)
+    assert int(huge["rank_spectral"]) == 2 and int(huge["rank_frobenius"]) == 2
+    assert huge["weight_norm"] == float("inf") and float(huge["spectral_norm"]) == 1.7e308
+    tiny = spectral.spectrum_stats(torch.tensor([5e-324, 5e-324], dtype=torch.float64), 0.01)
+    assert float(tiny["stable_rank"]) == pytest.approx(2.0) and int(tiny["rank_frobenius"]) == 2  # was 1: the squares underflowed
+    sub = spectral.spectrum_stats(torch.full((3,), 1e-310, dtype=torch.float64), 0.5)
+    assert float(sub["stable_rank"]) == pytest.approx(3.0) and int(sub["rank_frobenius"]) == 3
+    assert int(spectral.rank_from_singular_values(torch.full((3,), 1e-310, dtype=torch.float64), 0.5,
+                                                  "frobenius")) == 3
+
+
+@pytest.mark.parametrize("eps", [1, 1.5, 0, -0.1])
+def test_a_rank_threshold_outside_zero_one_is_refused(eps):
+    import torch
+
+    from lowrank.core import spectral
+
+    for call in (lambda: spectral.rank_from_singular_values(torch.tensor([1.0, 0.5]), eps),
+                 lambda: spectral.spectrum_stats(torch.tensor([1.0, 0.5]), eps),
+                 lambda: spectral.numerical_rank(torch.eye(3), eps)):
+        with pytest.raises(ValueError, match=r"in \(0, 1\)"):
+            call()
+
+
+def test_principal_angles_and_top_singular_of_huge_finite_matrices():
+    import torch
+
+    from lowrank.core import spectral
+
+    g = torch.Generator().manual_seed(0)
+    A, B = torch.randn(6, 2, generator=g, dtype=torch.float64), torch.randn(6, 2, generator=g, dtype=torch.float64)
+    for scale in (1e300, 1e-300):  # the column spaces are A's and B's: the same angles (was "zero matrix")
+        assert torch.allclose(spectral.principal_angles(A * scale, B * scale), spectral.principal_angles(A, B))
+    T = torch.randn(8, 7, generator=g, dtype=torch.float64)
+    for scale in (1e300, 1e-300):
+        assert torch.allclose(spectral.principal_angles(T * scale, T.flip(0) * scale),
+                              spectral.principal_angles(T, T.flip(0)), atol=1e-10)
+    # A^T B = 1e200 * (A^T B with the scales out): the values scale, the message of a real overflow names A^T B
+    got = spectral.top_singular_of_product(A * 1e250, B * 1e-50).s
+    assert torch.allclose(got / 1e200, torch.linalg.svdvals(A.T @ B)[:1], rtol=1e-12)
+    with pytest.raises(ValueError, match=r"A\^T B exceeds the largest"):
+        spectral.top_singular_of_product(A * 1e200, B * 1e200)
+    with pytest.raises(ValueError, match="singular value of M exceeds"):
+        spectral.top_singular(torch.full((3, 3), 1e308, dtype=torch.float64))
