@@ -97,17 +97,39 @@ def _text(html):
 
 
 def test_the_landing_sentence_says_what_holds_and_fails_at_each_pages_largest_scale(monkeypatch):
-    """Counted by hand: X at ci (1 of 2 agree, one fails), Y at laptop (1 of 2, one fails, stale), Z at
-    paper (1 of 1 agrees, though it disagrees at ci): 3 of 5 claims agree; every claim holds on Z only."""
+    """Counted by hand: X at ci (1 of 2 agree: holds in part), Y at laptop (1 of 2, stale: in part), Z at
+    paper (1 of 1 agrees, though it disagrees at ci: holds): 3 of 5 claims agree. Each page is named by its
+    finding (claims.yaml), or its title without one."""
     rows = _three_scales(monkeypatch)
+    monkeypatch.setattr(ledger, "page_finding", lambda name: {"sgd/z": "rank falls"}.get(name))
     html = ledger.landing_html(rows, "../")
     assert html.count('class="paper-answer"') == 1 and 'data-part="II" data-scale="paper"' in html
-    assert _text(html) == ("Part II (Galanti, Siegel, Gupte and Poggio, 2022): 3 of 5 claims agree (paper scale on 1, laptop "
-                           "scale on 1, ci scale on 1 of its 3 pages; 1 stored result stale). Every claim holds on "
-                           "Page Z; a claim fails on Page X, Page Y. Its pages.")
+    assert _text(html) == ("Part II (Galanti, Siegel, Gupte and Poggio, 2022). Holds: rank falls (paper). Holds in part: "
+                           "Page X (1 of 2, ci); Page Y (1 of 2, laptop). In all, 3 of 5 claims agree (paper scale on 1, "
+                           "laptop scale on 1, ci scale on 1 of its 3 pages; 1 stored result stale). Its pages.")
     assert '<a href="../notebooks/sgd/x.html">Page X</a>' in html and 'href="../book/sgd/index.html"' in html
     counts = ledger.ledger_counts(rows, "laptop")["claim"]
     assert counts == Counter({"agrees": 1, "disagrees": 1})
+
+
+def test_a_page_whose_claims_all_miss_fails_and_one_without_a_decided_claim_is_undecided(monkeypatch):
+    rows = _three_scales(monkeypatch)
+    monkeypatch.setattr(ledger, "page_finding", lambda name: None)
+    rows = [r for r in rows if r["notebook"] != "sgd/y"]
+    rows = [{**r, "verdict": {**r["verdict"], "outcome": "disagrees"}} if r["notebook"] == "sgd/x" else r for r in rows]
+    rows.append({**_row("f", "needs a larger scale"), "notebook": "sgd/y"})
+    text = _text(ledger.landing_html(rows, "../"))
+    assert "Fails: Page X (ci)." in text and "Undecided: Page Y (ci)." in text and "Holds: Page Z (paper)." in text
+
+
+def test_every_claims_row_has_a_finding_that_states_and_does_not_assert():
+    import yaml
+
+    for row in yaml.safe_load(ledger.CLAIMS.read_text()):
+        finding = row.get("finding", "")
+        assert 10 <= len(finding) <= 100, f"{row['claim_id']}: a quotable phrase, not {finding!r}"
+        assert not re.search(r"\b(agrees?|confirm|shown|we find|reproduces?)\b", finding), \
+            f"{row['claim_id']}: the finding states the claim; the verdicts say whether it holds"
 
 
 def test_the_ledger_shows_ci_laptop_and_paper_side_by_side_with_stale_marked(monkeypatch):
@@ -204,7 +226,7 @@ def test_each_papers_answer_is_on_the_first_screens(browser, server, viewport, s
         assert [a["part"] for a in answers] == list(ledger.PARTS), "one sentence per paper, in order"
         for a in answers:
             assert a["scale"] in ledger.SCALES and "claims agree" in a["text"]
-            assert "Every claim holds on" in a["text"] or "No page has every claim holding" in a["text"]
+            assert any(f"{word}:" in a["text"] for word in ledger.VERDICT_GROUPS.values()), "findings by outcome"
             assert a["bottom"] <= screens * viewport["height"], \
                 f"Part {a['part']}'s answer ends at {a['bottom']:.0f} px, below {screens} screen(s) of {viewport['height']} px"
             assert a["links"], f"Part {a['part']}'s answer links to its pages"

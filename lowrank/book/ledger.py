@@ -387,10 +387,33 @@ def paper_summary_html(rows: list[dict], part: str, base: str) -> str:
 PART_INDEX = {"I": "gradients", "II": "sgd", "III": "square"}  # book/<folder>/index.md, each part's overview
 
 
+def page_finding(name: str) -> str | None:
+    """The page's claim as a quotable phrase (its claims.yaml row's `finding`), stated, not asserted:
+    the landing sentence says whether it holds."""
+    for c in yaml.safe_load(CLAIMS.read_text()):
+        if c["notebook"] == name and c.get("finding"):
+            return c["finding"]
+    return None
+
+
+# how a page's claims came out at its largest scale, as the landing sentence groups them
+VERDICT_GROUPS = {"holds": "Holds", "part": "Holds in part", "fails": "Fails", "open": "Undecided"}
+
+
+def _verdict_group(claims: list[dict]) -> str:
+    agree = sum(v["outcome"] == "agrees" for v in claims)
+    if claims and agree == len(claims):
+        return "holds"
+    if agree:
+        return "part"
+    return "fails" if any(v["outcome"] == "disagrees" for v in claims) else "open"
+
+
 def landing_html(rows: list[dict], base: str) -> str:
-    """The landing page's first screen: one generated sentence per paper, what holds and what fails,
-    each page counted at the largest scale it ran at (paper, laptop, else ci) and that scale named, the
-    failing pages linked, then a link to the part's pages. A stale stored result counts and is said so."""
+    """The landing page's first screen: one generated paragraph per paper that says, finding by finding
+    (each page's claims.yaml `finding`, linked to the page), what holds, what holds in part, what fails
+    and what is undecided, each at the largest scale its page ran at (paper, laptop, else ci) and that
+    scale named; then the count of claims that agree. A stale stored result counts and is said so."""
     out = []
     for part in PARTS:
         part_rows = [r for r in rows if _part(r) == part and not beyond_paper(r)]
@@ -399,23 +422,29 @@ def landing_html(rows: list[dict], base: str) -> str:
             continue
         at = {n: next(s for s in reversed(SCALES) if s == "ci" or n in _ran(part_rows, [n], s)) for n in pages}
         claims = {n: _page_claims(part_rows, n, at[n]) for n in pages}
-        holds = [n for n in pages if claims[n] and all(v["outcome"] == "agrees" for v in claims[n])]
-        fails = [n for n in pages if any(v["outcome"] == "disagrees" for v in claims[n])]
-        open_ = [n for n in pages if claims[n] and n not in holds and n not in fails]
         stale = [n for n in pages if at[n] != "ci" and any(r["notebook"] == n and r.get(f"{at[n]}_stale") for r in part_rows)]
+        groups: dict[str, list[str]] = {g: [] for g in VERDICT_GROUPS}
+        for n in pages:
+            if claims[n]:
+                groups[_verdict_group(claims[n])].append(n)
+
+        def said(n: str) -> str:
+            k = sum(v["outcome"] == "agrees" for v in claims[n])
+            count = f"{k} of {len(claims[n])}, " if 0 < k < len(claims[n]) else ""
+            phrase = _math(page_finding(n) or page_title(n))
+            return f'<a href="{_e(base)}notebooks/{_e(n)}.html">{phrase}</a> <small class="finding-scale">({count}{at[n]})</small>'
+
+
+        findings = [f"<em>{VERDICT_GROUPS[g]}</em>: " + "; ".join(said(n) for n in ns) + "." for g, ns in groups.items() if ns]
         scales = Counter(at.values())
         where = ", ".join(f"{scale} scale on {scales[scale]}" for scale in reversed(SCALES) if scales[scale])
         agree = sum(v["outcome"] == "agrees" for n in pages for v in claims[n])
         total = sum(len(claims[n]) for n in pages)
         authors = PAPERS[part].split(":")[0].replace(" (", ", ").rstrip(")")  # "A and B (2023)" -> "A and B, 2023"
-        stale_text = f"; {len(stale)} stored result{'s' if len(stale) != 1 else ''} stale" if stale else ""
-        text = (f"<strong>Part {part}</strong> ({_e(authors)}): {agree} of {total} claims agree "
-                f"({where} of its {len(pages)} pages{stale_text}). "
-                + (f"Every claim holds on {_page_links(holds, base)}" if holds else "No page has every claim holding"))
-        text += f"; a claim fails on {_page_links(fails, base)}" if fails else "; no claim fails"
-        text += (f"; {len(open_)} page{'s are' if len(open_) != 1 else ' is'} undecided (uninformative, unstable or "
-                 f"needing a larger scale)" if open_ else "")
-        text += f'. <a href="{_e(base)}book/{PART_INDEX[part]}/index.html">Its pages</a>.'
+        text = (f"<strong>Part {part}</strong> ({_e(authors)}). " + " ".join(findings)
+                + f" In all, {agree} of {total} claims agree ({where} of its {len(pages)} pages"
+                + (f"; {len(stale)} stored result{'s' if len(stale) != 1 else ''} stale" if stale else "") + "). "
+                + f'<a href="{_e(base)}book/{PART_INDEX[part]}/index.html">Its pages</a>.')
         out.append(f'<p class="paper-answer" data-part="{part}" data-scale="{_largest_scale(part_rows, pages)}">{text}</p>')
     return "".join(out)
 
