@@ -310,3 +310,30 @@ def test_row_sum_excess_rejects_a_zero_row_sum():
     W = torch.tensor([[1.0, 0.0], [-1.0, 0.0]])
     with pytest.raises(ValueError, match="non-zero"):
         collapse.row_sum_excess(W, W, 0.0)
+
+
+@pytest.mark.parametrize("num_classes", [2, 3])
+def test_margin_stats_eq8_holds_at_several_outputs_against_the_minimised_loss(num_classes):
+    # Independent of mu, M and sigma: the loss (1/N) sum ||rho f_n - t_n||^2 + lam rho^2 minimised over rho
+    # numerically; at the minimiser the relative gap to interpolation is loss_min / c (c = mean ||t_n||^2).
+    from scipy.optimize import minimize_scalar
+
+    g = torch.Generator().manual_seed(3)
+    n, lam = 40, 1e-2
+    y = torch.arange(n) % num_classes
+    f = 0.05 * torch.randn(n, num_classes, generator=g, dtype=torch.float64)
+    f = f + 0.03 * collapse.centred_one_hot(y, num_classes).double()  # some fit, some off-target part
+    t = collapse.centred_one_hot(y, num_classes).double().numpy()
+    fn = f.numpy()
+    c = float((t**2).sum(1).mean())
+    assert c == pytest.approx(num_classes / (num_classes - 1))
+    res = minimize_scalar(lambda r: ((r * fn - t) ** 2).sum(1).mean() + lam * r**2, bounds=(0, 1e4),
+                          method="bounded", options={"xatol": 1e-10})
+    s = collapse.margin_stats(collapse.margins(f, y), res.x, lam, second_moment=float((f**2).sum(1).mean()),
+                              target_sq=c)
+    assert s["rho_eq"] == pytest.approx(res.x, rel=1e-6)
+    assert s["gap_predicted"] == pytest.approx(res.fun / c, rel=1e-8)
+    assert s["gap_measured"] == pytest.approx(res.fun / c, rel=1e-6)
+    # the one-output form with the margins' spread alone does not hold here (the off-target part counts)
+    one_output = (s["sigma2"] + lam) / (s["mu"] ** 2 + s["sigma2"] + lam)
+    assert abs(one_output - res.fun / c) > 1e-3

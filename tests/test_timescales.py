@@ -179,3 +179,50 @@ def test_regimes_compare_done_with_needed():
                                             tolerance=0.1)["value"] == 0.0
     w = timescales.weight_decay_regime(steps=400, lam=1e-3, rho_lr=10.0)
     assert w["value"] == pytest.approx(4.0) and w["needed"] == 1.0
+
+
+def _simulate_rho_varying_M(mu, Ms, lam, eta, rho0):
+    """Gradient descent on L(rho) = 1 - 2 rho mu + rho^2 (M_t + lam) with M_t changing every step, by autograd;
+    returns the log-distance to the moving equilibrium's contraction, i.e. the e-foldings of the error
+    e_{t+1} = (1 - 2 eta (M_t + lam)) e_t measured against a frozen target (mu / (M_t + lam) recomputed)."""
+    efold = 0.0
+    for M in Ms:
+        target = mu / (M + lam)
+        rho = torch.tensor(float(rho0), dtype=torch.float64, requires_grad=True)
+        loss = 1 - 2 * rho * mu + rho**2 * (M + lam)
+        (g,) = torch.autograd.grad(loss, rho)
+        new = float(rho.detach() - eta * g)
+        efold += math.log(abs(rho0 - target) / abs(new - target))
+    return efold
+
+
+def test_logged_relaxations_match_stepwise_contraction_and_bound_it_from_below():
+    lam, eta, spe = 1e-3, 2.0, 3
+    epochs = np.array([0, 10, 20, 40, 80])
+    M = np.array([1e-5, 1e-4, 1e-3, 5e-3, 2e-2])  # grows as in training
+    # per-step M: geometric interpolation between the logs (monotone), simulated step by step
+    per_step = np.concatenate([np.geomspace(a, b, (e1 - e0) * spe, endpoint=False)
+                               for a, b, e0, e1 in zip(M[:-1], M[1:], epochs[:-1], epochs[1:])])
+    exact = _simulate_rho_varying_M(0.05, per_step, lam, eta, rho0=30.0)
+    got = timescales.logged_rho_relaxations(epochs, M, lam=lam, rho_lr=eta, steps_per_epoch=spe)
+    assert got <= exact + 1e-9  # a lower bound for monotone M
+    assert got >= 0.5 * exact  # and not a vacuous one at this logging density
+    # constant M: exactly steps / tau
+    const = timescales.logged_rho_relaxations(epochs, np.full(5, 1e-3), lam=lam, rho_lr=eta, steps_per_epoch=spe)
+    assert const == pytest.approx(80 * spe / timescales.rho_relaxation_steps(1e-3, lam, eta), rel=1e-12)
+    # far more than the initial M alone would give
+    assert got > 2 * 80 * spe / timescales.rho_relaxation_steps(M[0], lam, eta)
+    with pytest.raises(ValueError):
+        timescales.logged_rho_relaxations([0, 0], [1e-3, 1e-3], lam=lam, rho_lr=eta, steps_per_epoch=1)
+
+
+def test_logged_regime_reads_the_history():
+    import pandas as pd
+
+    h = pd.DataFrame({"epoch": [0, 50, 100], "M": [1e-4, 1e-2, 2e-2], "rho_over_rho_eq": [20.0, 1.5, 1.01]})
+    r = timescales.rho_relaxation_regime_logged(h, lam=0.0, rho_lr=5.0, steps_per_epoch=1, tolerance=0.1)
+    assert r["value"] == pytest.approx(50 / timescales.rho_relaxation_steps(1e-4, 0, 5.0)
+                                       + 50 / timescales.rho_relaxation_steps(1e-2, 0, 5.0))
+    assert r["needed"] == pytest.approx(math.log(19 / 0.1))
+    assert r["details"]["final_abs_rho_over_rho_eq_minus_1"] == pytest.approx(0.01)
+    assert r["details"]["efoldings_at_initial_M"] < r["value"]

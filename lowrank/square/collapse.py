@@ -332,20 +332,30 @@ def margins(outputs, y) -> torch.Tensor:
     return (f * T).sum(1)
 
 
-def margin_stats(fbar, rho: float, weight_decay: float, second_moment=None) -> dict:
+def margin_stats(fbar, rho: float, weight_decay: float, second_moment=None, target_sq: float = 1.0) -> dict:
     """Statistics of the margins `f_bar_n` of the normalised network and the paper's predictions.
 
     `mu = mean f_bar`, `M = mean f_bar^2` (or `second_moment`, e.g. `mean ||f_V(x)||^2` in the
-    multiclass case), `sigma2 = M - mu^2`; the equilibrium `rho_eq = mu / (M + lambda)` (Eq. 7), the
-    measured gap to interpolation `1 - rho mu` and the predicted one
-    `(sigma2 + lambda) / (mu^2 + sigma2 + lambda)` (Eq. 8).
+    multiclass case), `sigma2 = mean f_bar^2 - mu^2` (the spread of the margins); the equilibrium
+    `rho_eq = mu / (M + lambda)` (Eq. 7).
+
+    The gap to interpolation is measured relative to the targets' norm `c = target_sq = mean ||t_n||^2`
+    (1 for ±1 targets, C/(C-1) for centred one-hot): interpolation `rho f_V(x_n) = t_n` means `rho mu = c`,
+    so `gap_measured = 1 - rho mu / c`. Eq. 8 is written for unit targets; for `c != 1` it holds for the
+    margins of the unit targets `t_n / sqrt(c)`: with `mu1 = mu / sqrt(c)` and `s2 = M - mu1^2` (the
+    second moment of `f_V` not along the unit target, spread and off-target parts together),
+    `gap_predicted = (s2 + lambda) / (mu1^2 + s2 + lambda)`, equal to `1 - rho_eq mu / c`. For one output
+    with ±1 labels `s2 = sigma2` and this is the paper's Eq. 8 as printed. `gap_sigma2` is that `s2`.
     """
     f = as_tensor(fbar, "fbar", min_ndim=1).reshape(-1)
     check_positive(weight_decay, "weight_decay", strict=False)
-    lam = float(weight_decay)
+    check_positive(target_sq, "target_sq")
+    lam, c = float(weight_decay), float(target_sq)
     mu = float(f.mean())
     M = float((f**2).mean()) if second_moment is None else float(second_moment)
-    sigma2 = max(M - mu**2, 0.0) if second_moment is None else float((f**2).mean()) - mu**2
+    sigma2 = max(float((f**2).mean()) - mu**2, 0.0)
+    mu1_sq = mu**2 / c
+    s2 = max(M - mu1_sq, 0.0)
     rho = float(rho)
     denom = M + lam
     rho_eq = mu / denom if denom > 0 else float("nan")
@@ -354,11 +364,12 @@ def margin_stats(fbar, rho: float, weight_decay: float, second_moment=None) -> d
         "mu": mu,
         "M": M,
         "sigma2": sigma2,
-        "sigma": math.sqrt(max(sigma2, 0.0)),
+        "sigma": math.sqrt(sigma2),
+        "gap_sigma2": s2,
         "rho_eq": rho_eq,
         "rho_over_rho_eq": rho / rho_eq if rho_eq != 0 and math.isfinite(rho_eq) else float("nan"),
-        "gap_measured": 1 - rho * mu,
-        "gap_predicted": (sigma2 + lam) / (mu**2 + sigma2 + lam) if (mu**2 + sigma2 + lam) > 0 else float("nan"),
+        "gap_measured": 1 - rho * mu / c,
+        "gap_predicted": (s2 + lam) / (mu1_sq + s2 + lam) if (mu1_sq + s2 + lam) > 0 else float("nan"),
         "margin_min": float(f.min()),
         "margin_max": float(f.max()),
         "fraction_positive": float((f > 0).to(torch.float64).mean()),

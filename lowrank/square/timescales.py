@@ -10,17 +10,25 @@ The paper's own dynamics give the clocks:
   is `weight_decay_steps(lam, eta_rho) = 1 / (eta_rho lam)` steps (the "1/(eta lambda)" of the literature;
   `accumulated_weight_decay = steps * eta_rho * lam` counts how many of them a run lasts).
 
-`M` grows as the network learns (the margins of an untrained normalised network are tiny), so the
-relaxation time computed from the *initial* `M` is an upper bound on the time the run actually needs:
-a run that passes it has certainly had the time; one that does not "needs a larger scale".
+`M` grows as the network learns (the margins of an untrained normalised network are tiny: 100-15,000x
+growth is measured on the Part III pages), so the relaxation time at the *initial* `M` says little about
+the run. The regime of a trained run is therefore read from its logged trajectory:
+`logged_rho_relaxations` integrates the e-folding rate `-log|1 - 2 eta (M_t + lam)|` over the steps,
+taking on each logged interval the smaller of its two end values of `M` (a lower bound where `M` is
+monotone within the interval), and `rho_relaxation_regime_logged` compares that count with the one
+needed and records the measured end state `|rho / rho_eq - 1|` beside it. `rho_relaxation_regime`
+(initial `M`) stays as the estimate made before training, for sizing a run.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
+
 __all__ = ["steps_per_epoch", "rho_relaxation_steps", "relaxations_needed", "weight_decay_steps",
-           "accumulated_weight_decay", "rho_relaxation_regime", "weight_decay_regime"]
+           "accumulated_weight_decay", "rho_relaxation_regime", "weight_decay_regime",
+           "relaxation_rate", "logged_rho_relaxations", "rho_relaxation_regime_logged"]
 
 
 def _nonneg(value, name):
@@ -101,3 +109,51 @@ def weight_decay_regime(*, steps: int, lam: float, rho_lr: float, needed: float 
     return {"quantity": f"accumulated weight decay, steps × η × λ ({steps} steps, step size of ρ η = {rho_lr:g}, "
                         f"λ = {lam:g})",
             "value": accumulated_weight_decay(steps, lam, rho_lr), "needed": float(needed), "origin": origin}
+
+
+def relaxation_rate(M: float, lam: float, rho_lr: float) -> float:
+    """E-foldings per step of rho's distance to `mu / (M + lam)`: `1 / rho_relaxation_steps` (0 when rho does
+    not relax, infinite when one step lands on the equilibrium)."""
+    tau = rho_relaxation_steps(M, lam, rho_lr)
+    return 0.0 if math.isinf(tau) else (math.inf if tau == 0 else 1.0 / tau)
+
+
+def logged_rho_relaxations(epochs, M, *, lam: float, rho_lr: float, steps_per_epoch: int) -> float:
+    """E-foldings of rho's relaxation accumulated over a run's logged trajectory: the sum over logged
+    intervals `[e_i, e_{i+1}]` of `(e_{i+1} - e_i) * steps_per_epoch * relaxation_rate(min(M_i, M_{i+1}))`.
+    `epochs` and `M` are the history's columns (increasing epochs, the first the run's start)."""
+    e = np.asarray(epochs, dtype=float)
+    m = np.asarray(M, dtype=float)
+    if e.ndim != 1 or e.shape != m.shape or len(e) < 2:
+        raise ValueError("epochs and M must be 1-D of the same length >= 2")
+    if not (np.all(np.isfinite(e)) and np.all(np.diff(e) > 0)):
+        raise ValueError("epochs must be finite and increasing")
+    if not isinstance(steps_per_epoch, int) or steps_per_epoch < 1:
+        raise ValueError(f"steps_per_epoch must be a positive integer, got {steps_per_epoch!r}")
+    total = 0.0
+    for de, m_lo in zip(np.diff(e), np.minimum(m[:-1], m[1:])):
+        total += de * steps_per_epoch * relaxation_rate(float(m_lo), lam, rho_lr)
+    return float(total)
+
+
+def rho_relaxation_regime_logged(history, *, lam: float, rho_lr: float, steps_per_epoch: int, tolerance: float,
+                                 label: str = "") -> dict:
+    """The regime of "rho reaches mu / (M + lam)" of one trained run, from its logged `history` (columns
+    `epoch`, `M`, `rho_over_rho_eq`): `logged_rho_relaxations` against `relaxations_needed(|rho_0 / rho_eq,0 - 1|,
+    tolerance)`. Fields of `lowrank.book.verdicts.Regime`, plus `details` (initial and final M, the e-foldings
+    the initial M alone would give, and the measured end state |rho / rho_eq - 1|)."""
+    h = history.sort_values("epoch")
+    first, last = h.iloc[0], h.iloc[-1]
+    steps = int(round((float(last.epoch) - float(first.epoch)) * steps_per_epoch))
+    value = logged_rho_relaxations(h.epoch.to_numpy(), h.M.to_numpy(), lam=lam, rho_lr=rho_lr,
+                                   steps_per_epoch=steps_per_epoch)
+    e0 = abs(float(first.rho_over_rho_eq) - 1)
+    at = f" ({label})" if label else ""
+    return {"quantity": f"e-foldings of ρ's distance to μ/(M + λ){at} over the logged trajectory of M "
+                        f"({len(h)} logs, {steps} steps of size {rho_lr:g}, λ = {lam:g}; M from {float(first.M):.3g} "
+                        f"to {float(last.M):.3g}; Eq. 6)",
+            "value": value, "needed": relaxations_needed(e0, tolerance),
+            "origin": f"the log of the initial relative distance {e0:.3g} over the tolerance {tolerance:g}",
+            "details": {"label": label, "M_initial": float(first.M), "M_final": float(last.M), "steps": steps,
+                        "efoldings_at_initial_M": steps * relaxation_rate(float(first.M), lam, rho_lr),
+                        "final_abs_rho_over_rho_eq_minus_1": abs(float(last.rho_over_rho_eq) - 1)}}

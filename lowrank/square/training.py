@@ -350,7 +350,7 @@ def evaluate(model, data: _Data, lam: float, *, nc: bool = True, nc_convention: 
     rho = float(model.rho.detach())
     fbar = collapse.margins(out_tr, data.labels_train)
     second = None if out_tr.ndim == 1 else float((out_tr.double() ** 2).sum(1).mean())
-    stats = collapse.margin_stats(fbar.double().cpu(), rho, lam, second_moment=second)
+    stats = collapse.margin_stats(fbar.double().cpu(), rho, lam, second_moment=second, target_sq=data.target_sq)
     loss = float(((rho * out_tr.double() - data.targets.double()) ** 2).reshape(data.n, -1).sum(1).mean()) + lam * rho**2
     row = {**stats, "product_norm": model.product_norm(), "loss": loss,
            "loss_eq11": data.target_sq - 2 * rho * stats["mu"] + rho**2 * (stats["M"] + lam),
