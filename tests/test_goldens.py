@@ -40,6 +40,9 @@ def test_seed_overrides_shift_single_seeds_and_lists_without_overlap():
     assert goldens.seed_overrides("gradients/decomposition", 3) == {"seed": 3}
     lists = [goldens.seed_overrides("gradients/phase_diagram", k)["seeds"] for k in range(3)]
     assert lists == [[0, 1], [2, 3], [4, 5]]
+    # a page pooling `seeds` consecutive seeds from `seed`: each offset moves past all of them
+    pooled = [goldens.seed_overrides("sgd/rank_vs_weight_decay", k, {"seed": 10, "seeds": 3})["seed"] for k in range(3)]
+    assert pooled == [10, 13, 16]
 
 
 def test_entries_follow_the_stated_rule():

@@ -98,11 +98,12 @@ def parse_seeds(text: str) -> list[int]:
     return out
 
 
-def seed_overrides(name: str, k: int) -> dict:
-    """Parameters that shift notebook `name`'s randomness by offset `k` (0: its defaults)."""
-    defaults = notebooks.parameter_defaults(notebooks.read_notebook(name))
-    if "seed" in defaults:
-        return {"seed": defaults["seed"] + k}
+def seed_overrides(name: str, k: int, params: dict | None = None) -> dict:
+    """Parameters that shift notebook `name`'s randomness by offset `k` from `params` (None: its defaults)."""
+    defaults = params if params is not None else notebooks.parameter_defaults(notebooks.read_notebook(name))
+    if "seed" in defaults:  # a page pooling `seeds` consecutive seeds from `seed` moves past all of them
+        step = defaults["seeds"] if isinstance(defaults.get("seeds"), int) and defaults["seeds"] > 0 else 1
+        return {"seed": defaults["seed"] + k * step}
     if "seeds" in defaults:
         seeds = list(defaults["seeds"])
         return {"seeds": [s + k * len(seeds) for s in seeds]}

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 __all__ = ["Threshold", "Control", "NULL_ALPHA", "null_p_value", "glue", "Excluded", "Regime", "Verdict", "check", "claim", "show", "summary",
            "GLUE_PREFIX", "OUTCOMES", "CHECK_OUTCOMES", "CLAIM_OUTCOMES", "UNSTABLE", "LARGER_SCALE", "STABILITY_ENV",
-           "stability_text", "within", "entry_mismatch"]
+           "stability_text", "within", "entry_mismatch", "near_threshold", "rerun_stability", "NEAR_SHARE"]
 
 GLUE_PREFIX = "verdict."
 UNSTABLE = "unstable"
@@ -342,6 +342,45 @@ def _with_stability(v: Verdict) -> Verdict:
             f"tests/golden_verdicts.yaml); this run: {v.outcome}")
     return replace(v, outcome=UNSTABLE, note=f"{v.note}; {note}" if v.note else note,
                    details={**v.details, "stability": {"outcomes": dict(outcomes), "runs": runs, "this_run": v.outcome}})
+
+
+NEAR_SHARE = 0.1  # "within 10 % of its threshold" (fixed in advance): such an outcome is rerun with other seeds
+
+
+def near_threshold(record: dict, share: float = NEAR_SHARE) -> bool:
+    """Whether a glued claim's outcome could turn on its seeds: the measured value, or a control that
+    decides it, lies within `share` of the threshold (of |value|, or 1 when the threshold is 0; of the
+    width for a "between" threshold), or a null's p-value within `share` of NULL_ALPHA. A check, or a
+    claim whose regime is not reached (decided before training), never is."""
+    thr = record.get("threshold")
+    if record.get("kind") != "claim" or record.get("outcome") in (LARGER_SCALE, UNSTABLE) or not thr:
+        return False
+
+    def near(x: float) -> bool:
+        if not math.isfinite(x):
+            return False
+        if thr["op"] == "between":
+            low, high = thr["value"]
+            return min(abs(x - low), abs(x - high)) <= share * (high - low)
+        return abs(x - thr["value"]) <= share * (abs(thr["value"]) or 1.0)
+
+    controls = record.get("controls") or []
+    return near(float(record["measured"])) or any(
+        abs(c["p_value"] - NULL_ALPHA) <= share * NULL_ALPHA if "p_value" in c else near(float(c["value"])) for c in controls)
+
+
+def rerun_stability(first: dict, again: dict, label: str) -> dict:
+    """`first` (a glued record) judged beside the same verdict of a rerun with other seeds (`again`,
+    described by `label`): "unstable" when the two outcomes differ, with both in `details["stability"]`
+    as the golden measurement records them (the first run's outcome is `this_run`)."""
+    outcomes = {first["outcome"]: 1}
+    outcomes[again["outcome"]] = outcomes.get(again["outcome"], 0) + 1
+    details = {**first.get("details", {}), "rerun": {"label": label, "outcome": again["outcome"], "measured": again["measured"]}}
+    if len(outcomes) == 1:
+        return {**first, "details": details}
+    note = f"unstable: {stability_text(outcomes)} runs (this run and {label})"
+    return {**first, "outcome": UNSTABLE, "note": f"{first['note']}; {note}" if first.get("note") else note,
+            "details": {**details, "stability": {"outcomes": outcomes, "runs": 2, "this_run": first["outcome"]}}}
 
 
 def _glue(v: Verdict) -> Verdict:
