@@ -6,6 +6,7 @@ Sections by class: security, data loss, silently wrong, tracebacks and wrong err
 
 import os
 import pickle
+import shutil
 import socket
 import subprocess
 import sys
@@ -30,6 +31,12 @@ def spec_file(folder: Path, body: dict, name="spec.yaml") -> Path:
     path = folder / name
     path.write_text(yaml.safe_dump(body))
     return path
+
+
+@pytest.fixture(autouse=True)
+def own_record(tmp_path, monkeypatch):
+    """The record of the tool's outputs (`io.written_record`) of this test only."""
+    monkeypatch.setenv("LOWRANK_STATE", str(tmp_path / "state"))
 
 
 @pytest.fixture
@@ -188,25 +195,31 @@ def test_report_never_overwrites_a_file_it_did_not_write(tmp_path, capsys, monke
     before = copy.read_bytes()
     assert "was not written by lowrank" in one_line(["report", folder, "-o", copy], capsys)
     assert copy.read_bytes() == before
-    link = tmp_path / "link.html"  # through a link: the same
+    link = tmp_path / "link.html"  # through a link: refused, whatever it points to
     link.symlink_to(copy)
-    assert "was not written by lowrank" in one_line(["report", folder, "-o", link], capsys)
+    assert "is a link" in one_line(["report", folder, "-o", link], capsys)
     assert copy.read_bytes() == before and link.is_symlink()
+    # "ours" is the tool's record, not the first bytes: a file starting with the report's meta tag is the user's
+    typed = tmp_path / "typed.html"
+    typed.write_text(f"<!doctype html><html><head>{report.GENERATOR}</head><body>my notes</body></html>")
+    assert "was not written by lowrank" in one_line(["report", folder, "-o", typed], capsys)
+    assert "my notes" in typed.read_text()
 
 
-def test_report_replaces_its_own_report_and_writes_through_a_link(tmp_path, capsys, monkeypatch):
+def test_report_replaces_its_own_report_only_as_written_and_never_through_a_link(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
     folder = _run_folder(tmp_path / "runs")
     out = tmp_path / "report.html"
     assert cli.main(["report", str(folder), "-o", str(out)]) == 0
-    first = out.read_text()
-    assert report.GENERATOR in first
-    assert cli.main(["report", str(folder), "-o", str(out)]) == 0  # its own file: replaced
+    assert io.written_by_lowrank(out)
+    assert cli.main(["report", str(folder), "-o", str(out)]) == 0  # its own file, as it wrote it: replaced
     link = tmp_path / "latest.html"
     link.symlink_to(out)
-    assert cli.main(["report", str(folder), "-o", str(link)]) == 0
-    assert link.is_symlink() and report.GENERATOR in out.read_text()
-    capsys.readouterr()
+    assert "is a link" in one_line(["report", folder, "-o", link], capsys)
+    out.write_text(out.read_text() + "<!-- my annotations -->")  # the user's edits make it the user's
+    assert not io.written_by_lowrank(out)
+    assert "was not written by lowrank" in one_line(["report", folder, "-o", out], capsys)
+    assert out.read_text().endswith("<!-- my annotations -->")
 
 
 def test_report_cannot_reach_a_run_folder_through_a_link(tmp_path, capsys, monkeypatch):
@@ -233,18 +246,19 @@ def test_report_and_every_atomic_write_refuse_devices_and_fifos(tmp_path, capsys
         io.write_atomically(target, "x")
     link = tmp_path / "link"
     link.symlink_to(target)
-    with pytest.raises(io.OutputRefused, match="a device|a FIFO"):
+    with pytest.raises(io.OutputRefused, match="is a link"):
         io.write_atomically(link, "x")
     assert link.is_symlink() and (target.is_char_device() or target.is_fifo())
 
 
-def test_an_atomic_write_goes_through_a_link(tmp_path):
+def test_an_atomic_write_never_goes_through_a_link(tmp_path):
     target = tmp_path / "real.txt"
     target.write_text("old")
     link = tmp_path / "link.txt"
     link.symlink_to(target)
-    io.write_atomically(link, "new")
-    assert link.is_symlink() and target.read_text() == "new"
+    with pytest.raises(io.OutputRefused, match=r"is a link \(-> .*real.txt\)"):
+        io.write_atomically(link, "new")
+    assert link.is_symlink() and target.read_text() == "old"
     with pytest.raises(io.OutputRefused, match="a folder"):
         io.write_atomically(tmp_path, "x")
 
@@ -259,17 +273,18 @@ def test_a_checkpoint_path_naming_a_device_or_fifo_is_refused(tmp_path, kind):
     else:
         path = tmp_path / "ckpt"
         path.symlink_to("/dev/null")
-    with pytest.raises(ValueError, match="is a device|is a FIFO"):
+    with pytest.raises(ValueError, match="is a device|is a FIFO|is a link"):
         _fit(tmp_path, path)
     assert Path("/dev/null").is_char_device()
 
 
-def test_a_checkpoint_through_a_link_writes_its_target(tmp_path):
+def test_a_checkpoint_through_a_link_is_refused(tmp_path):
     target = tmp_path / "real.ckpt"
     link = tmp_path / "link.ckpt"
     link.symlink_to(target)
-    _fit(tmp_path, link)
-    assert link.is_symlink() and target.is_file()
+    with pytest.raises(ValueError, match="is a link"):
+        _fit(tmp_path, link)
+    assert link.is_symlink() and not target.exists()
 
 
 def test_a_sweep_output_cannot_be_a_run_folder_or_a_users_folder(clean_env, capsys, monkeypatch):
@@ -639,9 +654,16 @@ def test_collect_never_writes_through_a_planted_link(clean_env, monkeypatch):
     mine = clean_env / "thesis.tex"
     mine.write_text("mine")
     (clean_env / "out" / "collected.csv").symlink_to(mine)
-    with pytest.raises(io.OutputRefused, match="was not written by lowrank"):
+    with pytest.raises(io.OutputRefused, match="is a link"):
         sweeps.collect(spec)
     assert mine.read_text() == "mine"
+    (clean_env / "out" / "collected.csv").unlink()
+    sweeps.collect(spec)  # its own table, then replaced as written ...
+    sweeps.collect(spec)
+    (clean_env / "out" / "collected.csv").write_text("run,my own table\n")  # ... but not a user's, whatever its head
+    with pytest.raises(io.OutputRefused, match="was not written by lowrank"):
+        sweeps.collect(spec)
+    assert (clean_env / "out" / "collected.csv").read_text() == "run,my own table\n"
 
 
 def test_a_failed_notebooks_copy_never_writes_through_a_planted_link(tmp_path, monkeypatch):
@@ -668,23 +690,285 @@ def test_a_failed_notebooks_copy_never_writes_through_a_planted_link(tmp_path, m
     assert mine.read_text() == "mine" and not kept.is_symlink() and kept.read_text() == '{"cells": []}'
 
 
-def test_a_link_of_another_user_is_not_followed(tmp_path):
-    """Resolving links in Python would bypass the kernel's protected_symlinks: a link planted in /tmp
-    by another user would let a write create or replace a file wherever it points."""
+def test_no_link_is_followed_by_a_write_whoever_owns_it(tmp_path):
+    """A link in an output's place is refused, the user's own as another's (a planted one in /tmp, or a
+    dangling one, would otherwise create or replace a file wherever it points)."""
     target = tmp_path / "real.txt"
     target.write_text("old")
-    foreign = tmp_path / "foreign"
-    foreign.symlink_to(target)
     dangling = tmp_path / "dangling"
     dangling.symlink_to(tmp_path / "elsewhere" / "cron-job")
-    own = tmp_path / "own"  # the user's own link to a file still to be written: followed
+    own = tmp_path / "own"
     own.symlink_to(tmp_path / "new.txt")
-    io.write_atomically(own, "new")
-    assert (tmp_path / "new.txt").read_text() == "new"
-    if os.getuid() != 0:
-        pytest.skip("giving a link to another user needs root")
-    for link in (foreign, dangling):
-        os.lchown(link, 12345, 12345)
-        with pytest.raises(io.OutputRefused, match="owned by another user"):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    for link in (own, dangling, loop):
+        with pytest.raises(io.OutputRefused, match="is a link"):
             io.write_atomically(link, "x")
-    assert target.read_text() == "old" and not (tmp_path / "elsewhere").exists()
+    assert not (tmp_path / "new.txt").exists() and not (tmp_path / "elsewhere").exists()
+
+
+# ---- round 2: "ours" is the tool's record; nothing it did not write is deleted; no hang on odd files -----
+
+def test_diff_never_overwrites_a_file_starting_with_its_title(tmp_path, capsys):
+    mine = tmp_path / "notes.md"
+    mine.write_text("# Verdict diff\n\nmy notes on the last build\n")
+    assert "was not written by lowrank" in one_line(["diff", "-o", mine], capsys)
+    assert "my notes" in mine.read_text()
+
+
+def test_a_sweep_rerun_never_deletes_a_finished_folder_holding_a_users_file(clean_env, capsys, monkeypatch):
+    monkeypatch.setenv("LOWRANK_SWEEP_MODULES", "sweep_fixture")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    spec_path = spec_file(clean_env, {"function": "sweep_fixture:ranked_matrix", "points": [{"size": 3, "seed": 0}]})
+    spec = sweeps.load_spec(spec_path, output=clean_env / "out")
+    assert not sweeps.run_sweep(spec, "local", jobs=1, progress=False)["failed"]
+    folder = spec.run_folder(spec.points[0])
+    (folder / "my-analysis.ipynb").write_text("mine")
+    with pytest.raises(runs.RunFolderError, match=r"holds files its run did not write \(my-analysis.ipynb\); "
+                                                  r"nothing was deleted"):
+        sweeps.run_sweep(spec, "local", jobs=1, progress=False)
+    assert (folder / "my-analysis.ipynb").read_text() == "mine"
+    (folder / "my-analysis.ipynb").unlink()  # without it the changed folder is the tool's to redo
+    (folder / "results.json").write_text("{}")
+    assert not sweeps.run_sweep(spec, "local", jobs=1, progress=False)["failed"]
+    assert runs.manifest_problems(folder) == []
+
+
+def test_a_sweep_run_folder_that_is_a_link_is_refused_in_one_line(clean_env, capsys, monkeypatch):
+    """shutil.rmtree on a link raised OSError "Cannot call rmtree on a symbolic link"."""
+    monkeypatch.setenv("LOWRANK_SWEEP_MODULES", "sweep_fixture")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    spec = sweeps.load_spec(spec_file(clean_env, {"function": "sweep_fixture:ranked_matrix",
+                                                  "points": [{"size": 3, "seed": 0}]}), output=clean_env / "out")
+    assert not sweeps.run_sweep(spec, "local", jobs=1, progress=False)["failed"]
+    folder = spec.run_folder(spec.points[0])
+    elsewhere = clean_env / "thesis"
+    elsewhere.mkdir()
+    (elsewhere / "chapter.tex").write_text("mine")
+    shutil.rmtree(folder)
+    folder.symlink_to(elsewhere)
+    with pytest.raises(runs.RunFolderError, match="is a link"):
+        sweeps.run_sweep(spec, "local", jobs=1, progress=False)
+    assert (elsewhere / "chapter.tex").read_text() == "mine"
+
+
+def test_a_notebook_rerun_never_deletes_a_users_file_in_the_run_folder(tmp_path):
+    folder = _run_folder(tmp_path / "runs")
+    runs.check_discardable(folder)  # as its run wrote it: the tool's to replace
+    (folder / "verdicts.json").write_text('{"edited": 1}')  # a changed file of the run: still the run's
+    runs.check_discardable(folder)
+    (folder / "figures" / "my-sketch.svg").write_text("mine")
+    with pytest.raises(runs.RunFolderError, match="figures/my-sketch.svg"):
+        runs.check_discardable(folder)
+    (folder / "manifest.json").unlink()  # without a manifest nothing there is known to be the run's
+    with pytest.raises(runs.RunFolderError, match="parameters.json"):
+        runs.discard_run_folder(folder)
+    assert (folder / "figures" / "my-sketch.svg").read_text() == "mine"
+
+
+def test_fetch_never_removes_an_incomplete_cifar_folder_holding_a_users_files(tmp_path):
+    from test_fetch import _cifar_archive, _cifar_batches, _md5, _mnist_files, _Server, _sources
+
+    from lowrank.core import datasets
+
+    cifar = _cifar_archive()
+    batches = _cifar_batches()
+    with _Server({"cifar-10-python.tar.gz": cifar}) as srv:
+        sources = _sources(srv.base, _mnist_files(), cifar)
+        folder = tmp_path / "cifar-10-batches-py"
+        folder.mkdir()
+        (folder / "my-notes.txt").write_text("mine")
+        (folder / "data_batch_1").write_bytes(batches["data_batch_1"])  # one published batch already there
+        datasets.fetch("cifar10", tmp_path, sources=sources, progress=False)
+        assert (folder / "my-notes.txt").read_text() == "mine"
+        assert all(_md5((folder / n).read_bytes()) == _md5(b) for n, b in batches.items())
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # the unpack folder is gone
+        # a batch there that is not the published one: named, nothing removed or replaced
+        (folder / "test_batch").write_bytes(b"my own")
+        (tmp_path / "cifar-10-python.tar.gz").unlink()
+        with pytest.raises(datasets.FetchError, match="test_batch is there but its md5"):
+            datasets.fetch("cifar10", tmp_path, sources=sources, progress=False)
+        assert (folder / "test_batch").read_bytes() == b"my own" and (folder / "my-notes.txt").is_file()
+
+
+def test_a_leftover_unpack_folder_of_the_same_pid_name_is_not_removed(tmp_path):
+    """The unpack folder was `.cifar-10-batches-py.tmp-PID`, removed first: a user's folder of that name went."""
+    from test_fetch import _cifar_archive, _mnist_files, _Server, _sources
+
+    from lowrank.core import datasets
+
+    theirs = tmp_path / f".cifar-10-batches-py.tmp-{os.getpid()}"
+    theirs.mkdir()
+    (theirs / "keep.txt").write_text("mine")
+    cifar = _cifar_archive()
+    with _Server({"cifar-10-python.tar.gz": cifar}) as srv:
+        datasets.fetch("cifar10", tmp_path, sources=_sources(srv.base, _mnist_files(), cifar), progress=False)
+    assert (theirs / "keep.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "broken link"])
+def test_an_mnist_file_that_is_a_fifo_or_a_broken_link_is_refused_without_waiting(tmp_path, capsys, kind):
+    from lowrank.core import datasets
+
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    odd = raw / "train-images-idx3-ubyte.gz"
+    if kind == "fifo":
+        os.mkfifo(odd)
+    else:
+        odd.symlink_to(tmp_path / "gone.gz")
+    want = "is a FIFO, not a regular file" if kind == "fifo" else r"is a broken link \(-> .*gone.gz\)"
+    with pytest.raises(datasets.FetchError, match=want):  # in data fetch: before pooch opens it
+        datasets.fetch("mnist", tmp_path, sources={"mnist": datasets.SOURCES["mnist"]._replace(
+            mirrors=("http://127.0.0.1:9/",))}, progress=False)
+    with pytest.raises(ValueError, match=want):  # and in the loader, not "not found"
+        datasets.mnist(tmp_path)
+
+
+def test_a_gzip_bomb_mnist_file_is_stopped_at_what_its_header_says(tmp_path):
+    import gzip
+
+    from lowrank.core import datasets
+
+    header = bytes([0, 0, 8, 1]) + (10).to_bytes(4, "big")  # "10 labels"
+    bomb = tmp_path / "t10k-labels-idx1-ubyte.gz"
+    with gzip.open(bomb, "wb") as f:
+        f.write(header)
+        for _ in range(64):  # 64 MiB unpacked from ~64 KiB
+            f.write(bytes(1 << 20))
+    assert bomb.stat().st_size < 1 << 20
+    with pytest.raises(ValueError, match="holds more than its header"):
+        datasets._read_idx(bomb)
+    huge = tmp_path / "train-images-idx3-ubyte"
+    huge.write_bytes(bytes([0, 0, 8, 3]) + b"".join(n.to_bytes(4, "big") for n in (10**9, 28, 28)))
+    with pytest.raises(ValueError, match="an MNIST file holds at most"):
+        datasets._read_idx(huge)
+
+
+class _OddServer:
+    """A mirror that drips one byte every `pause` s, or sends bytes for ever (no Content-Length)."""
+
+    def __init__(self, mode: str, pause: float = 0.2):
+        import http.server
+        import threading
+        import time
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                self.send_response(200)
+                if mode == "drip":
+                    self.send_header("Content-Length", "1000")
+                self.end_headers()
+                try:
+                    for _ in range(10**6):
+                        self.wfile.write(b"x" if mode == "drip" else bytes(1 << 16))
+                        self.wfile.flush()
+                        if mode == "drip":
+                            time.sleep(pause)
+                except OSError:
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_dripping_mirror_is_stopped_at_the_minimum_rate(tmp_path, monkeypatch):
+    import time
+
+    from lowrank.core import datasets
+
+    monkeypatch.setattr(datasets, "DOWNLOAD_GRACE", 1)  # deadline: 1 x timeout + size / rate
+    monkeypatch.setattr(datasets, "DOWNLOAD_MIN_RATE", 1000)
+    with _OddServer("drip") as srv:
+        started = time.monotonic()
+        with pytest.raises(datasets.FetchError, match="slower than"):
+            datasets.download(srv.base + "f.gz", tmp_path / "f.gz", "0" * 32, progress=False, timeout=1.0,
+                              max_bytes=1000)
+        assert time.monotonic() - started < 10  # each byte came within the timeout: without a deadline, 200 s
+    assert not (tmp_path / "f.gz").exists()
+
+
+def test_an_endless_download_is_stopped_at_the_published_size(tmp_path):
+    from lowrank.core import datasets
+
+    with _OddServer("endless") as srv:
+        with pytest.raises(datasets.FetchError, match="sent more than the 100000 bytes"):
+            datasets.download(srv.base + "f.gz", tmp_path / "f.gz", "0" * 32, progress=False, timeout=5.0,
+                              max_bytes=100000)
+    assert list(tmp_path.iterdir()) == []
+    assert dict(datasets.SOURCES["mnist"].sizes).keys() == {n for n, _ in datasets.SOURCES["mnist"].files}
+    assert dict(datasets.SOURCES["cifar10"].sizes).keys() == {n for n, _ in datasets.SOURCES["cifar10"].files}
+
+
+@pytest.mark.parametrize("page, name", [("sgd/architectures", "res_bn_lrs"), ("sgd/architectures", "mlp_lrs"),
+                                        ("sgd/generalization", "panel_lrs")])
+def test_a_learning_rate_list_with_a_repeated_value_is_refused(capsys, page, name):
+    assert "repeats a value" in one_line(["run", page, "-p", name, "[0.05, 0.05]", "--dry-run"], capsys)
+
+
+# ---- spectral functions: defined for every finite input (ratios before squares), refusing the rest --------
+
+def test_spectrum_stats_of_huge_and_subnormal_spectra_are_their_ratios():
+    import torch
+
+    from lowrank.core import spectral
+
+    huge = spectral.spectrum_stats(torch.tensor([1.7e308, 1e308, 1.0], dtype=torch.float64), 0.01)
+    # independent: the ratios 1, 1/1.7, 1/1.7e308 -> stable rank 1 + 1/1.7^2; ||s|| beyond float64: inf
+    assert float(huge["stable_rank"]) == pytest.approx(1 + 1 / 1.7**2, rel=1e-12)
+    assert int(huge["rank_spectral"]) == 2 and int(huge["rank_frobenius"]) == 2
+    assert huge["weight_norm"] == float("inf") and float(huge["spectral_norm"]) == 1.7e308
+    tiny = spectral.spectrum_stats(torch.tensor([5e-324, 5e-324], dtype=torch.float64), 0.01)
+    assert float(tiny["stable_rank"]) == pytest.approx(2.0) and int(tiny["rank_frobenius"]) == 2  # was 1: the squares underflowed
+    sub = spectral.spectrum_stats(torch.full((3,), 1e-310, dtype=torch.float64), 0.5)
+    assert float(sub["stable_rank"]) == pytest.approx(3.0) and int(sub["rank_frobenius"]) == 3
+    assert int(spectral.rank_from_singular_values(torch.full((3,), 1e-310, dtype=torch.float64), 0.5,
+                                                  "frobenius")) == 3
+
+
+@pytest.mark.parametrize("eps", [1, 1.5, 0, -0.1])
+def test_a_rank_threshold_outside_zero_one_is_refused(eps):
+    import torch
+
+    from lowrank.core import spectral
+
+    for call in (lambda: spectral.rank_from_singular_values(torch.tensor([1.0, 0.5]), eps),
+                 lambda: spectral.spectrum_stats(torch.tensor([1.0, 0.5]), eps),
+                 lambda: spectral.numerical_rank(torch.eye(3), eps)):
+        with pytest.raises(ValueError, match=r"in \(0, 1\)"):
+            call()
+
+
+def test_principal_angles_and_top_singular_of_huge_finite_matrices():
+    import torch
+
+    from lowrank.core import spectral
+
+    g = torch.Generator().manual_seed(0)
+    A, B = torch.randn(6, 2, generator=g, dtype=torch.float64), torch.randn(6, 2, generator=g, dtype=torch.float64)
+    for scale in (1e300, 1e-300):  # the column spaces are A's and B's: the same angles (was "zero matrix")
+        assert torch.allclose(spectral.principal_angles(A * scale, B * scale), spectral.principal_angles(A, B))
+    T = torch.randn(8, 7, generator=g, dtype=torch.float64)
+    for scale in (1e300, 1e-300):
+        assert torch.allclose(spectral.principal_angles(T * scale, T.flip(0) * scale),
+                              spectral.principal_angles(T, T.flip(0)), atol=1e-10)
+    # A^T B = 1e200 * (A^T B with the scales out): the values scale, the message of a real overflow names A^T B
+    got = spectral.top_singular_of_product(A * 1e250, B * 1e-50).s
+    assert torch.allclose(got / 1e200, torch.linalg.svdvals(A.T @ B)[:1], rtol=1e-12)
+    with pytest.raises(ValueError, match=r"A\^T B exceeds the largest"):
+        spectral.top_singular_of_product(A * 1e200, B * 1e200)
+    with pytest.raises(ValueError, match="singular value of M exceeds"):
+        spectral.top_singular(torch.full((3, 3), 1e308, dtype=torch.float64))

@@ -196,15 +196,15 @@ def cmd_diff(args) -> int:
     from lowrank.book import build, goldens
     from lowrank.core import io
 
-    # before any work: never over a file `lowrank diff` did not write (its text starts with its title)
-    out = io.check_replaceable(args.output, "diff output", ours=lambda p: io.head_contains(p, b"# Verdict diff", 16))
+    # before any work: never over a file the tool did not write (its record, not the file's title, says so)
+    out = io.check_replaceable(args.output, "diff output", ours=io.written_by_lowrank)
     executed = {n: build.executed_path(n) for n in build.book_notebooks()}
     missing = [n for n, p in executed.items() if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"not executed yet: {', '.join(missing)} (run `make book` first)")
     rows = goldens.verdict_diff(executed)
     text = goldens.diff_markdown(rows)
-    io.write_atomically(out, text)
+    io.write_atomically(out, text, record=True)
     print(text + f"\n(written to {args.output})")
     return 1 if args.strict and any(not r["within"] for r in rows) else 0
 

@@ -7,7 +7,7 @@ import html
 import os
 from pathlib import Path
 
-from lowrank.core.io import OutputRefused, check_replaceable, head_contains, write_atomically
+from lowrank.core.io import OutputRefused, check_replaceable, write_atomically, written_by_lowrank
 
 __all__ = ["render"]
 
@@ -20,14 +20,16 @@ def _cell(x) -> str:
     return html.escape(f"{x:.4g}" if isinstance(x, float) else str(x))
 
 
-# in every report's head: an existing file is replaced only when it carries this (one that `render` wrote)
+# in every report's head (a name for what wrote it; never proof: an existing file is replaced only when
+# `lowrank.core.io.written_by_lowrank` says so)
 GENERATOR = "<meta name='generator' content='lowrank report'>"
 
 
 def check_output(out) -> Path:
-    """`out` (its links resolved) as the file to write the report to, or InputError (one line) before
-    any work: a folder, a device, a FIFO, an existing file that is not a report of this tool (a `.py`,
-    a notebook, the goldens), a path inside a run folder or the runs folder, or an unwritable folder."""
+    """`out` as the file to write the report to, or InputError (one line) before any work: a link, a
+    folder, a device, a FIFO, an existing file this tool did not write (`written_by_lowrank`: a `.py`,
+    a notebook, the goldens, whatever their first bytes say), a path inside a run folder or the runs
+    folder (its parent's links resolved), or an unwritable folder."""
     from lowrank.book.notebooks import InputError
     from lowrank.book.runs import RUNS, check_output_folder, enclosing_run_folder
 
@@ -35,7 +37,7 @@ def check_output(out) -> Path:
     if out.is_dir():
         raise InputError(f"report output {out} is a folder; give a file name, e.g. {out / 'report.html'}")
     try:
-        target = check_replaceable(out, "report output", ours=lambda p: head_contains(p, GENERATOR.encode()))
+        target = check_replaceable(out, "report output", ours=written_by_lowrank)
     except OutputRefused as err:
         raise InputError(str(err)) from None
     # a file written into a run folder breaks its manifest, and the next run replaces the folder
@@ -97,4 +99,4 @@ def render(loaded: list[dict], out: Path) -> Path:
             parts.append(f"<td><b>{html.escape(r['provenance'].get('hash', r['folder'].name))}</b><br>{img}</td>")
         parts.append("</tr></table>")
     parts.append("</body></html>")
-    return write_atomically(out, "".join(parts))
+    return write_atomically(out, "".join(parts), record=True)

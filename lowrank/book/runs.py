@@ -187,6 +187,39 @@ def manifest_problems(folder: Path) -> list[str]:
     return problems
 
 
+def check_discardable(folder) -> None:
+    """RunFolderError unless `folder`, a run folder to be run again, holds only what its run wrote (the
+    files its manifest lists, the manifest): a file a user added there, a link, or a folder without a
+    readable manifest is never deleted; the message names what is in the way."""
+    folder = Path(folder)
+    if folder.is_symlink():
+        raise RunFolderError(f"{folder} is a link, not a run folder this tool wrote; it is left as it is "
+                             f"(remove the link yourself to run again)")
+    try:
+        listed = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        listed = None
+    if not isinstance(listed, dict):
+        listed = {}
+    try:
+        entries = sorted(folder.rglob("*"))
+    except OSError as err:
+        raise RunFolderError(f"{folder} cannot be read ({err.strerror or err}); it is left as it is") from None
+    foreign = [p.relative_to(folder).as_posix() for p in entries
+               if (p.is_symlink() or not p.is_dir()) and p.relative_to(folder).as_posix() not in listed
+               and p.name not in UNLISTED]
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise RunFolderError(f"{folder} must be run again but holds files its run did not write ({shown}); "
+                             f"nothing was deleted: move them out, then run again")
+
+
+def discard_run_folder(folder) -> None:
+    """Remove the run folder `folder` after `check_discardable` (never a file the tool did not write)."""
+    check_discardable(folder)
+    shutil.rmtree(folder)
+
+
 clean_debris = notebooks.clean_debris
 work_name = notebooks.work_name
 
@@ -249,6 +282,8 @@ def run(name: str, params: dict, *, force: bool = False, runs_root: Path | None 
             return final, True
         print(f"lowrank: {final} does not match its manifest ({'; '.join(problems[:3])}"
               f"{'; ...' if len(problems) > 3 else ''}): running it again", file=sys.stderr)
+    if final.is_dir() or final.is_symlink():  # replaced below: only if it holds nothing but its run's files
+        check_discardable(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = io.make_work_folder(work_name(final))
     try:

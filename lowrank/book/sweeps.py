@@ -605,12 +605,13 @@ def run_sweep(spec: SweepSpec, executor: str = "local", *, address: str | None =
     io.write_atomically(spec.output / SWEEP_RECORD, record)  # first: the folder is a sweep's
     for where in (spec.output, spec.output / ".nb" / str(spec.notebook)):
         runs.clean_debris(where)
-    for f in folders:
-        problems = runs.manifest_problems(f) if f.is_dir() else []
-        if problems:  # a finished folder that changed since: its result is not trusted
-            print(f"lowrank: {f} does not match its manifest ({'; '.join(problems[:3])}): running it again",
-                  file=sys.stderr)
-            shutil.rmtree(f)
+    stale = [f for f in folders if (f.is_dir() or f.is_symlink()) and runs.manifest_problems(f)]
+    for f in stale:  # before any is removed: a folder holding a user's file stops the sweep, nothing deleted
+        runs.check_discardable(f)
+    for f in stale:  # a finished folder that changed since: its result is not trusted
+        print(f"lowrank: {f} does not match its manifest ({'; '.join(runs.manifest_problems(f)[:3])}): running it "
+              f"again", file=sys.stderr)
+        runs.discard_run_folder(f)
     skipped = [str(f) for f in folders if f.is_dir()]
     missing = [p for p, f in zip(spec.points, folders) if not f.is_dir()]
     if spec.ensemble:  # restarted, only the members still missing train
@@ -694,8 +695,8 @@ def collect(spec: SweepSpec):
         raise SweepError(f"no finished runs of {spec.path} under {spec.output}")
     table = pd.concat(frames, ignore_index=True)
     out = io.check_replaceable(spec.output / "collected.csv", "collected table",  # never over a file it did not write
-                               ours=lambda p: io.head_contains(p, b"run,", 4))
-    io.write_atomically(out, table.to_csv(index=False))  # 0644, no temporary left
+                               ours=io.written_by_lowrank)
+    io.write_atomically(out, table.to_csv(index=False), record=True)  # 0644, no temporary left
     return table
 
 

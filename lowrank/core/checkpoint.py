@@ -107,7 +107,7 @@ def check_checkpoint_path(path) -> None:
     if p.is_dir():
         raise ValueError(f"checkpoint {p} is a folder; give a file path")
     try:
-        p = check_replaceable(p, "checkpoint")  # a device, a FIFO: refused; a link: its target
+        p = check_replaceable(p, "checkpoint")  # a device, a FIFO, a link: refused
     except OutputRefused as err:
         raise ValueError(str(err)) from None
     if not p.parent.is_dir():

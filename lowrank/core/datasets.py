@@ -246,18 +246,61 @@ def _missing(root: Path, what: str, expected) -> FileNotFoundError:
     )
 
 
-def _read_idx(path: Path) -> np.ndarray:
+def check_regular_file(path, what: str = "data file") -> Path:
+    """`path` when it is a regular file (a link to one is followed); ValueError, before anything opens
+    it, for a FIFO (reading it would wait for ever), a device, a folder, or a broken link (named with
+    its target). FileNotFoundError when nothing is there."""
+    import stat as stat_
+
+    path = Path(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise ValueError(f"{what} {path} is a broken link (-> {os.readlink(path)}): nothing is there") from None
+        raise
+    if not stat_.S_ISREG(st.st_mode):
+        kind = ("a FIFO" if stat_.S_ISFIFO(st.st_mode) else "a folder" if stat_.S_ISDIR(st.st_mode)
+                else "a device" if stat_.S_ISCHR(st.st_mode) or stat_.S_ISBLK(st.st_mode) else "not a regular file")
+        raise ValueError(f"{what} {path} is {kind}, not a regular file; it is not read")
+    return path
+
+
+def _exists(path: Path) -> bool:
+    """Whether anything (a file, a FIFO, a broken link) has the name `path`."""
+    return path.exists() or path.is_symlink()
+
+
+# the most values an MNIST IDX file holds (the 60,000 training images of 28 x 28): a header that says
+# more, or a compressed file that unpacks to more than its header says, is refused before it fills memory
+MNIST_MAX_VALUES = 60000 * 28 * 28
+
+
+def _read_idx(path: Path, max_values: int = MNIST_MAX_VALUES) -> np.ndarray:
+    check_regular_file(path, "MNIST file")
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as fh:
-        raw = fh.read()
-    if len(raw) < 8 or raw[0] != 0 or raw[1] != 0 or raw[2] != 8:
-        raise ValueError(f"{path} is not an IDX file of unsigned bytes")
-    ndim = raw[3]
-    shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
-    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
-    if data.size != int(np.prod(shape)):
-        raise ValueError(f"{path} is truncated: header says {shape}, found {data.size} values")
-    return data.reshape(shape).copy()  # frombuffer is read-only
+    try:
+        with opener(path, "rb") as fh:
+            head = fh.read(4)
+            if len(head) < 4 or head[0] != 0 or head[1] != 0 or head[2] != 8 or not 1 <= head[3] <= 3:
+                raise ValueError(f"{path} is not an IDX file of unsigned bytes")
+            ndim = head[3]
+            dims = fh.read(4 * ndim)
+            shape = tuple(int.from_bytes(dims[4 * i: 4 + 4 * i], "big") for i in range(ndim))
+            count = int(np.prod(shape, dtype=object)) if len(dims) == 4 * ndim else -1
+            if count < 0:
+                raise ValueError(f"{path} is truncated in its header")
+            if count > max_values:
+                raise ValueError(f"{path}: its header says {shape} ({count} values); an MNIST file holds at most "
+                                 f"{max_values}")
+            raw = fh.read(count + 1)  # one more: a file longer than its header says (a gzip bomb) stops here
+    except (OSError, EOFError, gzip.BadGzipFile) as err:
+        raise ValueError(f"{path} cannot be read as an IDX file ({type(err).__name__}: {err})") from None
+    if len(raw) > count:
+        raise ValueError(f"{path} holds more than its header's {shape} values; it is not an MNIST file")
+    if len(raw) != count:
+        raise ValueError(f"{path} is truncated: header says {shape}, found {len(raw)} values")
+    return np.frombuffer(raw, dtype=np.uint8).reshape(shape).copy()  # frombuffer is read-only
 
 
 def mnist(root, normalize: bool = True) -> Dataset:
@@ -270,7 +313,7 @@ def mnist(root, normalize: bool = True) -> Dataset:
     paths = {}
     for key, stem in _MNIST_FILES.items():
         candidates = [d / f"{stem}{ext}" for d in (root, root / "MNIST" / "raw") for ext in ("", ".gz")]
-        found = next((p for p in candidates if p.is_file()), None)
+        found = next((p for p in candidates if _exists(p)), None)
         if found is None:
             raise _missing(root, "MNIST", [f"{s}[.gz]" for s in _MNIST_FILES.values()])
         paths[key], arrays[key] = found, _read_idx(found)
@@ -295,10 +338,12 @@ def cifar10(root, normalize: bool = True) -> Dataset:
     `root/cifar-10-batches-py`. Inputs are 3 x 32 x 32, normalised per channel."""
     root = resolve_root(root)
     names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
-    folder = next((d for d in (root, root / "cifar-10-batches-py") if all((d / n).is_file() for n in names)), None)
+    folder = next((d for d in (root, root / "cifar-10-batches-py") if all(_exists(d / n) for n in names)), None)
     if folder is None:
         raise _missing(root, "CIFAR-10", names)
     published = dict(SOURCES["cifar10"].expect)
+    for n in names:  # a FIFO, a device, a broken link: refused before anything is opened
+        check_regular_file(folder / n, "CIFAR-10 batch")
 
     def batch(name):
         raw = (folder / name).read_bytes()
@@ -393,7 +438,9 @@ class DataSource(NamedTuple):
 
     files: (file name, published md5) pairs; mirrors: base URLs tried in order (each ends in "/");
     folder: sub-folder of the root the files are written to; extract_to: for an archive, the folder
-    (below the root) it unpacks into, complete when it holds every file of `expect`, (name, md5) pairs.
+    (below the root) it unpacks into, complete when it holds every file of `expect`, (name, md5) pairs;
+    sizes: (file name, bytes) pairs, the published sizes: a download stops beyond them (an endless
+    stream), `DOWNLOAD_MAX_BYTES` for a file not listed.
     """
 
     files: tuple
@@ -401,6 +448,7 @@ class DataSource(NamedTuple):
     folder: str = ""
     extract_to: str | None = None
     expect: tuple = ()
+    sizes: tuple = ()
 
 
 # MNIST: the four IDX files with the md5 sums torchvision publishes (torchvision.datasets.MNIST.resources),
@@ -414,11 +462,14 @@ SOURCES = {
                ("t10k-images-idx3-ubyte.gz", "9fb629c4189551a2d022fa330f9573f3"),
                ("t10k-labels-idx1-ubyte.gz", "ec29112dd5afa0611ce80d1b7f02629c")),
         mirrors=("https://ossci-datasets.s3.amazonaws.com/mnist/", "http://yann.lecun.com/exdb/mnist/"),
-        folder="MNIST/raw"),
+        folder="MNIST/raw",
+        sizes=(("train-images-idx3-ubyte.gz", 9912422), ("train-labels-idx1-ubyte.gz", 28881),
+               ("t10k-images-idx3-ubyte.gz", 1648877), ("t10k-labels-idx1-ubyte.gz", 4542))),
     "cifar10": DataSource(
         files=(("cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a"),),
         mirrors=("https://www.cs.toronto.edu/~kriz/",),
         extract_to="cifar-10-batches-py",
+        sizes=(("cifar-10-python.tar.gz", 170498071),),
         expect=(("data_batch_1", "c99cafc152244af753f735de768cd75f"), ("data_batch_2", "d4bba439e000b95fd0a9bffe97cbabec"),
                 ("data_batch_3", "54ebc095f3ab1f0389bbae665268c751"), ("data_batch_4", "634d18415352ddfa80567beed471001a"),
                 ("data_batch_5", "482c414d41f54cd18b22e5b47cb7c3cb"), ("test_batch", "40351d587109b95175f43aff81a1287e"))),
@@ -437,7 +488,70 @@ class _Refused(Exception):
     """A mirror answered with an HTTP error (403 of a moved S3 bucket, 404, 5xx): try the next one."""
 
 
-def download(url: str, target, md5: str, *, progress: bool = True, timeout: float = 30.0) -> Path:
+# a download whose size is not published stops beyond this (the largest published file, CIFAR-10's
+# archive, is 163 MiB); every download stops when it is slower on average than `DOWNLOAD_MIN_RATE`
+# bytes per second after `timeout` x `DOWNLOAD_GRACE` seconds (a mirror dripping bytes: each read
+# arrives within the timeout, and the whole would take days)
+DOWNLOAD_MAX_BYTES = 256 * 2**20
+DOWNLOAD_MIN_RATE = 32 * 2**10
+DOWNLOAD_GRACE = 10
+
+
+class _CappedDownloader:
+    """A pooch downloader that stops at `max_bytes` (the published size) and at a deadline, whatever
+    the mirror sends: each read waits at most `timeout` s, the whole at most `deadline` s."""
+
+    def __init__(self, max_bytes: int, timeout: float, progress: bool):
+        self.max_bytes, self.timeout, self.progress = int(max_bytes), float(timeout), progress
+        self.deadline = self.timeout * DOWNLOAD_GRACE + self.max_bytes / DOWNLOAD_MIN_RATE
+
+    def __call__(self, url, output_file, pooch_=None, check_only=False):
+        import time
+
+        import requests
+
+        started, got = time.monotonic(), 0
+        with requests.get(url, stream=True, timeout=self.timeout) as response:
+            response.raise_for_status()
+            length = response.headers.get("Content-Length")
+            if length and length.isdigit() and int(length) > self.max_bytes:
+                raise FetchError(f"{url} announces {int(length)} bytes; the published file has {self.max_bytes}: "
+                                 f"nothing was kept")
+            sink = open(output_file, "wb") if isinstance(output_file, (str, os.PathLike)) else output_file
+            try:
+                while True:
+                    # read1: whatever has arrived (each wait at most `timeout`), so the deadline is checked
+                    # between the bytes of a mirror that drips them
+                    chunk = response.raw.read1(1 << 16, decode_content=True)
+                    if not chunk:
+                        break
+                    got += len(chunk)
+                    if got > self.max_bytes:
+                        raise FetchError(f"{url} sent more than the {self.max_bytes} bytes of the published file; "
+                                         f"stopped, nothing was kept")
+                    if time.monotonic() - started > self.deadline:
+                        raise FetchError(f"{url} sent {got} bytes in {time.monotonic() - started:.0f} s, slower than "
+                                         f"{DOWNLOAD_MIN_RATE / 1024:g} KiB/s: stopped, nothing was kept; try another "
+                                         f"mirror ({MIRRORS_ENV})")
+                    sink.write(chunk)
+            except urllib3_errors() as err:  # as requests' iter_content says them
+                raise requests.exceptions.ChunkedEncodingError(err) from None
+            finally:
+                if sink is not output_file:
+                    sink.close()
+            if length and length.isdigit() and got < int(length):
+                raise requests.exceptions.ChunkedEncodingError(f"{got} of {length} bytes")
+
+
+def urllib3_errors() -> tuple:
+    """urllib3's errors of a body cut short (a dropped connection, a read that timed out)."""
+    from urllib3 import exceptions as e
+
+    return (e.ProtocolError, e.ReadTimeoutError, e.IncompleteRead)
+
+
+def download(url: str, target, md5: str, *, progress: bool = True, timeout: float = 30.0,
+             max_bytes: int = DOWNLOAD_MAX_BYTES) -> Path:
     """Download `url` to `target` with pooch, checked against `md5`; atomic.
 
     pooch writes a temporary file beside the target and renames it only once its md5 equals `md5`;
@@ -451,6 +565,11 @@ def download(url: str, target, md5: str, *, progress: bool = True, timeout: floa
     import requests
 
     target = Path(target)
+    if _exists(target):
+        try:
+            check_regular_file(target, "download target")
+        except ValueError as err:
+            raise FetchError(str(err)) from None
     if target.is_file():
         if pooch.file_hash(str(target), alg="md5") == md5:
             return target
@@ -459,7 +578,7 @@ def download(url: str, target, md5: str, *, progress: bool = True, timeout: floa
     pooch.get_logger().setLevel(logging.WARNING)  # its own logger (not logging.getLogger("pooch")): no "Downloading data from ..." line per file
     try:
         pooch.retrieve(url, known_hash=f"md5:{md5}", fname=target.name, path=target.parent,
-                       downloader=pooch.HTTPDownloader(progressbar=progress, timeout=timeout))
+                       downloader=_CappedDownloader(max_bytes, timeout, progress))
     except requests.exceptions.HTTPError as err:
         raise _Refused(f"HTTP {err.response.status_code} {err.response.reason}") from None
     except requests.exceptions.ChunkedEncodingError as err:  # the body ended before its Content-Length
@@ -480,6 +599,14 @@ def download(url: str, target, md5: str, *, progress: bool = True, timeout: floa
 def _verified(folder: Path, expect) -> bool:
     """Whether `folder` holds every file of `expect` ((name, md5) pairs); FetchError for one that
     is there with another md5."""
+    if folder.is_symlink() and not folder.exists():
+        raise FetchError(f"{folder} is a broken link (-> {os.readlink(folder)}): remove it or give another --root")
+    for n, _ in expect:
+        if _exists(folder / n):
+            try:
+                check_regular_file(folder / n, "data file")
+            except ValueError as err:
+                raise FetchError(str(err)) from None
     if not all((folder / n).is_file() for n, _ in expect):
         return False
     for name, md5 in expect:
@@ -491,10 +618,20 @@ def _verified(folder: Path, expect) -> bool:
 
 
 def _extract(archive: Path, root: Path, source: DataSource) -> None:
-    """Unpack `archive` into `root/source.extract_to` atomically (a temporary folder, then rename)."""
+    """Unpack `archive` into `root/source.extract_to`: into a temporary folder made in this call, then
+    renamed. A folder `extract_to` already there (incomplete: `fetch` found it so) may hold a user's
+    files and is never removed: the archive's files it lacks are moved in, one it holds with another
+    md5 stops the fetch (FetchError naming it, nothing removed); a link there is refused."""
+    import tempfile
+
     final = root / source.extract_to
-    tmp = root / f".{source.extract_to}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    if final.is_symlink() or (final.exists() and not final.is_dir()):
+        raise FetchError(f"{final} is a link or a file, not a folder; it is left as it is: remove it or give "
+                         f"another --root")
+    try:
+        tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{source.extract_to}.unpack-"))
+    except OSError as err:
+        raise FetchError(f"{archive} could not be unpacked into {root} ({err.strerror or err})") from None
     try:
         with tarfile.open(archive, "r:gz") as tar:
             tar.extractall(tmp, filter="data")
@@ -503,12 +640,24 @@ def _extract(archive: Path, root: Path, source: DataSource) -> None:
         if missing:
             raise FetchError(f"{archive} does not hold {source.extract_to}/{missing[0]}")
         _verified(inner, source.expect)
-        shutil.rmtree(final, ignore_errors=True)
-        os.rename(inner, final)
+        if not final.exists():
+            os.rename(inner, final)
+            return
+        published = dict(source.expect)
+        for name in published:  # before anything moves: a file in the way is named, nothing is changed
+            there = final / name
+            if there.is_symlink() or (there.exists() and not there.is_file()):
+                raise FetchError(f"{there} is not a regular file; it is left as it is: remove it and fetch again")
+            if there.is_file() and _md5(there.read_bytes()) != published[name]:
+                raise FetchError(f"{there} is there but its md5 is not the published {published[name]}; it is "
+                                 f"left as it is: remove it and fetch again")
+        for p in sorted(inner.iterdir()):
+            if not (final / p.name).exists() and not (final / p.name).is_symlink():
+                os.rename(p, final / p.name)
     except (tarfile.TarError, OSError, EOFError) as err:
         raise FetchError(f"{archive} could not be unpacked ({type(err).__name__}: {err})") from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # made by this call
 
 
 def fetch(name: str, root=None, *, sources: dict | None = None, progress: bool = True,
@@ -545,7 +694,8 @@ def fetch(name: str, root=None, *, sources: dict | None = None, progress: bool =
         reasons, offline = [], True
         for base in source.mirrors:
             try:
-                download(base + fname, folder / fname, md5, progress=progress, timeout=timeout)
+                download(base + fname, folder / fname, md5, progress=progress, timeout=timeout,
+                         max_bytes=dict(source.sizes).get(fname, DOWNLOAD_MAX_BYTES))
                 break
             except (_Offline, _Refused) as err:
                 reasons.append(f"{base} ({err})")

@@ -2,8 +2,9 @@
 
 - `write_atomically(path, data)` and `replace_folder(work, final)`: a reader never sees half a
   file or half a folder (written under a temporary name in the same folder, then renamed); a write
-  goes through a symbolic link to its target and never replaces a device, a FIFO or a folder, and
-  `check_replaceable` refuses an existing file the tool did not write (`ours`);
+  never goes through a symbolic link and never replaces a device, a FIFO or a folder, and
+  `check_replaceable` refuses an existing file the tool did not write (`ours`: `written_by_lowrank`,
+  a record of the digests of the outputs it wrote, kept outside the output folders);
 - work folders: `work_name`, `make_work_folder` and `clean_leftovers`: a temporary folder
   `.NAME.KIND-HOST-PID` carries a marker file (`WORK_MARKER`) written by this module, and start-up
   cleanup removes only such marked folders of dead processes of this host (a user's
@@ -33,7 +34,7 @@ import subprocess
 from pathlib import Path
 
 __all__ = ["DIGEST_LENGTH", "digest", "file_digest", "write_atomically", "replace_folder", "check_replaceable",
-           "OutputRefused", "work_name", "is_work_name", "make_work_folder", "clean_leftovers", "process_alive", "git_state",
+           "OutputRefused", "written_by_lowrank", "record_written", "written_record", "work_name", "is_work_name", "make_work_folder", "clean_leftovers", "process_alive", "git_state",
            "versions", "machine_load", "now", "provenance", "parse_once"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -82,20 +83,20 @@ def _kind(mode: int) -> str:
 
 
 def check_replaceable(path, what: str = "output", ours=None) -> Path:
-    """The file a write to `path` replaces: `path` with its symbolic links resolved (a link is written
-    through, never replaced by a file). OutputRefused when it exists and is not a regular file (a
-    folder, a device such as /dev/null, a FIFO), when `ours(resolved)` says the tool did not write it,
-    or when `path` is a link owned by another user."""
+    """The file a write to `path` replaces, or OutputRefused before any work: `path` is a symbolic
+    link (resolved, to name its target, and refused: a link planted in an output folder would send the
+    write anywhere), it exists and is not a regular file (a folder, a device such as /dev/null, a FIFO),
+    or `ours(path)` says the tool did not write it (`written_by_lowrank`: a record this package keeps,
+    not the file's contents, which anyone can type)."""
     path = Path(path)
     if path.is_symlink():
-        # as the kernel's protected_symlinks: a link another user planted (in /tmp, say: writing through it
-        # would create or replace a file wherever it points) is not followed; the user's own links are
-        if os.lstat(path).st_uid not in (os.getuid(), 0):
-            raise OutputRefused(f"{what} {path} is a link owned by another user; it is not followed")
-    try:
-        target = path.resolve()
-    except (OSError, RuntimeError) as err:  # a loop of links
-        raise OutputRefused(f"{what} {path}: cannot resolve its links ({err})") from None
+        try:
+            shown = f" (-> {path.resolve()})"
+        except (OSError, RuntimeError):  # a loop of links
+            shown = ""
+        raise OutputRefused(f"{what} {path} is a link{shown}; an output is never written through a link "
+                            f"(give the file itself, or a new name)")
+    target = path.absolute()
     try:
         st = os.stat(target)
     except (FileNotFoundError, NotADirectoryError):  # a new file (a folder on its way is the caller's to check)
@@ -103,8 +104,7 @@ def check_replaceable(path, what: str = "output", ours=None) -> Path:
     except OSError as err:
         raise OutputRefused(f"{what} {path}: {err.strerror or err}") from None
     if not stat.S_ISREG(st.st_mode):
-        shown = f"{path} (-> {target})" if target != path.absolute() else str(path)
-        raise OutputRefused(f"{what} {shown} is {_kind(st.st_mode)}; give the name of a file to write")
+        raise OutputRefused(f"{what} {path} is {_kind(st.st_mode)}; give the name of a file to write")
     if ours is not None and not ours(target):
         raise OutputRefused(f"{what} {path} exists and was not written by lowrank; it is left as it is "
                             f"(give a new file name, or remove it yourself)")
@@ -112,10 +112,58 @@ def check_replaceable(path, what: str = "output", ours=None) -> Path:
 
 
 def head_contains(path: Path, marker: bytes, within: int = 4096) -> bool:
-    """Whether `marker` occurs in the first `within` bytes of the file (how a writer knows its own output)."""
+    """Whether `marker` occurs in the first `within` bytes of the file (a hint only: never proof that
+    the tool wrote it, see `written_by_lowrank`)."""
     try:
         with open(path, "rb") as f:
             return marker in f.read(within)
+    except OSError:
+        return False
+
+
+# --- the record of written outputs: how the tool knows a file it may replace is its own ---------------
+def written_record() -> Path:
+    """The file listing `SHA-256<TAB>absolute path` of every output written with `record=True`:
+    `$LOWRANK_STATE/written.tsv`, by default under `$XDG_STATE_HOME` (~/.local/state/lowrank)."""
+    root = os.environ.get("LOWRANK_STATE") or os.path.join(
+        os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state"), "lowrank")
+    return Path(root) / "written.tsv"
+
+
+def _full_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    _update(h, Path(path))
+    return h.hexdigest()
+
+
+def record_written(path, sha256: str | None = None) -> None:
+    """Add `path` (absolute, links not followed) with the digest of its contents to `written_record()`
+    (one line, appended: concurrent writers do not mix lines). A record that cannot be written leaves
+    the file unclaimed: the next write over it is refused, never the other way round."""
+    path = Path(path).absolute()
+    line = f"{sha256 or _full_digest(path)}\t{path}\n"
+    if "\n" in str(path) or "\t" in str(path):
+        return  # such a name cannot be recorded on one line: never claimed
+    record = written_record()
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(record, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.write(line)
+    except OSError:
+        pass
+
+
+def written_by_lowrank(path) -> bool:
+    """Whether the regular file `path` holds exactly what this package last recorded writing there
+    (`record_written`): a file whose contents a user typed, or changed since, is not the tool's."""
+    path = Path(path).absolute()
+    try:
+        if path.is_symlink() or not path.is_file():
+            return False
+        wanted = f"{_full_digest(path)}\t{path}"
+        with open(written_record(), encoding="utf-8", errors="replace") as f:
+            return any(line.rstrip("\n") == wanted for line in f)
     except OSError:
         return False
 
@@ -200,10 +248,11 @@ def parse_once(parse, text: str):
     return copy.deepcopy(_parsed(parse, text))
 
 
-def write_atomically(path, data=None, *, save=None, mode: int = 0o644) -> Path:
+def write_atomically(path, data=None, *, save=None, mode: int = 0o644, record: bool = False) -> Path:
     """Write `data` (str as UTF-8, or bytes) to `path` through a temporary file in its folder, then
-    rename it: `path` holds either its old contents or the whole new ones (a symbolic link is written
-    through to its target; a folder, device or FIFO is refused: `check_replaceable`). `save(tmp_path)` writes
+    rename it: `path` holds either its old contents or the whole new ones (a symbolic link, a folder,
+    a device or a FIFO is refused: `check_replaceable`); `record=True` adds it to the record of the
+    tool's outputs (`written_by_lowrank`: the next write over it may replace it). `save(tmp_path)` writes
     instead (a writer that takes a path: `torch.save`, `fig.savefig`). The file gets `mode`
     (readable by all: a web server running as another user serves it); the temporary file is
     removed on every error, and an OSError names `path`, not the temporary name."""
@@ -222,6 +271,7 @@ def write_atomically(path, data=None, *, save=None, mode: int = 0o644) -> Path:
         if save is not None:
             save(tmp)
         os.chmod(tmp, mode)
+        sha = _full_digest(Path(tmp)) if record else None
         os.replace(tmp, path)
     except OSError as err:
         Path(tmp).unlink(missing_ok=True)
@@ -229,6 +279,8 @@ def write_atomically(path, data=None, *, save=None, mode: int = 0o644) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if record:
+        record_written(path, sha)
     return path
 
 

@@ -117,10 +117,28 @@ def _top_and_fro(s: torch.Tensor):
 
 
 def _check_eps(eps) -> None:
+    """A rank threshold relative to a norm: in (0, 1) (at 1 or above no singular value passes: rank 0)."""
     try:
-        check_number(eps, "eps", gt=0)
+        check_number(eps, "eps", gt=0, lt=1)
     except ValueError:
-        raise ValueError(f"eps must be positive, got {eps!r}") from None
+        raise ValueError(f"eps must be positive and below 1 (a threshold relative to the norm, in (0, 1)), got {eps!r}") from None
+
+
+def _power_of_two_scale(*mats) -> list:
+    """Each matrix times the power of two that brings its largest entry to [0.5, 1) (exact: column
+    spaces and ratios unchanged; a zero matrix is left as it is), with the exponents removed."""
+    out = []
+    for M in mats:
+        big = M.abs().max() if M.numel() else M.new_zeros(())
+        if big == 0:
+            out.append((M, 0))
+            continue
+        _, e = torch.frexp(big.to(torch.float64))
+        e = int(e)
+        half = -e // 2
+        out.append((torch.ldexp(torch.ldexp(M, torch.tensor(half, dtype=M.dtype)),
+                                torch.tensor(-e - half, dtype=M.dtype)), e))
+    return out
 
 
 def _singular_value_input(s, name: str) -> torch.Tensor:
@@ -178,10 +196,16 @@ def rank_from_singular_values(s: torch.Tensor, eps: float, norm: str = "spectral
     s = _singular_value_input(s, "s")
     _check_eps(eps)
     check_choice(norm, "norm", {"spectral", "frobenius"})
+    top = s[..., 0]
     if norm == "spectral":
-        size = s[..., 0]
-    else:
-        size = _spectrum_norm(s) if fro is None else _norm_input(fro, s).to(s.dtype)
+        size = top
+    elif fro is not None:
+        size = _norm_input(fro, s).to(s.dtype)
+    else:  # ||s|| / s_1 from the ratios s / s_1 (in [0, 1]): no square overflows or underflows
+        safe_top = torch.where(top > 0, top, torch.ones_like(top)).unsqueeze(-1)
+        ratios = s / safe_top
+        rank = (ratios > eps * torch.linalg.vector_norm(ratios, dim=-1, keepdim=True)).sum(-1)
+        return torch.where(top > 0, rank, 0)
     rank = (s > eps * size.unsqueeze(-1)).sum(-1)
     return torch.where(size > 0, rank, 0)
 
@@ -220,11 +244,18 @@ def spectrum_stats(s: torch.Tensor, eps: float, fro: torch.Tensor | None = None)
     s = _singular_value_input(s, "s").double()
     _check_eps(eps)
     top = s[..., 0]
-    fro = _spectrum_norm(s) if fro is None else _norm_input(fro, s).double()
     safe_top = torch.where(top > 0, top, torch.ones_like(top))
-    stable = torch.where(top > 0, (fro / safe_top) ** 2, torch.full_like(top, math.nan))  # a ratio first: 1e200 works
+    ratios = s / safe_top.unsqueeze(-1)  # in [0, 1]: squares neither overflow (1e308) nor underflow (1e-320)
+    if fro is None:
+        fro_over_top = torch.linalg.vector_norm(ratios, dim=-1)
+        fro = fro_over_top * top  # beyond float64's largest number (1.7e308 and 1e308): inf, as IEEE rounds it
+    else:
+        fro = _norm_input(fro, s).double()
+        fro_over_top = fro / safe_top
+    stable = torch.where(top > 0, fro_over_top ** 2, torch.full_like(top, math.nan))
+    rank_frobenius = torch.where(top > 0, (ratios > eps * fro_over_top.unsqueeze(-1)).sum(-1), 0)
     return {"rank_spectral": rank_from_singular_values(s, eps, "spectral"),
-            "rank_frobenius": rank_from_singular_values(s, eps, "frobenius", fro=fro),
+            "rank_frobenius": rank_frobenius,
             "stable_rank": stable, "weight_norm": fro, "spectral_norm": top}
 
 
@@ -292,6 +323,7 @@ def orthonormal_basis(A, name: str = "A") -> torch.Tensor:
     numerical-rank cut of LAPACK's `matrix_rank`), d x r. Raises ValueError for a zero matrix.
     """
     A = _matrix(A, name)
+    (A, _), = _power_of_two_scale(A)  # the column space is unchanged; 1e308 entries no longer overflow the SVD
     U, s, _ = torch.linalg.svd(A, full_matrices=False)
     tol = s[0] * max(A.shape) * torch.finfo(A.dtype).eps if s.numel() else 0
     r = int((s > tol).sum())
@@ -344,6 +376,7 @@ def column_complement(A) -> torch.Tensor | None:
     N, k = A.shape
     if k > N:
         raise ValueError(f"A must have at least as many rows as columns, got {tuple(A.shape)}")
+    (A, _), = _power_of_two_scale(A)  # the column space is unchanged
     h, tau = torch.geqrf(A)
     rcond, info = dtrcon(np.triu(h[:k].numpy()), norm="1")
     if info != 0 or not rcond >= COMPLEMENT_MIN_RCOND:
@@ -454,10 +487,18 @@ def top_singular(M, k: int = 1, *, v0=None) -> TopSingular:
     if M.ndim != 2:
         raise ValueError(f"M must be a matrix, got shape {tuple(M.shape)}")
     k = _check_k(k, min(M.shape))
+    (Ms, e), = _power_of_two_scale(M)  # exact: the vectors are those of M, the values 2^-e times M's
+
+    def back(top: TopSingular) -> TopSingular:
+        s = torch.ldexp(top.s, torch.tensor(e, dtype=top.s.dtype)) if e else top.s
+        if not torch.isfinite(s).all():
+            raise ValueError(f"the largest singular value of M exceeds the largest {M.dtype} number; rescale M")
+        return TopSingular(top.U, s, top.Vh)
+
     if _full_svd_is_simpler(M.device, min(M.shape), k):
-        U, s, Vh = torch.linalg.svd(M, full_matrices=False)
-        return TopSingular(U[:, :k], s[:k], Vh[:k])
-    return _arpack(M.detach().numpy(), tuple(M.shape), k, v0, M.dtype, "M")
+        U, s, Vh = torch.linalg.svd(Ms, full_matrices=False)
+        return back(TopSingular(U[:, :k], s[:k], Vh[:k]))
+    return back(_arpack(Ms.detach().numpy(), tuple(M.shape), k, v0, M.dtype, "M"))
 
 
 def top_singular_of_product(A, B, k: int = 1, *, v0=None) -> TopSingular:
@@ -475,13 +516,22 @@ def top_singular_of_product(A, B, k: int = 1, *, v0=None) -> TopSingular:
                          f"{tuple(B.shape)}")
     shape = (A.shape[1], B.shape[1])
     k = _check_k(k, min(shape))
+    (A, ea), (B, eb) = _power_of_two_scale(A, B)  # A^T B = 2^(ea + eb) As^T Bs: the product cannot overflow
+
+    def back(top: TopSingular) -> TopSingular:
+        s = torch.ldexp(top.s, torch.tensor(ea + eb, dtype=top.s.dtype)) if ea + eb else top.s
+        if not torch.isfinite(s).all():
+            raise ValueError(f"the largest singular value of A^T B exceeds the largest {A.dtype} number "
+                             f"(A and B are finite; their product is not): rescale A or B")
+        return TopSingular(top.U, s, top.Vh)
+
     if _full_svd_is_simpler(A.device, min(shape), k):
-        return top_singular(A.T @ B, k, v0=v0)
+        return back(top_singular(A.T @ B, k, v0=v0))
     from scipy.sparse.linalg import LinearOperator
 
     An, Bn = A.detach().numpy(), B.detach().numpy()
     op = LinearOperator(shape, matvec=lambda v: An.T @ (Bn @ v), rmatvec=lambda u: Bn.T @ (An @ u), dtype=An.dtype)
-    return _arpack(op, shape, k, v0, A.dtype, "A^T B")
+    return back(_arpack(op, shape, k, v0, A.dtype, "A^T B"))
 
 
 def top_singular_from(M, k: int, start, *, tol: float = 1e-12, value_tol: float = 1e-9,
