@@ -163,6 +163,43 @@ def test_spike_summary_on_a_small_problem():
     assert row["identity_residual"] < 1e-13
     assert row["s1"] == pytest.approx(spectral.singular_values(decomposition.decompose_problem(p).G)[0].item())
     assert 0 <= row["align_u1_q"] <= 1 and 0 <= row["q_in_top2"] <= 1
+    # the residue's part in U_2, against numpy's full SVD of the dense G
+    dec = decomposition.decompose_problem(p)
+    U = np.linalg.svd(dec.G.numpy())[0][:, :2]
+    x = (p.data.X_B.T @ dec.r).numpy()
+    assert row["residue_in_top2"] == pytest.approx(np.linalg.norm(U.T @ x) / np.linalg.norm(x), rel=1e-6)
+    assert row["align_residue_q"] == pytest.approx(abs(x @ p.data.q.numpy()) / np.linalg.norm(x), rel=1e-9)
+
+
+def _planted(strengths, d=120, m=90, seed=0):
+    """G = sum_k s_k u_k v_k^T + a small bulk, u_1 = x (the residue direction), u_2 = q, orthonormal."""
+    rng = np.random.default_rng(seed)
+    Q = np.linalg.qr(rng.standard_normal((d, 2)))[0]
+    V = np.linalg.qr(rng.standard_normal((m, 2)))[0]
+    G = sum(s * np.outer(Q[:, k], V[:, k]) for k, s in enumerate(strengths)) + 0.01 * rng.standard_normal((d, m))
+    return G, Q[:, 0], Q[:, 1]
+
+
+@pytest.mark.parametrize("strengths, want", [((10.0, 6.0), True),   # rank two along x and q
+                                              ((10.0, 0.0), False),  # rank one along x: q is not in U_2
+                                              ((0.0, 10.0), False)])  # rank one along q: one outlier only
+def test_is_rank_two_on_planted_gradients(strengths, want):
+    G, x, q = _planted(strengths)
+    U, s, _ = np.linalg.svd(G)
+    outliers = spectral.count_outliers(torch.as_tensor(s[:6]), max_outliers=5, gap=1.5)
+    got = decomposition.is_rank_two(outliers, np.linalg.norm(U[:, :2].T @ x), np.linalg.norm(U[:, :2].T @ q),
+                                    threshold=0.9)
+    assert bool(got) is want
+    # the statistic it replaces (q in U_2 alone) is met by the rank-one gradient along q too
+    if strengths == (0.0, 10.0):
+        assert np.linalg.norm(U[:, :2].T @ q) > 0.99
+
+
+def test_is_rank_two_is_elementwise_and_refuses_a_bad_threshold():
+    got = decomposition.is_rank_two([2, 2, 1, 3], [0.95, 0.5, 0.95, 0.95], [0.95, 0.95, 0.95, 0.95], threshold=0.9)
+    assert got.tolist() == [True, False, False, False]
+    with pytest.raises(ValueError, match="threshold"):
+        decomposition.is_rank_two(2, 1.0, 1.0, threshold=0.0)
 
 
 @pytest.mark.parametrize(

@@ -239,14 +239,29 @@ def test_spike_shares_on_hand_counted_configurations():
     import pandas as pd
 
     rows = pd.DataFrame({  # threshold 0.5; each row one configuration
-        "residue_0": [0.9, 0.9, 0.2, 0.9], "q_0": [0.8, 0.1, 0.1, 0.9],
-        "residue_in_top2": [0.7, 0.3, 0.1, 0.6], "q_in_top2": [0.6, 0.9, 0.2, 0.4]})
+        "residue_outlying_0": [0.9, 0.9, 0.2, 0.9], "q_outlying_0": [0.8, 0.1, 0.1, 0.9],
+        "residue_outlying": [0.7, 0.3, 0.1, 0.6], "q_outlying": [0.6, 0.9, 0.2, 0.4]})
     # kept: row 0 (both stay), row 2 (neither was present); lost: row 1 (residue), row 3 (q)
     assert regularization.spikes_kept_share(rows, threshold=0.5) == 0.5
     # gone: only row 2 has both below 0.5
     assert regularization.spikes_gone_share(rows, threshold=0.5) == 0.25
     with pytest.raises(ValueError, match="no column"):
-        regularization.spikes_kept_share(rows.drop(columns="q_0"), threshold=0.5)
+        regularization.spikes_kept_share(rows.drop(columns="q_outlying_0"), threshold=0.5)
+
+
+def test_outlying_share_counts_only_directions_out_of_the_bulk():
+    # one outlier: a direction in U_2 through the bulk vector u2 (in_top2 0.6) but not along u1 is absent
+    got = regularization.outlying_share([0, 1, 1, 2, 3], [0.9, 0.2, 0.95, 0.1, 0.1], [0.9, 0.6, 0.96, 0.8, 0.7])
+    assert got.tolist() == [0.0, 0.2, 0.95, 0.8, 0.7]
+    # on a planted gradient: one strong spike along e0, a bulk; e1 reaches U_2 only through the bulk's top vector
+    rng = np.random.default_rng(0)
+    d, m = 60, 50
+    G = 10 * np.outer(np.eye(d)[0], np.eye(m)[0]) + 0.05 * rng.standard_normal((d, m))
+    G += 0.6 * np.outer(np.eye(d)[1], np.eye(m)[1])  # tops the bulk a little: u2 is near e1, but not an outlier
+    call = rule_of_thumb.dominant_spike(torch.as_tensor(G), torch.as_tensor(np.eye(d)[0]), torch.as_tensor(np.eye(d)[1]))
+    assert call.outliers == 1 and call.q_in_top2 > 0.5
+    assert regularization.outlying_share(call.outliers, call.align_q, call.q_in_top2) < 0.5
+    assert regularization.outlying_share(call.outliers, call.align_residue, call.residue_in_top2) > 0.99
 
 
 def test_jacobian_balance_lambda_equalises_the_spike_and_the_gradient():
@@ -337,6 +352,8 @@ def test_weight_decay_sweep_rows_are_the_spike_calls_of_g_plus_lambda_w():
     assert (one.label, one.residue_in_top2, one.q_in_top2) == (call.label, call.residue_in_top2, call.q_in_top2)
     at_zero = problems[problems.nu == 0.375].iloc[0]
     assert at_zero.residue_0 == mine[mine.lam == 0.0].iloc[0].residue_in_top2
+    assert one.q_outlying == pytest.approx(float(regularization.outlying_share(call.outliers, call.align_q, call.q_in_top2)))
+    assert at_zero.residue_outlying_0 == mine[mine.lam == 0.0].iloc[0].residue_outlying
 
 
 def test_autograd_errors_are_round_off_for_every_regulariser():

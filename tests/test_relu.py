@@ -66,3 +66,25 @@ def test_sign_structure_table_against_the_sign_model_by_hand():
     assert row["align_right"] == pytest.approx(abs(Vt[0] @ sw) / np.linalg.norm(sw), abs=1e-9)
     assert row["relative_error"] == pytest.approx(np.linalg.norm(P - 0.5 * np.outer(sz, sw), 2) / s[0], rel=1e-9)
     assert isinstance(table, pd.DataFrame)
+
+
+def test_spike_variance_share_against_sampled_pre_activations():
+    import torch
+
+    from lowrank.core import data
+
+    n, d, nu, alpha = 400, 300, 0.375, 5 / 9
+    D = data.spiked_gaussian(n, d, alpha, nu, seed=0)
+    g = torch.Generator().manual_seed(1)
+    W = torch.randn(2000, d, generator=g, dtype=torch.float64)
+    W = W / W.norm(dim=1, keepdim=True)
+    spike = (D.zeta * torch.outer(D.z, W @ D.q)).pow(2).mean()
+    bulk = (D.X_B @ W.T).pow(2).mean()
+    assert relu.spike_variance_share(n, d, nu=nu, alpha=alpha) == pytest.approx(float(spike / bulk), rel=0.15)
+    # the condition 2 nu > 1 - alpha is that it grows with n (d in proportion)
+    grow = [relu.spike_variance_share(k, k, nu=nu, alpha=alpha) for k in (100, 1000, 10000)]
+    assert grow[0] < grow[1] < grow[2]
+    shrink = [relu.spike_variance_share(k, k, nu=0.125, alpha=alpha) for k in (100, 1000, 10000)]
+    assert shrink[0] > shrink[1] > shrink[2]
+    with pytest.raises(ValueError):
+        relu.spike_variance_share(0, 3, nu=0.1, alpha=0.0)

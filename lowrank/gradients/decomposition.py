@@ -337,12 +337,15 @@ def spike_summary(dec: Decomposition, data: SpikedData, *, outlier_gap: float = 
     Norms are spectral norms (the spikes' by their closed form, `Decomposition.spike_norms`).
     `align_u1_residue` is the alignment of G's leading left singular
     vector with `X_B^T r` (S1's left vector), `align_u1_q` with the spike q, and `q_in_top2` is
-    `||U_2^T q||`, the part of q inside G's top-two left singular subspace. `align_right_S1_S2` is
+    `||U_2^T q||`, the part of q inside G's top-two left singular subspace, `residue_in_top2` the same
+    for `X_B^T r / ||X_B^T r||` and `align_residue_q` is `|cos(X_B^T r, q)|` (near 1 the two directions
+    are one and "both in U_2" says nothing about a second). `align_right_S1_S2` is
     `|cos(a o mu, z^T((r a^T) o sigma'_perp))|`, the alignment of the right vectors of S1 (and S12)
     and of S2: near 1, `S1 + S12 + S2` is close to rank one whatever its left vectors.
     """
     U, s, _ = dec.top("G", max(top, OUTLIER_SEARCH + 1, 2))  # only the top is read: no full SVD
     U2 = U[:, :2]
+    x = data.X_B.T @ dec.r
     row = {
         "identity_residual": dec.identity_residual(),
         "outliers": count_outliers(s, max_outliers=OUTLIER_SEARCH, gap=outlier_gap),
@@ -351,11 +354,28 @@ def spike_summary(dec: Decomposition, data: SpikedData, *, outlier_gap: float = 
         "align_u1_residue": alignment(U2[:, 0], data.X_B.T @ dec.r),
         "align_u1_q": alignment(U2[:, 0], data.q),
         "q_in_top2": float((U2.T @ data.q).norm()),
+        "residue_in_top2": float((U2.T @ (x / x.norm())).norm()),
+        "align_residue_q": alignment(x, data.q),
         "align_right_S1_S2": alignment(dec.factors["S1"][1], dec.factors["S2"][1]),
     }
     row.update({f"s{i + 1}": float(v) for i, v in enumerate(s[:top])})
     return row
 
+
+
+def is_rank_two(outliers, residue_in_top2, q_in_top2, *, threshold: float):
+    """Theorem 3.1's rank-two structure, read off G: exactly two singular values out of the bulk AND both
+    the residue direction `X_B^T r` and the spike `q` inside G's top-two left singular subspace (each
+    `||U_2^T x|| / ||x|| >= threshold`). Arrays (or scalars) of `spike_summary`'s `outliers`,
+    `residue_in_top2`, `q_in_top2`; returns a boolean array of their shape.
+
+    A gradient that is rank one along q (Theorem 3.2's alternative, nu > 1/2) meets the subspace part
+    for q, but not the second outlier; one along `X_B^T r` (nu < 1/4) fails both for q.
+    """
+    if not 0 < threshold <= 1:
+        raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+    outliers = np.asarray(outliers)
+    return (outliers == 2) & (np.asarray(residue_in_top2) >= threshold) & (np.asarray(q_in_top2) >= threshold)
 
 
 def tilt_scan(n: int, d: int, m: int, *, nu: float, activations, tilts, alpha: float = 0.0, scaling: str = "ntk",

@@ -35,6 +35,7 @@ __all__ = [
     "weight_decay_gradient",
     "WeightDecayScales",
     "weight_decay_scales",
+    "outlying_share",
     "spikes_kept_share",
     "spikes_gone_share",
     "tau2_from_rho",
@@ -115,25 +116,37 @@ def _spike_columns(rows, columns) -> None:
         raise ValueError("rows is empty")
 
 
+def outlying_share(outliers, align_u1, in_top2):
+    """The part of a direction inside the span of G's *outlying* left singular vectors (at most two):
+    0 with no outlier, `|cos(u1, x)|` (`align_u1`) with one, `||U_2^T x||` (`in_top2`) with two or more.
+
+    With one outlier only u1 stands out of the bulk, so a direction that reaches the top-two
+    subspace through u2, a bulk vector, is not a spike of G. Arrays (or scalars) of `dominant_spike`'s
+    `outliers`, `align_residue` / `align_q`, `residue_in_top2` / `q_in_top2`; returns a float array.
+    """
+    outliers = np.asarray(outliers)
+    return np.where(outliers >= 2, np.asarray(in_top2, float), np.where(outliers == 1, np.asarray(align_u1, float), 0.0))
+
+
 def spikes_kept_share(rows, *, threshold: float) -> float:
     """Share of configurations (rows) that keep every spike present without weight decay.
 
-    A spike is present when its direction has at least `threshold` of its norm in G's top-two left
-    singular subspace: the residue direction `residue_in_top2` and the data spike `q_in_top2` at the
-    row's lambda, `residue_0` and `q_0` at lambda = 0 (`dominant_spike`'s numbers). A spike absent at
-    lambda = 0 cannot be lost.
+    A spike is present when its direction has at least `threshold` of its norm in the span of G's
+    outlying left singular vectors (`outlying_share`): the residue direction `residue_outlying` and the
+    data spike `q_outlying` at the row's lambda, `residue_outlying_0` and `q_outlying_0` at lambda = 0.
+    A spike absent at lambda = 0 cannot be lost.
     """
-    _spike_columns(rows, ("residue_0", "q_0", "residue_in_top2", "q_in_top2"))
-    kept = ((rows["residue_0"] < threshold) | (rows["residue_in_top2"] >= threshold)) & (
-        (rows["q_0"] < threshold) | (rows["q_in_top2"] >= threshold))
+    _spike_columns(rows, ("residue_outlying_0", "q_outlying_0", "residue_outlying", "q_outlying"))
+    kept = ((rows["residue_outlying_0"] < threshold) | (rows["residue_outlying"] >= threshold)) & (
+        (rows["q_outlying_0"] < threshold) | (rows["q_outlying"] >= threshold))
     return float(kept.mean())
 
 
 def spikes_gone_share(rows, *, threshold: float) -> float:
-    """Share of configurations in which neither spike is present (both `residue_in_top2` and
-    `q_in_top2` below `threshold`): weight decay has buried both."""
-    _spike_columns(rows, ("residue_in_top2", "q_in_top2"))
-    return float(((rows["residue_in_top2"] < threshold) & (rows["q_in_top2"] < threshold)).mean())
+    """Share of configurations in which neither spike is present (both `residue_outlying` and
+    `q_outlying` below `threshold`, `outlying_share`): weight decay has buried both."""
+    _spike_columns(rows, ("residue_outlying", "q_outlying"))
+    return float(((rows["residue_outlying"] < threshold) & (rows["q_outlying"] < threshold)).mean())
 
 
 def tau2_from_rho(n: int, rho: float) -> float:
@@ -358,7 +371,8 @@ def weight_decay_sweep(n: int, d: int, m: int, *, nus, seeds, alpha: float, acti
     and "high" at ten times the upper one (`10 sqrt(m) gamma n^nu / ||W||_2`), and `label`,
     `residue_in_top2`, `q_in_top2`, `outliers`. `problems`: one per (nu, seed) with the spikes'
     norms `norm_S1`, `norm_S2`, `W_norm`, the two scales (`keeps_below`, `suppresses_above`) and the
-    call at lambda = 0 (`label_0`, `residue_0`, `q_0`). workers : processes for the (nu, seed)
+    call at lambda = 0 (`label_0`, `residue_0`, `q_0`, and `residue_outlying_0`, `q_outlying_0`; rows carry
+    `residue_outlying`, `q_outlying`: `outlying_share`). workers : processes for the (nu, seed)
     problems (`lowrank.core.parallel.map_tasks`); each is seeded by its own seed, so the tables do not
     depend on it.
     """
@@ -381,13 +395,17 @@ def _weight_decay_problem(task, *, n, d, m, alpha, activation, scaling, lambdas)
     problem = {"nu": nu, "seed": seed, "norm_S1": spikes["norm_S1"], "norm_S2": spikes["norm_S2"],
                "W_norm": sc.W_norm, "keeps_below": sc.keeps_spikes_below,
                "suppresses_above": sc.suppresses_spikes_above,
-               "label_0": base.label, "residue_0": base.residue_in_top2, "q_0": base.q_in_top2}
+               "label_0": base.label, "residue_0": base.residue_in_top2, "q_0": base.q_in_top2,
+               "residue_outlying_0": float(outlying_share(base.outliers, base.align_residue, base.residue_in_top2)),
+               "q_outlying_0": float(outlying_share(base.outliers, base.align_q, base.q_in_top2))}
     probe = {"low": 0.1 * sc.keeps_spikes_below, "high": 10 * sc.suppresses_spikes_above}
     rows = []
     for tag, lam in [("grid", lam) for lam in lambdas] + list(probe.items()):
         c = dominant_spike(weight_decay_gradient(dec.G, p.W, lam), x_res, p.data.q)
         rows.append({"nu": nu, "seed": seed, "lam": lam, "probe": tag, "label": c.label,
-                     "residue_in_top2": c.residue_in_top2, "q_in_top2": c.q_in_top2, "outliers": c.outliers})
+                     "residue_in_top2": c.residue_in_top2, "q_in_top2": c.q_in_top2, "outliers": c.outliers,
+                     "residue_outlying": float(outlying_share(c.outliers, c.align_residue, c.residue_in_top2)),
+                     "q_outlying": float(outlying_share(c.outliers, c.align_q, c.q_in_top2))})
     return rows, problem
 
 

@@ -9,7 +9,9 @@ draws and sizes:
 - `sigma_perp_growth` and `growth_slopes`: `||sigma'_perp(X W^T)||_2 / n` as the sizes grow in
   proportion, and its log-log exponent in n (Prop. 3.1: order one for ReLU where `2 nu > 1 - alpha`;
   Theorem 3.1's proof: shrinking for C^2 activations);
-- `sign_structure_table`: how close ReLU's `sigma'_perp` is to `(1/2) sign(z) sign(W q)^T`.
+- `sign_structure_table`: how close ReLU's `sigma'_perp` is to `(1/2) sign(z) sign(W q)^T`;
+- `spike_variance_share`: Prop. 3.1's regime, the spike's share `n^(2 nu) / d^(1 - alpha)` of a
+  pre-activation's variance (it grows without bound exactly when `2 nu > 1 - alpha`).
 
 Draw `k` uses `spiked_problem(..., seed=seed + 10 k)` (`seed + 100 + 10 k` for the growth sizes).
 """
@@ -23,7 +25,8 @@ from lowrank.core import spectral
 from lowrank.gradients.decomposition import decompose_problem, spiked_problem
 from lowrank.gradients.dynamics import loglog_slope, relu_sign_structure, sigma_perp_norm, term_norms
 
-__all__ = ["ResidueShares", "residue_share_draws", "sigma_perp_growth", "growth_slopes", "sign_structure_table"]
+__all__ = ["ResidueShares", "residue_share_draws", "sigma_perp_growth", "growth_slopes", "sign_structure_table",
+           "spike_variance_share"]
 
 DRAW_SEED_STRIDE = 10
 GROWTH_SEED_OFFSET = 100  # the growth sizes draw from seed + 100 + 10 k: apart from the spectra's draws
@@ -117,3 +120,20 @@ def sign_structure_table(n: int, d: int, m: int, *, alpha: float, nus: Sequence[
                            target_link=target_link, seed=seed)
         rows.append({"nu": nu, **relu_sign_structure(p.data.X, p.W, p.data.z, p.data.q)})
     return pd.DataFrame(rows).set_index("nu")
+
+
+def spike_variance_share(n: int, d: int, *, nu: float, alpha: float) -> float:
+    """The spike's part of a pre-activation's variance over the bulk's, for a unit row `w` uniform on the
+    sphere: `E (zeta z_i w^T q)^2 = n^(2 nu) / d` against `E w^T Sigma_hat w = sum_k k^(-alpha) / d`, so
+    `n^(2 nu) / sum_{k <= d} k^(-alpha)` (about `(1 - alpha) n^(2 nu) / d^(1 - alpha)` for alpha < 1).
+
+    Prop. 3.1's condition `2 nu > 1 - alpha` is that this grows with n; "the spike's part beats the
+    bulk's" at the run's own sizes is that it is above one.
+    """
+    import math
+
+    if n < 1 or d < 1:
+        raise ValueError(f"n and d must be positive, got {n}, {d}")
+    if nu < 0 or alpha < 0:
+        raise ValueError(f"nu and alpha must be >= 0, got {nu}, {alpha}")
+    return float(n) ** (2 * nu) / math.fsum(k ** (-alpha) for k in range(1, d + 1))
