@@ -48,7 +48,26 @@ def _cifar_archive(batches: dict | None = None) -> bytes:
     return buf.getvalue()
 
 
-class _Server:
+class _Loopback:
+    """A loopback HTTP server for `handler` (a BaseHTTPRequestHandler class) on a free port of 127.0.0.1,
+    serving from a daemon thread between __enter__ and __exit__; `base` is its address."""
+
+    def serve(self, handler, daemon_threads: bool = False) -> None:
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.daemon_threads = daemon_threads
+        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class _Server(_Loopback):
     """Serves `files` on 127.0.0.1 with Range support; `cut[name] = n` sends only n bytes of the body
     once (with the full Content-Length), as a dropped connection does; `refuse = code` answers every
     request with that HTTP error (a moved S3 bucket's 403, a 404, a 5xx). Records every Range header."""
@@ -91,17 +110,7 @@ class _Server:
             def log_message(self, *args):
                 pass
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.serve(Handler)
 
 
 def _md5(data: bytes) -> str:

@@ -845,12 +845,14 @@ def test_a_gzip_bomb_mnist_file_is_stopped_at_what_its_header_says(tmp_path):
         datasets._read_idx(huge)
 
 
-class _OddServer:
+from test_fetch import _Loopback  # noqa: E402 (the loopback server, beside the cases that use it)
+
+
+class _OddServer(_Loopback):
     """A mirror that drips one byte every `pause` s, or sends bytes for ever (no Content-Length)."""
 
     def __init__(self, mode: str, pause: float = 0.2):
         import http.server
-        import threading
         import time
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -871,18 +873,7 @@ class _OddServer:
             def log_message(self, *args):
                 pass
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.serve(Handler, daemon_threads=True)  # a dripping handler must not hold the shutdown
 
 
 def test_a_dripping_mirror_is_stopped_at_the_minimum_rate(tmp_path, monkeypatch):
