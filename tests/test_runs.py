@@ -145,7 +145,6 @@ def _fake_execute(calls):
     (lambda f: (f / "verdicts.json").write_text('{"v": {"meas'), "verdicts.json changed"),
     (lambda f: (f / "figures" / "fig.png").unlink(), "figures/fig.png missing"),
     (lambda f: (f / "notebook.ipynb").write_text(""), "notebook.ipynb changed"),
-    (lambda f: (f / "manifest.json").unlink(), "no readable manifest.json"),
 ])
 @pytest.mark.slow
 def test_a_changed_run_folder_is_run_again_and_said(tmp_path, monkeypatch, capsys, tamper, why):
@@ -159,6 +158,20 @@ def test_a_changed_run_folder_is_run_again_and_said(tmp_path, monkeypatch, capsy
     again, reused = runs.run(NB, params, runs_root=tmp_path)
     assert again == folder and not reused and len(calls) == 2
     assert why in capsys.readouterr().err and runs.manifest_problems(folder) == []
+
+
+@pytest.mark.slow
+def test_a_run_folder_without_its_manifest_is_left_as_it_is(tmp_path, monkeypatch):
+    """Without a readable manifest nothing says which files the run wrote: the rerun refuses, deletes nothing."""
+    calls = []
+    monkeypatch.setattr(notebooks, "execute", _fake_execute(calls))
+    params = rules.resolve_parameters(NB, overrides=TINY)
+    folder, _ = runs.run(NB, params, runs_root=tmp_path)
+    (folder / "manifest.json").unlink()
+    before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
+    with pytest.raises(runs.RunFolderError, match="nothing was deleted"):
+        runs.run(NB, params, runs_root=tmp_path)
+    assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before and len(calls) == 1
 
 
 def test_the_run_key_covers_the_code(tmp_path, monkeypatch):
