@@ -499,11 +499,13 @@ def _table(**over):
     ({"model": "MLP-2-16"}, "model is 'MLP-2-16' in the table"), ({"eps": 0.05}, "eps is 0.05"),
     ({"momentum": 0.5}, "no point of the page's grid"), ({"dataset": "mnist1d"}, "dataset"),
     ({"milestones": "[60]"}, "milestones"), ({"batch_size": 4}, "first: batch_size 4"),
+    ({"augment": True}, "augment"), ({"rotation": "none"}, "rotation"), ({"lr_decay": 0.5}, "lr_decay"),
+    ({"seed": 3}, "grid points are not in the table"),
 ])
 def test_a_sweep_table_that_does_not_match_the_page_is_refused(over, named):
     from lowrank.sgd import ranks
 
-    grid = ranks.experiment_grid(batch_sizes=[16, 32, 64], lrs=[0.1], weight_decays=[5e-3, 0.0], momenta=[0.9],
+    grid = ranks.experiment_grid(batch_sizes=[16, 32, 64], lrs=[0.1], weight_decays=[5e-3], momenta=[0.9],
                                  seeds=[0])
     page = dict(model="MLP-BN-4-64", dataset="digits", epochs=2, eps=1e-3, milestones=[], lr_decay=0.1,
                 augment=False, rotation="uniform")
@@ -515,6 +517,34 @@ def test_a_sweep_table_that_does_not_match_the_page_is_refused(over, named):
     with pytest.raises(ValueError, match="does not match the page's parameters"):
         ranks.rank_experiment(grid=grid, **(page | {"model": "MLP-BN-10-100"}), coarse_eps=1e-2, min_train_acc=0.5,
                               table=_table(), regime_only=True)
+
+
+@pytest.mark.parametrize("drop", ["eps", "milestones", "lr_decay", "augment", "rotation", "model", "dataset"])
+def test_a_sweep_table_that_does_not_record_a_page_setting_is_refused(drop):
+    from lowrank.sgd import ranks
+
+    grid = ranks.experiment_grid(batch_sizes=[16, 32, 64], lrs=[0.1], weight_decays=[5e-3], momenta=[0.9], seeds=[0])
+    page = dict(model="MLP-BN-4-64", dataset="digits", epochs=2, eps=1e-3, milestones=[], lr_decay=0.1,
+                augment=False, rotation="uniform")
+    with pytest.raises(ValueError, match=f"the table records no {drop} "):
+        ranks.check_table(_table().drop(columns=[drop]), grid=grid, **page)
+
+
+def test_a_sweep_table_must_cover_every_grid_point_and_epoch():
+    from lowrank.sgd import ranks
+
+    page = dict(model="MLP-BN-4-64", dataset="digits", epochs=2, eps=1e-3, milestones=[], lr_decay=0.1,
+                augment=False, rotation="uniform")
+    wider = ranks.experiment_grid(batch_sizes=[16, 32, 64], lrs=[0.1], weight_decays=[5e-3, 0.0], momenta=[0.9],
+                                  seeds=[0])
+    with pytest.raises(ValueError, match="3 of the page's 6 grid points are not in the table .first: batch_size 16, "
+                                         "lr 0.1, weight_decay 0"):
+        ranks.check_table(_table(), grid=wider, **page)
+    grid = ranks.experiment_grid(batch_sizes=[16, 32, 64], lrs=[0.1], weight_decays=[5e-3], momenta=[0.9], seeds=[0])
+    cut = _table()
+    cut = cut[~((cut["run"] == 1) & (cut["epoch"] == 2))]  # one run stopped an epoch early
+    with pytest.raises(ValueError, match="end at epoch 1, the page asks for epochs=2"):
+        ranks.check_table(cut, grid=grid, **page)
 
 
 # ---- tracebacks and wrong errors: one line each -------------------------------------------------------

@@ -667,11 +667,19 @@ def collect(spec: SweepSpec):
     (a function's rows, or a notebook's verdicts: one row per verdict)."""
     import pandas as pd
 
+    # a function's defaults as columns as well: a reader (`lowrank.sgd.ranks.check_table`) sees every
+    # setting the runs used, not only those the spec named
+    defaults = {}
+    if spec.function:
+        defaults = {k: (list(p.default) if isinstance(p.default, tuple) else p.default)
+                    for k, p in sweep_parameters(_load_function(spec.function)).items()
+                    if p.default is not inspect.Parameter.empty}
     frames = []
     for params in spec.points:
         folder = spec.run_folder(params)
         if not folder.is_dir():
             continue
+        params = {**defaults, **params}
         problems = runs.manifest_problems(folder)
         if problems:
             raise SweepError(f"{folder} does not match its manifest ({'; '.join(problems[:3])}): run the sweep "
