@@ -1002,3 +1002,40 @@ def test_principal_angles_and_top_singular_of_huge_finite_matrices():
         spectral.top_singular_of_product(A * 1e200, B * 1e200)
     with pytest.raises(ValueError, match="singular value of M exceeds"):
         spectral.top_singular(torch.full((3, 3), 1e308, dtype=torch.float64))
+
+
+# ---- the memory estimate applies to sweep points, before any work -------------------------------------
+
+@pytest.mark.parametrize("point, named", [
+    ({"model": "MLP-9999-999999"}, "model='MLP-9999-999999'"),
+    ({"model": "ViT", "dataset": "cifar10", "vit_dim": 100000}, "model='ViT'"),
+])
+def test_a_sweep_point_beyond_the_memory_estimate_is_refused_before_a_dry_run(clean_env, capsys, point, named,
+                                                                               monkeypatch):
+    monkeypatch.setenv("LOWRANK_MEMORY_LIMIT", "64G")
+    base = {"model": "MLP-2-8", "dataset": "digits", "batch_size": 8, "lr": 0.1, "epochs": 1}
+    spec = spec_file(clean_env, {"function": "lowrank.core.train:train_point", "points": [base | point]})
+    out = clean_env / "out"
+    message = one_line(["sweep", spec, "--output", out, "--dry-run"], capsys)
+    assert named in message and "GiB by the estimate of train_point" in message and "64 GiB allowed" in message
+    assert not out.exists()  # refused before any work
+    # the same sweep of a small point passes the estimate (the refusal is the size, not the spec)
+    from lowrank.book import sweeps
+
+    small = spec_file(clean_env, {"function": "lowrank.core.train:train_point", "points": [base]}, name="small.yaml")
+    assert len(sweeps.load_spec(small, output=out).points) == 1
+
+
+def test_the_sweep_point_estimate_grows_with_each_size():
+    from lowrank.book import sweeps
+
+    fn = "lowrank.core.train:train_point"
+    point = {"model": "MLP-2-100", "dataset": "digits", "batch_size": 8}
+    base = sweeps.point_memory_bytes(fn, point)
+    # independent count: 2 * 100^2 + 3082 * 100 weights at 16 bytes, (4*2*100 + 3072) * 8 floats, digits' floats
+    assert base == pytest.approx(16 * (2 * 100 ** 2 + 3082 * 100) + 4 * (800 + 3072) * 8 + 4 * 1797 * 64)
+    assert sweeps.point_memory_bytes(fn, point | {"batch_size": 800}) > base
+    assert sweeps.point_memory_bytes(fn, point | {"model": "MLP-2-1000"}) > base
+    vit = {"model": "ViT", "dataset": "cifar10", "batch_size": 8}
+    assert sweeps.point_memory_bytes(fn, vit | {"vit_dim": 1024}) > sweeps.point_memory_bytes(fn, vit)
+    assert sweeps.point_memory_bytes("lowrank.other:f", point) is None
