@@ -1039,3 +1039,37 @@ def test_the_sweep_point_estimate_grows_with_each_size():
     vit = {"model": "ViT", "dataset": "cifar10", "batch_size": 8}
     assert sweeps.point_memory_bytes(fn, vit | {"vit_dim": 1024}) > sweeps.point_memory_bytes(fn, vit)
     assert sweeps.point_memory_bytes("lowrank.other:f", point) is None
+
+
+# ---- a FIFO or device among the files `lowrank report` reads: refused, never a hang ---------------------
+
+@pytest.mark.parametrize("name", ["manifest.json", "provenance.json", "verdicts.json"])
+def test_report_refuses_a_fifo_in_a_run_folder_without_hanging(tmp_path, capsys, monkeypatch, name):
+    import signal
+
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    folder = _run_folder(tmp_path / "runs")
+    (folder / name).unlink()
+    os.mkfifo(folder / name)
+    signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("report hung on a FIFO")))
+    signal.alarm(20)
+    try:
+        message = one_line(["report", folder, "-o", tmp_path / "r.html"], capsys)
+    finally:
+        signal.alarm(0)
+    assert name in message and not (tmp_path / "r.html").exists()
+    if name == "manifest.json":
+        assert "is a FIFO, not a regular file" in message
+
+
+def test_read_regular_bytes_refuses_what_is_not_a_regular_file(tmp_path):
+    fifo = tmp_path / "f"
+    os.mkfifo(fifo)
+    with pytest.raises(io.NotRegularFile, match="is a FIFO"):
+        io.read_regular_bytes(fifo)
+    with pytest.raises(io.NotRegularFile, match="is a device"):
+        io.read_regular_bytes("/dev/zero")
+    with pytest.raises(io.NotRegularFile, match="is a folder"):
+        io.read_regular_bytes(tmp_path)
+    (tmp_path / "ok").write_bytes(b"abc")
+    assert io.read_regular_bytes(tmp_path / "ok") == b"abc"

@@ -7,7 +7,8 @@ import html
 import os
 from pathlib import Path
 
-from lowrank.core.io import OutputRefused, check_replaceable, write_atomically, written_by_lowrank
+from lowrank.core.io import (OutputRefused, check_replaceable, read_regular_bytes, write_atomically,
+                             written_by_lowrank)
 
 __all__ = ["render"]
 
@@ -94,7 +95,7 @@ def render(loaded: list[dict], out: Path) -> Path:
         parts.append(f"<h3>{html.escape(stem)}</h3><table><tr>")
         for r in loaded:
             png = r["folder"] / "figures" / f"{stem}.png"
-            img = (f"<img src='data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}'>"
+            img = (f"<img src='data:image/png;base64,{base64.b64encode(read_regular_bytes(png, 'figure')).decode()}'>"
                    if png.is_file() else "(none)")
             parts.append(f"<td><b>{html.escape(r['provenance'].get('hash', r['folder'].name))}</b><br>{img}</td>")
         parts.append("</tr></table>")

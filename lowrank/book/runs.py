@@ -153,7 +153,7 @@ FUNCTION_RESULTS = ("results.csv", "results.json")
 def required_problems(folder: Path, listed: dict) -> list[str]:
     """Required files (`REQUIRED`) that `folder`'s manifest does not list."""
     try:
-        provenance = json.loads((folder / "provenance.json").read_text())
+        provenance = json.loads(io.read_regular_text(folder / "provenance.json"))
     except (OSError, ValueError):
         return ["provenance.json missing or unreadable (required)"]
     if not isinstance(provenance, dict):
@@ -170,7 +170,9 @@ def manifest_problems(folder: Path) -> list[str]:
     required files (`REQUIRED`) the manifest leaves out (empty when the folder is as its run wrote it)."""
     folder = Path(folder)
     try:
-        listed = json.loads((folder / MANIFEST).read_text())
+        listed = json.loads(io.read_regular_text(folder / MANIFEST))
+    except io.NotRegularFile as err:
+        return [str(err).replace(f"input {folder / MANIFEST}", MANIFEST)]
     except (OSError, ValueError):
         return [f"no readable {MANIFEST}"]
     if not isinstance(listed, dict):
@@ -196,7 +198,7 @@ def check_discardable(folder) -> None:
         raise RunFolderError(f"{folder} is a link, not a run folder this tool wrote; it is left as it is "
                              f"(remove the link yourself to run again)")
     try:
-        listed = json.loads((folder / MANIFEST).read_text())
+        listed = json.loads(io.read_regular_text(folder / MANIFEST))
     except (OSError, ValueError):
         listed = None
     if not isinstance(listed, dict):
@@ -336,9 +338,9 @@ def load_run(folder) -> dict:
         raise RunFolderError(f"{folder} does not match its manifest ({'; '.join(problems[:3])}); "
                              f"rerun it with `lowrank run --force`")
     try:
-        provenance = json.loads((folder / "provenance.json").read_text())
-        verdicts = json.loads((folder / "verdicts.json").read_text()) if "notebook" in provenance else {}
-    except ValueError as err:
+        provenance = json.loads(io.read_regular_text(folder / "provenance.json"))
+        verdicts = json.loads(io.read_regular_text(folder / "verdicts.json")) if "notebook" in provenance else {}
+    except (ValueError, OSError) as err:
         raise RunFolderError(f"{folder}: unreadable JSON ({err})") from None
     return {"folder": folder, "provenance": provenance, "verdicts": verdicts,
             "figures": sorted((folder / "figures").glob("*.png"))}
