@@ -893,6 +893,11 @@ class _OddServer:
                 self.send_response(200)
                 if mode == "drip":
                     self.send_header("Content-Length", "1000")
+                if mode == "hello":  # a whole small file, not the published one
+                    self.send_header("Content-Length", "5")
+                    self.end_headers()
+                    self.wfile.write(b"hello")
+                    return
                 self.end_headers()
                 try:
                     for _ in range(10**6):
@@ -934,6 +939,20 @@ def test_a_dripping_mirror_is_stopped_at_the_minimum_rate(tmp_path, monkeypatch)
                               max_bytes=1000)
         assert time.monotonic() - started < 10  # each byte came within the timeout: without a deadline, 200 s
     assert not (tmp_path / "f.gz").exists()
+
+
+def test_a_download_with_another_md5_names_the_file_and_both_checksums(tmp_path):
+    import hashlib
+
+    from lowrank.core import datasets
+
+    target = tmp_path / "sub" / "f.gz"
+    with _OddServer("hello") as srv:
+        with pytest.raises(datasets.FetchError) as err:
+            datasets.download(srv.base + "f.gz", target, "0" * 32, progress=False, timeout=5.0, max_bytes=1000)
+    got = hashlib.md5(b"hello").hexdigest()  # independent: the md5 of what the server sent
+    assert str(target) in str(err.value) and f"md5 is {got}" in str(err.value) and "0" * 32 in str(err.value)
+    assert not target.exists() and not (tmp_path / "sub").exists()  # nothing kept
 
 
 def test_an_endless_download_is_stopped_at_the_published_size(tmp_path):
