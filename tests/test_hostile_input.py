@@ -1097,3 +1097,32 @@ def test_read_regular_bytes_refuses_what_is_not_a_regular_file(tmp_path):
         io.read_regular_bytes(tmp_path)
     (tmp_path / "ok").write_bytes(b"abc")
     assert io.read_regular_bytes(tmp_path / "ok") == b"abc"
+
+
+# ---- wrong errors: the message says what is wrong ----------------------------------------------------
+
+def test_a_fifo_spec_file_is_not_a_regular_file_and_an_empty_output_is_refused(clean_env, capsys):
+    fifo = clean_env / "s.yaml"
+    os.mkfifo(fifo)
+    message = one_line(["sweep", fifo, "--output", clean_env / "o", "--dry-run"], capsys)
+    assert "is a FIFO, not a regular file" in message and "does not exist" not in message
+    spec = spec_file(clean_env, {"function": "lowrank.core.train:train_point",
+                                 "points": [{"model": "MLP-2-8", "dataset": "digits", "batch_size": 8, "lr": 0.1,
+                                             "epochs": 1}]})
+    for empty in ["", " "]:
+        assert "--output is empty" in one_line(["sweep", spec, "--output", empty, "--dry-run"], capsys)
+    assert not (clean_env / "runs").exists()  # not sent to the default folder
+    assert "does not exist" in one_line(["sweep", clean_env / "none.yaml", "--dry-run"], capsys)  # a real absence
+
+
+def test_report_into_a_run_folder_hints_a_file_outside_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    folder = _run_folder(tmp_path / "runs")
+    for target in [folder, folder / "figures", tmp_path / "runs"]:
+        message = one_line(["report", folder, "-o", target], capsys)
+        assert "where no report is written" in message and str(target / "report.html") not in message
+        assert not (target / "report.html").exists()
+    own = tmp_path / "mine"
+    own.mkdir()
+    assert str(own / "report.html") in one_line(["report", folder, "-o", own], capsys)  # elsewhere: the hint stands
+    assert cli.main(["report", str(folder), "-o", str(own / "report.html")]) == 0  # and the hinted file is accepted

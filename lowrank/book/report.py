@@ -36,6 +36,13 @@ def check_output(out) -> Path:
 
     out = Path(out)
     if out.is_dir():
+        # the hint names a file that would be accepted: never one inside a run folder or the runs folder
+        resolved, runs_root = out.resolve(), RUNS.resolve()
+        inside = enclosing_run_folder(resolved)
+        if inside is not None or resolved == runs_root or runs_root in resolved.parents:
+            where = f"the run folder {inside}" if inside is not None else f"the runs folder {RUNS}"
+            raise InputError(f"report output {out} is a folder in {where}, where no report is written; give a file "
+                             f"name outside it, e.g. report.html")
         raise InputError(f"report output {out} is a folder; give a file name, e.g. {out / 'report.html'}")
     try:
         target = check_replaceable(out, "report output", ours=written_by_lowrank)

@@ -51,6 +51,7 @@ import math
 import os
 import re
 import shutil
+import stat
 import sys
 import time
 import traceback
@@ -139,7 +140,17 @@ def _load_function(ref: str, check: bool = True):
 
 def load_spec(path, output: Path | None = None) -> SweepSpec:
     """Read and validate a sweep spec; every point's parameters are checked here."""
+    if output is not None and not str(output).strip():  # "" would mean the default folder, silently
+        raise SweepError("--output is empty: give a sweep folder, or leave --output out for "
+                         "runs/sweeps/<spec name>")
     path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):  # read, a FIFO would hang
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        raise SweepError(f"sweep spec {path} is {kind}, not a regular file; give the spec's YAML file")
     raw = rules.load_yaml_mapping(path, "sweep spec", SweepError)
     if not raw:
         raise SweepError(f"sweep spec {path} is empty")
