@@ -475,7 +475,15 @@ def test_the_data_folder_and_its_files_key_the_run(tmp_path, monkeypatch):
     assert runs.run_hash(target, point) != first  # another data folder with other files: another run
     monkeypatch.setenv("LOWRANK_DATA", str(one))
     assert runs.run_hash(target, point) == first
-    os.utime(one / "train-images-idx3-ubyte", ns=(1, 1))  # a changed image file
+    os.utime(one / "train-images-idx3-ubyte", ns=(1, 1))  # only the time changed: the contents are the key
+    assert runs.run_hash(target, point) == first
+    st = (one / "train-images-idx3-ubyte").stat()
+    (one / "train-images-idx3-ubyte").write_bytes(b"imagez")  # a changed image file, same size ...
+    os.utime(one / "train-images-idx3-ubyte", ns=(st.st_atime_ns, st.st_mtime_ns))  # ... and its old mtime
+    assert runs.run_hash(target, point) != first
+    (one / "train-images-idx3-ubyte").write_bytes(b"images")  # the same bytes again: the same run
+    assert runs.run_hash(target, point) == first
+    os.mkfifo(one / "pipe")  # a FIFO in the data folder is keyed by its name, never read (no hang)
     assert runs.run_hash(target, point) != first
     # a notebook's data_root as well
     name = "sgd/rank_bound"
