@@ -140,9 +140,14 @@ def test_a_crafted_checkpoint_is_refused_not_unpickled(tmp_path, writer):
     assert (tmp_path / "proof").exists()
     before = ckpt.read_bytes()
     # ... but not by a checkpoint's loading (protocol 5's opcodes are not even read by the restricted unpickler)
-    with pytest.raises(ValueError, match="refused, not unpickled" if writer != "pickle-5" else "is unreadable"):
+    with pytest.raises(ValueError, match="refused, not unpickled" if writer != "pickle-5" else "is unreadable") as err:
         _fit(tmp_path, ckpt)
     assert not marker.exists() and ckpt.read_bytes() == before
+    # the message says what the file is, not torch's advice to load it with weights_only=False (which runs it)
+    assert "not a lowrank checkpoint" in str(err.value) and "weights_only" not in str(err.value)
+    assert str(ckpt) in str(err.value) and "\n" not in str(err.value)
+    if writer == "torch.save":
+        assert "it names posix.system" in str(err.value) or "it names os.system" in str(err.value)
 
 
 def test_a_crafted_checkpoint_in_a_sweep_is_refused(clean_env, capsys):
@@ -470,7 +475,15 @@ def test_the_data_folder_and_its_files_key_the_run(tmp_path, monkeypatch):
     assert runs.run_hash(target, point) != first  # another data folder with other files: another run
     monkeypatch.setenv("LOWRANK_DATA", str(one))
     assert runs.run_hash(target, point) == first
-    os.utime(one / "train-images-idx3-ubyte", ns=(1, 1))  # a changed image file
+    os.utime(one / "train-images-idx3-ubyte", ns=(1, 1))  # only the time changed: the contents are the key
+    assert runs.run_hash(target, point) == first
+    st = (one / "train-images-idx3-ubyte").stat()
+    (one / "train-images-idx3-ubyte").write_bytes(b"imagez")  # a changed image file, same size ...
+    os.utime(one / "train-images-idx3-ubyte", ns=(st.st_atime_ns, st.st_mtime_ns))  # ... and its old mtime
+    assert runs.run_hash(target, point) != first
+    (one / "train-images-idx3-ubyte").write_bytes(b"images")  # the same bytes again: the same run
+    assert runs.run_hash(target, point) == first
+    os.mkfifo(one / "pipe")  # a FIFO in the data folder is keyed by its name, never read (no hang)
     assert runs.run_hash(target, point) != first
     # a notebook's data_root as well
     name = "sgd/rank_bound"
@@ -499,11 +512,13 @@ def _table(**over):
     ({"model": "MLP-2-16"}, "model is 'MLP-2-16' in the table"), ({"eps": 0.05}, "eps is 0.05"),
     ({"momentum": 0.5}, "no point of the page's grid"), ({"dataset": "mnist1d"}, "dataset"),
     ({"milestones": "[60]"}, "milestones"), ({"batch_size": 4}, "first: batch_size 4"),
+    ({"augment": True}, "augment"), ({"rotation": "none"}, "rotation"), ({"lr_decay": 0.5}, "lr_decay"),
+    ({"seed": 3}, "grid points are not in the table"),
 ])
 def test_a_sweep_table_that_does_not_match_the_page_is_refused(over, named):
     from lowrank.sgd import ranks
 
-    grid = ranks.experiment_grid(batch_sizes=[16, 32, 64], lrs=[0.1], weight_decays=[5e-3, 0.0], momenta=[0.9],
+    grid = ranks.experiment_grid(batch_sizes=[16, 32, 64], lrs=[0.1], weight_decays=[5e-3], momenta=[0.9],
                                  seeds=[0])
     page = dict(model="MLP-BN-4-64", dataset="digits", epochs=2, eps=1e-3, milestones=[], lr_decay=0.1,
                 augment=False, rotation="uniform")
@@ -515,6 +530,34 @@ def test_a_sweep_table_that_does_not_match_the_page_is_refused(over, named):
     with pytest.raises(ValueError, match="does not match the page's parameters"):
         ranks.rank_experiment(grid=grid, **(page | {"model": "MLP-BN-10-100"}), coarse_eps=1e-2, min_train_acc=0.5,
                               table=_table(), regime_only=True)
+
+
+@pytest.mark.parametrize("drop", ["eps", "milestones", "lr_decay", "augment", "rotation", "model", "dataset"])
+def test_a_sweep_table_that_does_not_record_a_page_setting_is_refused(drop):
+    from lowrank.sgd import ranks
+
+    grid = ranks.experiment_grid(batch_sizes=[16, 32, 64], lrs=[0.1], weight_decays=[5e-3], momenta=[0.9], seeds=[0])
+    page = dict(model="MLP-BN-4-64", dataset="digits", epochs=2, eps=1e-3, milestones=[], lr_decay=0.1,
+                augment=False, rotation="uniform")
+    with pytest.raises(ValueError, match=f"the table records no {drop} "):
+        ranks.check_table(_table().drop(columns=[drop]), grid=grid, **page)
+
+
+def test_a_sweep_table_must_cover_every_grid_point_and_epoch():
+    from lowrank.sgd import ranks
+
+    page = dict(model="MLP-BN-4-64", dataset="digits", epochs=2, eps=1e-3, milestones=[], lr_decay=0.1,
+                augment=False, rotation="uniform")
+    wider = ranks.experiment_grid(batch_sizes=[16, 32, 64], lrs=[0.1], weight_decays=[5e-3, 0.0], momenta=[0.9],
+                                  seeds=[0])
+    with pytest.raises(ValueError, match="3 of the page's 6 grid points are not in the table .first: batch_size 16, "
+                                         "lr 0.1, weight_decay 0"):
+        ranks.check_table(_table(), grid=wider, **page)
+    grid = ranks.experiment_grid(batch_sizes=[16, 32, 64], lrs=[0.1], weight_decays=[5e-3], momenta=[0.9], seeds=[0])
+    cut = _table()
+    cut = cut[~((cut["run"] == 1) & (cut["epoch"] == 2))]  # one run stopped an epoch early
+    with pytest.raises(ValueError, match="end at epoch 1, the page asks for epochs=2"):
+        ranks.check_table(cut, grid=grid, **page)
 
 
 # ---- tracebacks and wrong errors: one line each -------------------------------------------------------
@@ -860,6 +903,11 @@ class _OddServer(_Loopback):
                 self.send_response(200)
                 if mode == "drip":
                     self.send_header("Content-Length", "1000")
+                if mode == "hello":  # a whole small file, not the published one
+                    self.send_header("Content-Length", "5")
+                    self.end_headers()
+                    self.wfile.write(b"hello")
+                    return
                 self.end_headers()
                 try:
                     for _ in range(10**6):
@@ -890,6 +938,20 @@ def test_a_dripping_mirror_is_stopped_at_the_minimum_rate(tmp_path, monkeypatch)
                               max_bytes=1000)
         assert time.monotonic() - started < 10  # each byte came within the timeout: without a deadline, 200 s
     assert not (tmp_path / "f.gz").exists()
+
+
+def test_a_download_with_another_md5_names_the_file_and_both_checksums(tmp_path):
+    import hashlib
+
+    from lowrank.core import datasets
+
+    target = tmp_path / "sub" / "f.gz"
+    with _OddServer("hello") as srv:
+        with pytest.raises(datasets.FetchError) as err:
+            datasets.download(srv.base + "f.gz", target, "0" * 32, progress=False, timeout=5.0, max_bytes=1000)
+    got = hashlib.md5(b"hello").hexdigest()  # independent: the md5 of what the server sent
+    assert str(target) in str(err.value) and f"md5 is {got}" in str(err.value) and "0" * 32 in str(err.value)
+    assert not target.exists() and not (tmp_path / "sub").exists()  # nothing kept
 
 
 def test_an_endless_download_is_stopped_at_the_published_size(tmp_path):
@@ -963,3 +1025,103 @@ def test_principal_angles_and_top_singular_of_huge_finite_matrices():
         spectral.top_singular_of_product(A * 1e200, B * 1e200)
     with pytest.raises(ValueError, match="singular value of M exceeds"):
         spectral.top_singular(torch.full((3, 3), 1e308, dtype=torch.float64))
+
+
+# ---- the memory estimate applies to sweep points, before any work -------------------------------------
+
+@pytest.mark.parametrize("point, named", [
+    ({"model": "MLP-9999-999999"}, "model='MLP-9999-999999'"),
+    ({"model": "ViT", "dataset": "cifar10", "vit_dim": 100000}, "model='ViT'"),
+])
+def test_a_sweep_point_beyond_the_memory_estimate_is_refused_before_a_dry_run(clean_env, capsys, point, named,
+                                                                               monkeypatch):
+    monkeypatch.setenv("LOWRANK_MEMORY_LIMIT", "64G")
+    base = {"model": "MLP-2-8", "dataset": "digits", "batch_size": 8, "lr": 0.1, "epochs": 1}
+    spec = spec_file(clean_env, {"function": "lowrank.core.train:train_point", "points": [base | point]})
+    out = clean_env / "out"
+    message = one_line(["sweep", spec, "--output", out, "--dry-run"], capsys)
+    assert named in message and "GiB by the estimate of train_point" in message and "64 GiB allowed" in message
+    assert not out.exists()  # refused before any work
+    # the same sweep of a small point passes the estimate (the refusal is the size, not the spec)
+    from lowrank.book import sweeps
+
+    small = spec_file(clean_env, {"function": "lowrank.core.train:train_point", "points": [base]}, name="small.yaml")
+    assert len(sweeps.load_spec(small, output=out).points) == 1
+
+
+def test_the_sweep_point_estimate_grows_with_each_size():
+    from lowrank.book import sweeps
+
+    fn = "lowrank.core.train:train_point"
+    point = {"model": "MLP-2-100", "dataset": "digits", "batch_size": 8}
+    base = sweeps.point_memory_bytes(fn, point)
+    # independent count: 2 * 100^2 + 3082 * 100 weights at 16 bytes, (4*2*100 + 3072) * 8 floats, digits' floats
+    assert base == pytest.approx(16 * (2 * 100 ** 2 + 3082 * 100) + 4 * (800 + 3072) * 8 + 4 * 1797 * 64)
+    assert sweeps.point_memory_bytes(fn, point | {"batch_size": 800}) > base
+    assert sweeps.point_memory_bytes(fn, point | {"model": "MLP-2-1000"}) > base
+    vit = {"model": "ViT", "dataset": "cifar10", "batch_size": 8}
+    assert sweeps.point_memory_bytes(fn, vit | {"vit_dim": 1024}) > sweeps.point_memory_bytes(fn, vit)
+    assert sweeps.point_memory_bytes("lowrank.other:f", point) is None
+
+
+# ---- a FIFO or device among the files `lowrank report` reads: refused, never a hang ---------------------
+
+@pytest.mark.parametrize("name", ["manifest.json", "provenance.json", "verdicts.json"])
+def test_report_refuses_a_fifo_in_a_run_folder_without_hanging(tmp_path, capsys, monkeypatch, name):
+    import signal
+
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    folder = _run_folder(tmp_path / "runs")
+    (folder / name).unlink()
+    os.mkfifo(folder / name)
+    signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("report hung on a FIFO")))
+    signal.alarm(20)
+    try:
+        message = one_line(["report", folder, "-o", tmp_path / "r.html"], capsys)
+    finally:
+        signal.alarm(0)
+    assert name in message and not (tmp_path / "r.html").exists()
+    if name == "manifest.json":
+        assert "is a FIFO, not a regular file" in message
+
+
+def test_read_regular_bytes_refuses_what_is_not_a_regular_file(tmp_path):
+    fifo = tmp_path / "f"
+    os.mkfifo(fifo)
+    with pytest.raises(io.NotRegularFile, match="is a FIFO"):
+        io.read_regular_bytes(fifo)
+    with pytest.raises(io.NotRegularFile, match="is a device"):
+        io.read_regular_bytes("/dev/zero")
+    with pytest.raises(io.NotRegularFile, match="is a folder"):
+        io.read_regular_bytes(tmp_path)
+    (tmp_path / "ok").write_bytes(b"abc")
+    assert io.read_regular_bytes(tmp_path / "ok") == b"abc"
+
+
+# ---- wrong errors: the message says what is wrong ----------------------------------------------------
+
+def test_a_fifo_spec_file_is_not_a_regular_file_and_an_empty_output_is_refused(clean_env, capsys):
+    fifo = clean_env / "s.yaml"
+    os.mkfifo(fifo)
+    message = one_line(["sweep", fifo, "--output", clean_env / "o", "--dry-run"], capsys)
+    assert "is a FIFO, not a regular file" in message and "does not exist" not in message
+    spec = spec_file(clean_env, {"function": "lowrank.core.train:train_point",
+                                 "points": [{"model": "MLP-2-8", "dataset": "digits", "batch_size": 8, "lr": 0.1,
+                                             "epochs": 1}]})
+    for empty in ["", " "]:
+        assert "--output is empty" in one_line(["sweep", spec, "--output", empty, "--dry-run"], capsys)
+    assert not (clean_env / "runs").exists()  # not sent to the default folder
+    assert "does not exist" in one_line(["sweep", clean_env / "none.yaml", "--dry-run"], capsys)  # a real absence
+
+
+def test_report_into_a_run_folder_hints_a_file_outside_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    folder = _run_folder(tmp_path / "runs")
+    for target in [folder, folder / "figures", tmp_path / "runs"]:
+        message = one_line(["report", folder, "-o", target], capsys)
+        assert "where no report is written" in message and str(target / "report.html") not in message
+        assert not (target / "report.html").exists()
+    own = tmp_path / "mine"
+    own.mkdir()
+    assert str(own / "report.html") in one_line(["report", folder, "-o", own], capsys)  # elsewhere: the hint stands
+    assert cli.main(["report", str(folder), "-o", str(own / "report.html")]) == 0  # and the hinted file is accepted

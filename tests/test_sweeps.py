@@ -147,7 +147,7 @@ def test_part_two_ci_sweep_under_both_executors_feeds_the_notebook(tmp_path, ci_
     result = sweeps.run_sweep(spec, "ray", progress=False)
     assert len(result["done"]) == len(spec.points) and not result["failed"], result["failed"]
     pd.testing.assert_frame_equal(local.drop(columns="run"), _collected(spec).drop(columns="run"))
-    assert local["run"].nunique() == 4 and {"rank_spectral", "rank_frobenius", "dist"} <= set(local.columns)
+    assert local["run"].nunique() == 12 and {"rank_spectral", "rank_frobenius", "dist"} <= set(local.columns)
 
     from lowrank.book import rules, runs
 
@@ -155,7 +155,7 @@ def test_part_two_ci_sweep_under_both_executors_feeds_the_notebook(tmp_path, ci_
     params = rules.resolve_parameters("sgd/rank_vs_batch_size",
                                      overrides={"sweep_table": str(local_out / "collected.csv"), "epochs": 3,
                                                 "batch_sizes": [16, 32, 64], "lrs": [0.05, 0.1], "weight_decay": 0.005,
-                                                "momentum": 0.0})
+                                                "momentum": 0.0, "variant_momentum": 0.0, "seeds": 1})
     folder, _ = runs.run("sgd/rank_vs_batch_size", params, runs_root=tmp_path / "runs")
     nb = (folder / "notebook.ipynb").read_text()
     assert "read from" in nb and "collected.csv" in nb
@@ -168,14 +168,14 @@ def _close(a: pd.DataFrame, b: pd.DataFrame):
 
 
 def test_ensemble_sweep_trains_a_batch_size_group_at_once(tmp_path, ci_local):
-    """`ensemble: true`: the points of one batch size (two learning rates) train as one ensemble, one
+    """`ensemble: true`: the points of one batch size (two learning rates, two weight decays) train as one ensemble, one
     task each; every point gets its own folder, the results match the point-by-point sweep, and a
     restart trains only the missing member."""
     body = yaml.safe_load(CI_SPEC.read_text()) | {"ensemble": True}
     spec = sweeps.load_spec(write_spec(tmp_path, body), output=tmp_path / "out")
-    assert [len(g) for g in sweeps._ensemble_groups(spec, spec.points)] == [2, 2]
+    assert [len(g) for g in sweeps._ensemble_groups(spec, spec.points)] == [4, 4, 4]  # 2 lrs x 2 weight decays
     result = sweeps.run_sweep(spec, "local", jobs=2, progress=False)
-    assert len(result["done"]) == 4 and not result["failed"], result["failed"]
+    assert len(result["done"]) == 12 and not result["failed"], result["failed"]
     together = _collected(spec)
     _close(together, ci_local[1])
     gone = spec.run_folder(spec.points[1])
@@ -183,7 +183,7 @@ def test_ensemble_sweep_trains_a_batch_size_group_at_once(tmp_path, ci_local):
 
     shutil.rmtree(gone)
     again = sweeps.run_sweep(spec, "local", jobs=2, progress=False)
-    assert again["done"] == [str(gone)] and len(again["skipped"]) == 3
+    assert again["done"] == [str(gone)] and len(again["skipped"]) == 11
     _close(_collected(spec), together)
 
 

@@ -7,7 +7,8 @@ import html
 import os
 from pathlib import Path
 
-from lowrank.core.io import OutputRefused, check_replaceable, write_atomically, written_by_lowrank
+from lowrank.core.io import (OutputRefused, check_replaceable, read_regular_bytes, write_atomically,
+                             written_by_lowrank)
 
 __all__ = ["render"]
 
@@ -35,6 +36,13 @@ def check_output(out) -> Path:
 
     out = Path(out)
     if out.is_dir():
+        # the hint names a file that would be accepted: never one inside a run folder or the runs folder
+        resolved, runs_root = out.resolve(), RUNS.resolve()
+        inside = enclosing_run_folder(resolved)
+        if inside is not None or resolved == runs_root or runs_root in resolved.parents:
+            where = f"the run folder {inside}" if inside is not None else f"the runs folder {RUNS}"
+            raise InputError(f"report output {out} is a folder in {where}, where no report is written; give a file "
+                             f"name outside it, e.g. report.html")
         raise InputError(f"report output {out} is a folder; give a file name, e.g. {out / 'report.html'}")
     try:
         target = check_replaceable(out, "report output", ours=written_by_lowrank)
@@ -94,7 +102,7 @@ def render(loaded: list[dict], out: Path) -> Path:
         parts.append(f"<h3>{html.escape(stem)}</h3><table><tr>")
         for r in loaded:
             png = r["folder"] / "figures" / f"{stem}.png"
-            img = (f"<img src='data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}'>"
+            img = (f"<img src='data:image/png;base64,{base64.b64encode(read_regular_bytes(png, 'figure')).decode()}'>"
                    if png.is_file() else "(none)")
             parts.append(f"<td><b>{html.escape(r['provenance'].get('hash', r['folder'].name))}</b><br>{img}</td>")
         parts.append("</tr></table>")

@@ -57,14 +57,33 @@ def path_parameters(target: str) -> set[str]:
     return {k for k, spec in parameter_specs(target).items() if spec.path}
 
 
+_CONTENT_DIGESTS: dict = {}  # (path, size, mtime, ctime, inode) -> SHA-256, this process's cache
+
+
+def _content_digest(f: Path, st) -> str:
+    """SHA-256 of a regular file's contents, cached by its path, size, modification and change times and
+    inode: a file restored to its old size and mtime (`touch -r`) still has a new ctime, so it is read again."""
+    key = (str(f), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    if key not in _CONTENT_DIGESTS:
+        _CONTENT_DIGESTS[key] = io.file_digest(f)
+    return _CONTENT_DIGESTS[key]
+
+
 def _folder_digest(path: Path) -> str:
-    """The names, sizes and modification times of a folder's files (at most `FOLDER_LISTING_MAX`)."""
+    """The names and contents (SHA-256, `_content_digest`) of a folder's regular files (at most
+    `FOLDER_LISTING_MAX`); other entries (a FIFO, a device) by name and kind only, never read."""
+    import stat as stat_
+
     listing = []
     for i, f in enumerate(sorted(path.rglob("*"))):
         if i >= FOLDER_LISTING_MAX:
             break
         st = f.stat()
-        listing.append(f"{f.relative_to(path).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n")
+        name = f.relative_to(path).as_posix()
+        if stat_.S_ISREG(st.st_mode):
+            listing.append(f"{name}\0{st.st_size}\0{_content_digest(f, st)}\n")
+        elif not stat_.S_ISDIR(st.st_mode):
+            listing.append(f"{name}\0mode {stat_.S_IFMT(st.st_mode)}\n")
     return io.digest(*listing)
 
 
@@ -76,8 +95,8 @@ DATA_FOLDER_PARAMETERS = ("data_root",)
 def input_digests(params: dict, paths) -> dict:
     """`{parameter: digest}` of the files and folders the parameters `paths` name (see
     `path_parameters`) and of the data folder (`DATA_FOLDER_PARAMETERS`, resolved as the data sets'
-    loaders resolve it): SHA-256 of a file's contents; of a folder, the names, sizes and
-    modification times of its files. Checkpoints (`is_output_path`) are outputs and left out.
+    loaders resolve it): SHA-256 of a file's contents; of a folder, the names and SHA-256 of its files
+    (`_folder_digest`). Checkpoints (`is_output_path`) are outputs and left out.
     Part of the run key: an edited input file, another data folder or a changed image file is a new run."""
     from lowrank.core.validation import user_path
 
@@ -153,7 +172,7 @@ FUNCTION_RESULTS = ("results.csv", "results.json")
 def required_problems(folder: Path, listed: dict) -> list[str]:
     """Required files (`REQUIRED`) that `folder`'s manifest does not list."""
     try:
-        provenance = json.loads((folder / "provenance.json").read_text())
+        provenance = json.loads(io.read_regular_text(folder / "provenance.json"))
     except (OSError, ValueError):
         return ["provenance.json missing or unreadable (required)"]
     if not isinstance(provenance, dict):
@@ -170,7 +189,9 @@ def manifest_problems(folder: Path) -> list[str]:
     required files (`REQUIRED`) the manifest leaves out (empty when the folder is as its run wrote it)."""
     folder = Path(folder)
     try:
-        listed = json.loads((folder / MANIFEST).read_text())
+        listed = json.loads(io.read_regular_text(folder / MANIFEST))
+    except io.NotRegularFile as err:
+        return [str(err).replace(f"input {folder / MANIFEST}", MANIFEST)]
     except (OSError, ValueError):
         return [f"no readable {MANIFEST}"]
     if not isinstance(listed, dict):
@@ -196,7 +217,7 @@ def check_discardable(folder) -> None:
         raise RunFolderError(f"{folder} is a link, not a run folder this tool wrote; it is left as it is "
                              f"(remove the link yourself to run again)")
     try:
-        listed = json.loads((folder / MANIFEST).read_text())
+        listed = json.loads(io.read_regular_text(folder / MANIFEST))
     except (OSError, ValueError):
         listed = None
     if not isinstance(listed, dict):
@@ -336,9 +357,9 @@ def load_run(folder) -> dict:
         raise RunFolderError(f"{folder} does not match its manifest ({'; '.join(problems[:3])}); "
                              f"rerun it with `lowrank run --force`")
     try:
-        provenance = json.loads((folder / "provenance.json").read_text())
-        verdicts = json.loads((folder / "verdicts.json").read_text()) if "notebook" in provenance else {}
-    except ValueError as err:
+        provenance = json.loads(io.read_regular_text(folder / "provenance.json"))
+        verdicts = json.loads(io.read_regular_text(folder / "verdicts.json")) if "notebook" in provenance else {}
+    except (ValueError, OSError) as err:
         raise RunFolderError(f"{folder}: unreadable JSON ({err})") from None
     return {"folder": folder, "provenance": provenance, "verdicts": verdicts,
             "figures": sorted((folder / "figures").glob("*.png"))}

@@ -51,6 +51,7 @@ import math
 import os
 import re
 import shutil
+import stat
 import sys
 import time
 import traceback
@@ -139,7 +140,17 @@ def _load_function(ref: str, check: bool = True):
 
 def load_spec(path, output: Path | None = None) -> SweepSpec:
     """Read and validate a sweep spec; every point's parameters are checked here."""
+    if output is not None and not str(output).strip():  # "" would mean the default folder, silently
+        raise SweepError("--output is empty: give a sweep folder, or leave --output out for "
+                         "runs/sweeps/<spec name>")
     path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):  # read, a FIFO would hang
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        raise SweepError(f"sweep spec {path} is {kind}, not a regular file; give the spec's YAML file")
     raw = rules.load_yaml_mapping(path, "sweep spec", SweepError)
     if not raw:
         raise SweepError(f"sweep spec {path} is empty")
@@ -205,6 +216,7 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
                 full = {k: (specs[k].check(v) if k in specs and not is_checkpoint(k) else v) for k, v in full.items()}
             except rules.ParameterError as err:
                 raise SweepError(f"sweep spec {path}: {err}") from None
+            check_point_memory(raw["function"], full, f"sweep spec {path}")
             resolved.append(full)
         spec = SweepSpec(path, None, raw["function"], scale, resolved, resources)
     spec.ensemble = raw.get("ensemble", False)
@@ -253,6 +265,35 @@ def check_sweep_output(folder: Path) -> None:
     if folder.is_dir() and any(folder.iterdir()) and not is_sweep_folder(folder):
         raise SweepError(f"sweep output {folder} holds files that no sweep wrote (no {SWEEP_RECORD}); "
                          f"give a new or empty folder")
+
+
+def point_memory_bytes(function: str, point: dict) -> float | None:
+    """A rough upper bound on the bytes one run of a sweep function needs (None where the function
+    states none): for `train_point`, float32 weights with their gradient, momentum and a copy (16 bytes
+    a parameter, `rules.network_parameters`), the activations of one batch (`rules.network_activations`)
+    and the data set (`rules.dataset_bytes`), for the point's model, batch size and ViT/CNN sizes."""
+    if function != "lowrank.core.train:train_point":
+        return None
+    sizes = {k: point[k] for k in ("cnn_width", "vit_dim", "vit_depth") if point.get(k) is not None}
+    model, batch = point.get("model"), point.get("batch_size") or 1
+    return (16.0 * rules.network_parameters(model, **sizes) + 4.0 * rules.network_activations(model, batch, **sizes)
+            + rules.dataset_bytes(point.get("dataset")))
+
+
+def check_point_memory(function: str, point: dict, where: str) -> None:
+    """Refuse, before any run starts (`--dry-run` included), a sweep point whose `point_memory_bytes`
+    exceeds `rules.memory_limit()`, naming the estimate."""
+    limit = rules.memory_limit()
+    try:
+        need = point_memory_bytes(function, point)
+    except (ValueError, TypeError, OverflowError) as err:
+        raise SweepError(f"{where}: the memory estimate cannot be evaluated for model {point.get('model')!r} "
+                         f"({type(err).__name__}: {err})") from None
+    if need is not None and not need <= limit:
+        raise SweepError(f"{where}: the point model={point.get('model')!r} batch_size={point.get('batch_size')!r} "
+                         f"needs about {need / 2**30:.3g} GiB by the estimate of {function.rsplit(':', 1)[-1]} "
+                         f"(16 bytes a weight + a batch's activations + the data set), more than the "
+                         f"{limit / 2**30:.3g} GiB allowed here (set LOWRANK_MEMORY_LIMIT to change it)")
 
 
 def config_class(fn):
@@ -667,11 +708,19 @@ def collect(spec: SweepSpec):
     (a function's rows, or a notebook's verdicts: one row per verdict)."""
     import pandas as pd
 
+    # a function's defaults as columns as well: a reader (`lowrank.sgd.ranks.check_table`) sees every
+    # setting the runs used, not only those the spec named
+    defaults = {}
+    if spec.function:
+        defaults = {k: (list(p.default) if isinstance(p.default, tuple) else p.default)
+                    for k, p in sweep_parameters(_load_function(spec.function)).items()
+                    if p.default is not inspect.Parameter.empty}
     frames = []
     for params in spec.points:
         folder = spec.run_folder(params)
         if not folder.is_dir():
             continue
+        params = {**defaults, **params}
         problems = runs.manifest_problems(folder)
         if problems:
             raise SweepError(f"{folder} does not match its manifest ({'; '.join(problems[:3])}): run the sweep "

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import re
 from pathlib import Path
 
 import numpy as np
@@ -121,16 +122,18 @@ def _load_checkpoint(path: Path, dev) -> dict:
     try:
         saved = torch.load(path, map_location=dev, weights_only=True)  # never runs a pickle's code
     except pickle.UnpicklingError as err:
-        what = next((line.strip() for line in str(err).splitlines() if "unsupported global" in line.lower()), "")[:160]
-        if what:  # torch's restricted unpickler met a class or a function to call
-            raise ValueError(f"checkpoint {path} holds objects other than tensors and plain data (a file of another "
-                             f"version, or a crafted one: {what}): refused, not unpickled; "
-                             f"remove it or pass another path") from None
-        raise ValueError(f"checkpoint {path} is unreadable (UnpicklingError: {' '.join(str(err).split())[:200]}); "
-                         f"remove it or pass another path") from None
+        # torch's restricted unpickler met a class or a function to call; its message advises loading with
+        # weights_only=False, which would run the file's code: only the name of the global is shown
+        found = re.search(r"GLOBAL\s+([\w.]+)", str(err))
+        if found:
+            raise ValueError(f"checkpoint {path} is not a lowrank checkpoint: it holds objects other than tensors "
+                             f"and plain data (it names {found[1]}); refused, not unpickled: remove it or pass "
+                             f"another path") from None
+        raise ValueError(f"checkpoint {path} is unreadable: not a lowrank checkpoint (UnpicklingError); remove it "
+                         f"or pass another path") from None
     except Exception as err:  # zip and EOF errors of a truncated or foreign file
-        raise ValueError(f"checkpoint {path} is unreadable ({type(err).__name__}: "
-                         f"{' '.join(str(err).split())[:200]}); remove it or pass another path") from None
+        raise ValueError(f"checkpoint {path} is unreadable: not a lowrank checkpoint ({type(err).__name__}); "
+                         f"remove it or pass another path") from None
     if not isinstance(saved, dict):
         raise ValueError(f"checkpoint {path} does not hold a lowrank.core.train checkpoint; remove it")
     return saved

@@ -11,6 +11,7 @@ import gzip
 import hashlib
 import os
 import pickle
+import re
 import shutil
 import tarfile
 from pathlib import Path
@@ -586,9 +587,10 @@ def download(url: str, target, md5: str, *, progress: bool = True, timeout: floa
     except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as err:
         raise _Offline(type(err).__name__) from None
     except ValueError as err:  # pooch: the downloaded file's hash does not match
-        got = str(err).split("(", 1)[-1].split(")", 1)[0]
-        raise FetchError(f"{url}: md5 {got} is not the published {md5} (corrupt or truncated file); "
-                         f"nothing was kept, run the command again") from None
+        found = re.search(r"got\s+'?([0-9a-fA-F]{32})", str(err))  # pooch: "... expected X but got Y"
+        got = found[1] if found else "unknown"
+        raise FetchError(f"{target}: downloaded from {url}, its md5 is {got}, the published one {md5} (corrupt or "
+                         f"truncated file); nothing was kept, run the command again") from None
     finally:
         for folder in made:  # a failed download leaves no empty folder behind
             if folder.is_dir() and not target.is_file() and not any(folder.iterdir()):

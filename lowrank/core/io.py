@@ -82,6 +82,35 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+class NotRegularFile(OSError):
+    """An input that is a FIFO, a device, a socket or a folder: read, it would hang or never end."""
+
+
+def read_regular_bytes(path, what: str = "input") -> bytes:
+    """The contents of the regular file `path`, or NotRegularFile (an OSError) naming what it is: the
+    file is opened without blocking (a FIFO with no writer opens at once) and checked on the open
+    descriptor before a byte is read, so a FIFO or a device never hangs a reader."""
+    path = Path(path)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(f"{what} {path} is {_kind(st.st_mode)}, not a regular file")
+        if hasattr(os, "O_NONBLOCK"):
+            os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as fh:
+            fd = None
+            return fh.read()
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def read_regular_text(path, what: str = "input") -> str:
+    """`read_regular_bytes` as UTF-8 text."""
+    return read_regular_bytes(path, what).decode("utf-8")
+
+
 def check_replaceable(path, what: str = "output", ours=None) -> Path:
     """The file a write to `path` replaces, or OutputRefused before any work: `path` is a symbolic
     link (resolved, to name its target, and refused: a link planted in an output folder would send the

@@ -348,33 +348,50 @@ def _same(a, b) -> bool:
 def check_table(table: pd.DataFrame, *, grid, **settings) -> None:
     """Refuse a monitor table trained elsewhere (`rank_experiment(table=...)`, a sweep's
     `collected.csv`) that does not hold the runs the page's parameters describe: each setting in
-    `settings` (model, dataset, epochs, eps, milestones, ...) that the table records as a column must
-    have the page's value, the table's last epoch must be `epochs`, and each of its runs must be a
-    point of the page's `grid` (batch size, learning rate, weight decay, momentum). ValueError names
-    the first mismatches."""
+    `settings` (model, dataset, epochs, eps, milestones, ...) must be a column of the table holding the
+    page's value (a setting it does not record is refused: it cannot be shown to be the page's), each
+    run must end at epoch `epochs`, each of its runs must be a point of the page's `grid` (batch size,
+    learning rate, weight decay, momentum, and seed where the grid has one) and each grid point a run
+    of the table. ValueError names the first mismatches."""
     if "run" not in table.columns or "epoch" not in table.columns:
         raise ValueError("sweep table: no run and epoch columns; give the collected.csv of a train_point sweep")
     bad = []
     for key, want in settings.items():
-        if key in table.columns:
-            have = table[key].dropna().unique()
-            wrong = [v for v in have if not _same(v, want)]
-            if wrong:
-                shown = wrong[0].item() if isinstance(wrong[0], np.generic) else wrong[0]
-                bad.append(f"{key} is {shown!r} in the table, {want!r} on the page")
-    last = int(table["epoch"].max())
-    if "epochs" in settings and last != int(settings["epochs"]):
-        bad.append(f"the table's runs end at epoch {last}, the page asks for epochs={settings['epochs']}")
+        if key not in table.columns:  # a setting the table does not record cannot be shown to be the page's
+            bad.append(f"the table records no {key} (the page has {want!r})")
+            continue
+        have = table[key].dropna().unique()
+        wrong = [v for v in have if not _same(v, want)]
+        if wrong:
+            shown = wrong[0].item() if isinstance(wrong[0], np.generic) else wrong[0]
+            bad.append(f"{key} is {shown!r} in the table, {want!r} on the page")
+    if "epochs" in settings:
+        ends = table.groupby("run")["epoch"].max()
+        short = ends[ends != int(settings["epochs"])]
+        if len(short):
+            bad.append(f"the table's runs end at epoch {int(short.iloc[0])}, the page asks for "
+                       f"epochs={settings['epochs']}")
     keys = ["batch_size", "lr", "weight_decay", "momentum"]
     # the configured rate: lr0 where the table has it (its lr is the epoch's, after milestones)
     runs = table.drop(columns=["lr"]).rename(columns={"lr0": "lr"}) if "lr0" in table.columns else table
+    asked = [dict(g) for g in grid]
+    if asked and all("seed" in g for g in asked):
+        keys = keys + ["seed"]
     if set(keys) <= set(runs.columns):
         points = runs.groupby("run")[keys].first().to_dict("records")
-        asked = [{k: g[k] for k in keys} for g in grid]
-        extra = [p for p in points if not any(all(_same(p[k], a[k]) for k in keys) for a in asked)]
+        asked = [{k: g[k] for k in keys} for g in asked]
+
+        def found(p, among):
+            return any(all(_same(p[k], a[k]) for k in keys) for a in among)
+
+        extra = [p for p in points if not found(p, asked)]
         if extra:
             shown = ", ".join(f"{k} {extra[0][k]:g}" for k in keys)
             bad.append(f"{len(extra)} of its {len(points)} runs are no point of the page's grid (first: {shown})")
+        missing = [a for a in asked if not found(a, points)]
+        if missing:
+            shown = ", ".join(f"{k} {missing[0][k]:g}" for k in keys)
+            bad.append(f"{len(missing)} of the page's {len(asked)} grid points are not in the table (first: {shown})")
     else:
         bad.append(f"no {', '.join(k for k in keys if k not in runs.columns)} column")
     if bad:
