@@ -241,8 +241,11 @@ def test_spike_shares_on_hand_counted_configurations():
     rows = pd.DataFrame({  # threshold 0.5; each row one configuration
         "residue_outlying_0": [0.9, 0.9, 0.2, 0.9], "q_outlying_0": [0.8, 0.1, 0.1, 0.9],
         "residue_outlying": [0.7, 0.3, 0.1, 0.6], "q_outlying": [0.6, 0.9, 0.2, 0.4]})
-    # kept: row 0 (both stay), row 2 (neither was present); lost: row 1 (residue), row 3 (q)
-    assert regularization.spikes_kept_share(rows, threshold=0.5) == 0.5
+    # row 2 has no spike at lambda = 0: left out and counted; of rows 0, 1, 3 only row 0 keeps both
+    # (row 1 loses the residue, row 3 loses q)
+    assert regularization.rows_without_spike(rows, threshold=0.5) == 1
+    assert regularization.spikes_kept_share(rows, threshold=0.5) == pytest.approx(1 / 3)
+    assert math.isnan(regularization.spikes_kept_share(rows.iloc[[2]], threshold=0.5))
     # gone: only row 2 has both below 0.5
     assert regularization.spikes_gone_share(rows, threshold=0.5) == 0.25
     with pytest.raises(ValueError, match="no column"):

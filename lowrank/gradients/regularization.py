@@ -128,18 +128,35 @@ def outlying_share(outliers, align_u1, in_top2):
     return np.where(outliers >= 2, np.asarray(in_top2, float), np.where(outliers == 1, np.asarray(align_u1, float), 0.0))
 
 
+def spike_present_at_zero(rows, *, threshold: float):
+    """Boolean array: does the configuration (row) have at least one spike present at lambda = 0
+    (`residue_outlying_0` or `q_outlying_0` at least `threshold`, `outlying_share`)?"""
+    _spike_columns(rows, ("residue_outlying_0", "q_outlying_0"))
+    return np.asarray((rows["residue_outlying_0"] >= threshold) | (rows["q_outlying_0"] >= threshold))
+
+
+def rows_without_spike(rows, *, threshold: float) -> int:
+    """Number of configurations with no spike present at lambda = 0: they cannot keep or lose one,
+    so `spikes_kept_share` leaves them out and the page reports how many there are."""
+    return int((~spike_present_at_zero(rows, threshold=threshold)).sum())
+
+
 def spikes_kept_share(rows, *, threshold: float) -> float:
-    """Share of configurations (rows) that keep every spike present without weight decay.
+    """Share of the configurations (rows) *with a spike present at lambda = 0* that keep every such spike.
 
     A spike is present when its direction has at least `threshold` of its norm in the span of G's
     outlying left singular vectors (`outlying_share`): the residue direction `residue_outlying` and the
     data spike `q_outlying` at the row's lambda, `residue_outlying_0` and `q_outlying_0` at lambda = 0.
-    A spike absent at lambda = 0 cannot be lost.
+    A configuration with no spike at lambda = 0 can neither keep nor lose one: it is left out of the
+    share (count it with `rows_without_spike`); with no such configuration at all the share is nan.
     """
     _spike_columns(rows, ("residue_outlying_0", "q_outlying_0", "residue_outlying", "q_outlying"))
+    present = spike_present_at_zero(rows, threshold=threshold)
+    if not present.any():
+        return float("nan")
     kept = ((rows["residue_outlying_0"] < threshold) | (rows["residue_outlying"] >= threshold)) & (
         (rows["q_outlying_0"] < threshold) | (rows["q_outlying"] >= threshold))
-    return float(kept.mean())
+    return float(np.asarray(kept)[present].mean())
 
 
 def spikes_gone_share(rows, *, threshold: float) -> float:
