@@ -4,6 +4,7 @@ user did not ask for; the silent cases say what is wrong; the tracebacks are one
 Sections by class: security, data loss, silently wrong, tracebacks and wrong errors.
 """
 
+import json
 import os
 import pickle
 import shutil
@@ -767,12 +768,12 @@ def test_a_sweep_rerun_never_deletes_a_finished_folder_holding_a_users_file(clea
     assert not sweeps.run_sweep(spec, "local", jobs=1, progress=False)["failed"]
     folder = spec.run_folder(spec.points[0])
     (folder / "my-analysis.ipynb").write_text("mine")
-    with pytest.raises(runs.RunFolderError, match=r"holds files its run did not write \(my-analysis.ipynb\); "
+    with pytest.raises(runs.RunFolderError, match=r"holds files its run did not write or that were changed since \(my-analysis.ipynb\); "
                                                   r"nothing was deleted"):
         sweeps.run_sweep(spec, "local", jobs=1, progress=False)
     assert (folder / "my-analysis.ipynb").read_text() == "mine"
-    (folder / "my-analysis.ipynb").unlink()  # without it the changed folder is the tool's to redo
-    (folder / "results.json").write_text("{}")
+    (folder / "my-analysis.ipynb").unlink()
+    (folder / "results.json").unlink()  # a file of the run lost: the folder is the tool's to redo
     assert not sweeps.run_sweep(spec, "local", jobs=1, progress=False)["failed"]
     assert runs.manifest_problems(folder) == []
 
@@ -798,8 +799,27 @@ def test_a_sweep_run_folder_that_is_a_link_is_refused_in_one_line(clean_env, cap
 def test_a_notebook_rerun_never_deletes_a_users_file_in_the_run_folder(tmp_path):
     folder = _run_folder(tmp_path / "runs")
     runs.check_discardable(folder)  # as its run wrote it: the tool's to replace
-    (folder / "verdicts.json").write_text('{"edited": 1}')  # a changed file of the run: still the run's
+    saved = (folder / "verdicts.json").read_text()
+    (folder / "verdicts.json").write_text('{"edited": 1}')  # an edit is the user's, even to a file of the run
+    with pytest.raises(runs.RunFolderError, match="verdicts.json"):
+        runs.check_discardable(folder)
+    (folder / "verdicts.json").write_text(saved)
     runs.check_discardable(folder)
+    manifest = json.loads((folder / "manifest.json").read_text())  # a user's file listed in a planted entry
+    (folder / "thesis.tex").write_text("mine")
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "thesis.tex": "0" * 16}))
+    with pytest.raises(runs.RunFolderError, match="thesis.tex"):
+        runs.discard_run_folder(folder)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "thesis.tex").unlink()
+    (folder / "parameters.json").unlink()  # a file of the run missing: nothing of the user's is lost
+    runs.check_discardable(folder)
+    (folder / "parameters.json").write_text("{}")
+    (folder / "sub").mkdir()  # named as the tool's own files, but not where the tool puts them
+    (folder / "sub" / "manifest.json").write_text('{"mine": 1}')
+    with pytest.raises(runs.RunFolderError, match="sub/manifest.json"):
+        runs.check_discardable(folder)
+    shutil.rmtree(folder / "sub")
     (folder / "figures" / "my-sketch.svg").write_text("mine")
     with pytest.raises(runs.RunFolderError, match="figures/my-sketch.svg"):
         runs.check_discardable(folder)

@@ -159,7 +159,7 @@ UNLISTED = (MANIFEST, io.WORK_MARKER)  # the manifest itself, and a work folder'
 def write_manifest(folder: Path) -> None:
     """`manifest.json`: the digest (`lowrank.core.io.file_digest`) of every file of `folder` (paths relative to it)."""
     files = {p.relative_to(folder).as_posix(): io.file_digest(p) for p in sorted(folder.rglob("*"))
-             if p.is_file() and p.name not in UNLISTED}
+             if p.is_file() and p.relative_to(folder).as_posix() not in UNLISTED}
     (folder / MANIFEST).write_text(json.dumps(files, indent=1, sort_keys=True))
 
 
@@ -200,7 +200,7 @@ def manifest_problems(folder: Path) -> list[str]:
     links = [p.relative_to(folder).as_posix() for p in entries if p.is_symlink()]
     if links:  # a run writes none: a link would bring another file (a key, a password file) into a report
         return [f"{k} is a link (a run writes none)" for k in links]
-    present = {p.relative_to(folder).as_posix(): p for p in entries if p.is_file() and p.name not in UNLISTED}
+    present = {p.relative_to(folder).as_posix(): p for p in entries if p.is_file() and p.relative_to(folder).as_posix() not in UNLISTED}
     problems = required_problems(folder, listed)
     problems += [f"{k} missing" for k in sorted(set(listed) - set(present))]
     problems += [f"{k} changed" for k in sorted(set(listed) & set(present)) if io.file_digest(present[k]) != listed[k]]
@@ -210,8 +210,8 @@ def manifest_problems(folder: Path) -> list[str]:
 
 def check_discardable(folder) -> None:
     """RunFolderError unless `folder`, a run folder to be run again, holds only what its run wrote (the
-    files its manifest lists, the manifest): a file a user added there, a link, or a folder without a
-    readable manifest is never deleted; the message names what is in the way."""
+    files its manifest lists, unchanged, and the manifest): a file a user added or edited there, a link, or a
+    folder without a readable manifest is never deleted; the message names what is in the way."""
     folder = Path(folder)
     if folder.is_symlink():
         raise RunFolderError(f"{folder} is a link, not a run folder this tool wrote; it is left as it is "
@@ -226,13 +226,15 @@ def check_discardable(folder) -> None:
         entries = sorted(folder.rglob("*"))
     except OSError as err:
         raise RunFolderError(f"{folder} cannot be read ({err.strerror or err}); it is left as it is") from None
-    foreign = [p.relative_to(folder).as_posix() for p in entries
-               if (p.is_symlink() or not p.is_dir()) and p.relative_to(folder).as_posix() not in listed
-               and p.name not in UNLISTED]
+    def written_by_run(p: Path, name: str) -> bool:  # listed, and still what the run wrote (an edit is the user's)
+        return name in listed and p.is_file() and not p.is_symlink() and io.file_digest(p) == listed[name]
+
+    foreign = [name for p in entries for name in [p.relative_to(folder).as_posix()]
+               if (p.is_symlink() or not p.is_dir()) and p.relative_to(folder).as_posix() not in UNLISTED and not written_by_run(p, name)]
     if foreign:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise RunFolderError(f"{folder} must be run again but holds files its run did not write ({shown}); "
-                             f"nothing was deleted: move them out, then run again")
+        raise RunFolderError(f"{folder} must be run again but holds files its run did not write or that were "
+                             f"changed since ({shown}); nothing was deleted: move them out, then run again")
 
 
 def discard_run_folder(folder) -> None:
