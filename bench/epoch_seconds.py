@@ -7,7 +7,7 @@ shared machine (this project's 2 cores serve several sessions) the wall time of 
 says more about the neighbours than about the network; on an idle core the two agree. On a GPU, wall
 time after `torch.cuda.synchronize()`.
 
-- `--pages`: each laptop-sized page's training, one row per batch size: every run of the page at that
+- `--pages [--page NAME ...]`: each laptop-sized page's training (or the pages named), one row per batch size: every run of the page at that
   batch size trained together (as the page trains them), the page's own settings; seconds per epoch =
   (time of 3 epochs - time of 1 epoch) / 2, so set-up is left out and evaluation and rank tracking are in.
 - `--architectures`: every (model, dataset, batch size) of the sweep specs (sweeps/*.yaml: the paper's
@@ -61,25 +61,47 @@ def _clock() -> float:
     return time.perf_counter() if device.get_device().type == "cuda" else time.process_time()
 
 
-def measure_pages(threads: int) -> list[dict]:
-    """One row per (sized page, batch size): the page's ensemble at that batch size, 3 epochs minus 1."""
+def _rank_ensembles(p: dict, grid: list[dict]):
+    """A rank page's training: (dataset, B, members, train(epochs)) per batch size, as the page trains it."""
+    for B in sorted({g["batch_size"] for g in grid}):
+        group = [g for g in grid if g["batch_size"] == B]
+        yield p["dataset"], B, len(group), lambda epochs, group=group: ranks.rank_sweep(
+            model=p["model"], dataset=p["dataset"], grid=group, epochs=epochs, cnn_width=p.get("cnn_width", 1.0),
+            eps=p["eps"], extra_eps=(p["coarse_eps"],), loss="ce", layers=ranks.authors_layers, progress=False,
+            milestones=p["milestones"], lr_decay=p["lr_decay"])
+
+
+def _noise_ensembles(p: dict, grid: list[dict]):
+    """SGD noise's training (notebooks/sgd/sgd_noise.md): one ensemble of every lambda per data set, one loss."""
+    from lowrank.core import train
+    from lowrank.core.nets import mlp
+
+    runs = [{"lr": p["lr"], "weight_decay": wd, "momentum": p["momentum"], "seed": p["seed"]} for wd in p["weight_decays"]]
+    for key in ("dataset", "second_dataset"):
+        data = datasets.load(p[key])
+        make = lambda data=data: mlp.from_name(p["model"], int(data.x_train[0].numel()), data.num_classes)  # noqa: E731
+        yield p[key], p["batch_size"], len(runs), lambda epochs, make=make, data=data: train.train_ensemble(
+            make, data, runs, batch_size=p["batch_size"], epochs=epochs, loss=p["losses"][0], eps=p["eps"], progress=False)
+
+
+ENSEMBLES = {"sgd/sgd_noise": _noise_ensembles}  # the others are rank pages
+
+
+def measure_pages(threads: int, only=None) -> list[dict]:
+    """One row per (sized page, data set, batch size): the page's ensemble there, 3 epochs minus 1
+    (`only`: these pages)."""
     rows = []
-    for name in laptop.SIZED_PAGES:
+    for name in only or laptop.SIZED_PAGES:
         p = rules.resolve_parameters(name, scale="laptop" if (REPO / "params" / "laptop" / f"{name}.yaml").is_file() else "ci")
-        grid = laptop.page_grid(name, p)
-        for B in sorted({g["batch_size"] for g in grid}):
-            group = [g for g in grid if g["batch_size"] == B]
+        for dataset, B, members, fit in ENSEMBLES.get(name, _rank_ensembles)(p, laptop.page_grid(name, p)):
             walls = {}
             for epochs in (1, 3):
                 t = _clock()
-                ranks.rank_sweep(model=p["model"], dataset=p["dataset"], grid=group, epochs=epochs,
-                                 cnn_width=p.get("cnn_width", 1.0), eps=p["eps"], extra_eps=(p["coarse_eps"],), loss="ce",
-                                 layers=ranks.authors_layers, progress=False, milestones=p["milestones"],
-                                 lr_decay=p["lr_decay"])
+                fit(epochs)
                 walls[epochs] = _clock() - t
             seconds = max((walls[3] - walls[1]) / 2, 0.0)
             kind, where, load = _where(threads)
-            rows.append({"model": p["model"], "dataset": p["dataset"], "batch_size": B, "members": len(group),
+            rows.append({"model": p["model"], "dataset": dataset, "batch_size": B, "members": members,
                          "device": kind, "seconds_per_epoch": round(seconds, 4), "measured_on": where, "load": load,
                          "method": f"{name}: its ensemble at B = {B}, (3 epochs - 1 epoch) / 2"})
             print(rows[-1], flush=True)
@@ -156,6 +178,7 @@ def write(rows: list[dict], out: Path = OUT) -> None:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pages", action="store_true", help="the laptop-sized pages' ensembles")
+    ap.add_argument("--page", action="append", choices=sorted(laptop.SIZED_PAGES), help="with --pages: only this page (repeatable)")
     ap.add_argument("--architectures", action="store_true", help="the sweep specs' (model, dataset, batch size)")
     ap.add_argument("--steps", type=int, default=3, help="timed SGD steps per architecture (default 3)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
@@ -164,7 +187,7 @@ def main(argv=None):
         ap.error("--steps and --threads must be positive")
     device.reproducible(0, cpu_threads=args.threads)
     both = not (args.pages or args.architectures)
-    rows = (measure_pages(args.threads) if args.pages or both else []) + \
+    rows = (measure_pages(args.threads, args.page) if args.pages or both else []) + \
            (measure_architectures(args.threads, args.steps) if args.architectures or both else [])
     write(rows)
     print(f"wrote {len(rows)} rows to {OUT}")

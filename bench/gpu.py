@@ -44,7 +44,7 @@ PAPER = dict(n_train=50_000, n_test=10_000, side=32, batch=128, cnn_width=1.0, v
 SMOKE = dict(n_train=256, n_test=64, side=8, batch=32, cnn_width=0.125, vit_dim=32, vit_depth=1,
              ensemble_batch=32, models=("MLP-BN-2-16", "VGG-16", "ResNet-18", "ViT"),
              svd_shapes=((4, 16, 16), (1, 8, 27)),
-             notebook_overrides={"n": 40, "d": 50, "m": 60, "nus": [0.375], "activations": ["tanh"],
+             notebook_overrides={"n": 40, "d": 50, "m": 60, "nus": [0.125, 0.375], "activations": ["tanh"],
                                  "losses": ["mse"], "weights": ["isotropic"]})
 ROWS: list[tuple[str, str]] = []
 

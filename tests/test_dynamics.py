@@ -284,10 +284,14 @@ def test_scaling_comparison_uses_one_initialisation_and_each_step():
 
 def test_initial_alignments_mf_residue_is_minus_target():
     out = gd.initial_alignments(60, 80, 100, scaling="mf", seed=3)
-    assert set(out) == {"align_Xy", "align_Xr", "align_omega", "s1_over_s2", "r_y_corr"}
+    assert set(out) == {"align_Xy", "align_Xr", "align_omega", "align_random", "s1_over_s2", "r_y_corr"}
     assert out["r_y_corr"] > 0.95
     assert out["align_Xr"] > 0.9
     assert out == gd.initial_alignments(60, 80, 100, scaling="mf", seed=3)
+    # the unrelated direction: |cos| with u1 of the size of a uniform direction's in R^80 (median about
+    # 0.674 / sqrt(80) = 0.075), far below the residue direction's
+    randoms = [gd.initial_alignments(60, 80, 100, scaling="ntk", seed=s)["align_random"] for s in range(12)]
+    assert 0.01 < float(np.median(randoms)) < 0.25
     with pytest.raises(ValueError, match="scaling"):
         gd.initial_alignments(60, 80, 100, scaling="lazy")
 

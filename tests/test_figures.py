@@ -259,3 +259,16 @@ def test_no_phone_layout_for_a_narrow_figure_or_a_panel_across_cells(tmp_path, m
     _save(fig, tmp_path, monkeypatch, stem="span")
     assert not (tmp_path / f"span{plotting.PHONE_SUFFIX}").exists()
     plt.close("all")
+
+
+def test_range_errorbar_draws_min_to_max_and_no_bar_for_identical_values():
+    import pandas as pd
+
+    runs = pd.DataFrame({"x": [1, 1, 1, 2, 2, 2], "v": [0.7, 0.7, 0.7, 0.1, 0.4, 0.25]})
+    stats = runs.groupby("x")["v"].agg(["mean", "min", "max"])
+    assert not stats.loc[1, "min"] <= stats.loc[1, "mean"] <= stats.loc[1, "max"]  # the rounding that made matplotlib refuse the bars
+    fig, ax = plt.subplots()
+    bars = plotting.range_errorbar(ax, stats.index, stats)
+    (identical, spread), = [seg[:, 1] for seg in bars.lines[2][0].get_segments()],
+    assert 0 <= identical[1] - identical[0] < 1e-15 and list(spread) == pytest.approx([0.1, 0.4])
+    plt.close(fig)

@@ -1,6 +1,7 @@
 """Golden verdicts written by a stated rule, and the verdict diff of a build against them."""
 
 import json
+import math
 
 import nbformat
 import pytest
@@ -55,6 +56,9 @@ def test_entries_follow_the_stated_rule():
     assert "3 runs: 0.45 to 0.6" in e["spread"] and e["measured"].endswith("3 runs")
     exact = goldens.entries_from_runs({"s0": {"b": _record("b", 1.0)}, "s1": {"b": _record("b", 1.0)}}, "x")["b"]
     assert exact["abs"] == goldens.FLOOR and "control" not in exact
+    none_left = {f"s{i}": {"c": _record("c", math.nan, outcome="uninformative")} for i in range(3)}
+    e = goldens.entries_from_runs(none_left, "x")["c"]  # an undecided claim with no run to measure
+    assert math.isnan(e["value"]) and e["abs"] == goldens.FLOOR and e["outcome"] == "uninformative"
 
 
 def test_an_entry_whose_outcome_differs_over_runs_is_unstable_and_wide_tolerances_say_so():

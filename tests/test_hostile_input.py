@@ -160,10 +160,25 @@ def test_a_crafted_checkpoint_in_a_sweep_is_refused(clean_env, capsys):
     spec = spec_file(clean_env, {"function": "lowrank.core.train:train_point",
                                  "points": [{"model": "MLP-2-8", "dataset": "digits", "batch_size": 128, "lr": 0.1,
                                              "epochs": 1, "checkpoint": str(ckpt)}]})
-    spec_obj = sweeps.load_spec(spec, output=clean_env / "out")
-    result = sweeps.run_sweep(spec_obj, "local", jobs=1, progress=False)
-    assert len(result["failed"]) == 1 and "refused, not unpickled" in next(iter(result["failed"].values()))
-    assert not marker.exists()
+    with pytest.raises(sweeps.SweepError, match="refused, not unpickled"):  # before any run, as a FIFO is
+        sweeps.load_spec(spec, output=clean_env / "out")
+    assert not marker.exists() and not (clean_env / "out").exists()
+
+
+@pytest.mark.parametrize("kind", ["foreign", "fifo"])
+def test_an_unusable_and_a_fifo_checkpoint_are_both_refused_input(clean_env, capsys, kind):
+    """Both are bad parameters, said in one line with exit 2 before any work (the unusable one was a run failure, exit 1)."""
+    ckpt = clean_env / "point.ckpt"
+    if kind == "fifo":
+        os.mkfifo(ckpt)
+    else:
+        ckpt.write_bytes(b"not a checkpoint")
+    spec = spec_file(clean_env, {"function": "lowrank.core.train:train_point",
+                                 "points": [{"model": "MLP-2-8", "dataset": "digits", "batch_size": 128, "lr": 0.1,
+                                             "epochs": 1, "checkpoint": str(ckpt)}]})
+    said = one_line(["sweep", spec, "--output", clean_env / "out"], capsys)
+    assert ("is a FIFO" if kind == "fifo" else "not a lowrank checkpoint") in said
+    assert not (clean_env / "out").exists()
 
 
 def test_a_real_checkpoint_still_resumes_with_weights_only(tmp_path):
@@ -1145,3 +1160,150 @@ def test_report_into_a_run_folder_hints_a_file_outside_it(tmp_path, capsys, monk
     own.mkdir()
     assert str(own / "report.html") in one_line(["report", folder, "-o", own], capsys)  # elsewhere: the hint stands
     assert cli.main(["report", str(folder), "-o", str(own / "report.html")]) == 0  # and the hinted file is accepted
+
+
+# ---- round 3: a FIFO or a device is said to be one, not "missing"; a sweep's point names the sweep ------
+
+def _alarm(seconds=20):
+    import signal
+
+    signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("hung on a FIFO")))
+    signal.alarm(seconds)
+
+
+def _sweep_point(clean_env, monkeypatch):
+    monkeypatch.setenv("LOWRANK_SWEEP_MODULES", "sweep_fixture")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    spec_path = spec_file(clean_env, {"function": "sweep_fixture:ranked_matrix", "points": [{"size": 3, "seed": 0}]})
+    spec = sweeps.load_spec(spec_path, output=clean_env / "out")
+    assert not sweeps.run_sweep(spec, "local", jobs=1, progress=False)["failed"]
+    return spec_path, spec.run_folder(spec.points[0])
+
+
+def test_a_fifo_parameters_json_is_said_to_be_a_fifo_not_missing(tmp_path, capsys, monkeypatch):
+    import signal
+
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    folder = _run_folder(tmp_path / "runs")
+    (folder / "parameters.json").unlink()
+    os.mkfifo(folder / "parameters.json")
+    _alarm()
+    try:
+        problems = runs.manifest_problems(folder)
+        with pytest.raises(runs.RunFolderError) as err:
+            runs.load_run(folder)
+        message = one_line(["report", folder, "-o", tmp_path / "r.html"], capsys)
+        with pytest.raises(runs.RunFolderError, match="parameters.json") as refused:
+            runs.check_discardable(folder)  # a FIFO is never the run's: the folder is not deleted
+    finally:
+        signal.alarm(0)
+    assert problems == ["parameters.json is a FIFO, not a regular file"]
+    for said in (str(err.value), message):
+        assert "parameters.json is a FIFO, not a regular file" in said and "missing" not in said
+    assert (folder / "parameters.json").exists() and "nothing was deleted" in str(refused.value)
+    assert "parameters.json is a FIFO, not a regular file" in str(refused.value)  # its kind, not "changed"
+
+
+def test_a_fifo_results_file_of_a_sweep_point_is_said_to_be_a_fifo(clean_env, monkeypatch):
+    import signal
+
+    _, folder = _sweep_point(clean_env, monkeypatch)
+    name = next(n for n in runs.FUNCTION_RESULTS if (folder / n).is_file())
+    (folder / name).unlink()
+    os.mkfifo(folder / name)
+    extra = folder / "results.csv" if name != "results.csv" else folder / "results.json"
+    os.mkfifo(extra)  # one the manifest does not list either
+    _alarm()
+    try:
+        problems = runs.manifest_problems(folder)
+    finally:
+        signal.alarm(0)
+    assert f"{name} is a FIFO, not a regular file" in problems
+    assert f"{extra.name} is a FIFO, not a regular file (a run writes none)" in problems
+    assert not any("missing" in p for p in problems)
+
+
+def test_a_provenance_linked_to_a_device_is_said_so_and_never_read(tmp_path, monkeypatch):
+    folder = _run_folder(tmp_path / "runs")
+    (folder / "provenance.json").unlink()
+    (folder / "provenance.json").symlink_to("/dev/zero")
+    read = []
+    real = io.read_regular_bytes
+    monkeypatch.setattr(io, "read_regular_bytes", lambda p, *a, **k: read.append(Path(p).name) or real(p, *a, **k))
+    with pytest.raises(runs.RunFolderError) as err:
+        runs.load_run(folder)
+    message = str(err.value)
+    assert "provenance.json is a link to a device (-> /dev/zero), not a regular file" in message, message
+    assert "no provenance.json" not in message and "provenance.json" not in read
+    (folder / "provenance.json").unlink()
+    os.mkfifo(folder / "provenance.json")
+    with pytest.raises(runs.RunFolderError, match="provenance.json is a FIFO, not a regular file"):
+        runs.load_run(folder)
+
+
+def test_a_changed_sweep_point_names_the_sweep_command_not_lowrank_run(clean_env, monkeypatch, capsys):
+    spec_path, folder = _sweep_point(clean_env, monkeypatch)
+    next(folder / n for n in runs.FUNCTION_RESULTS if (folder / n).is_file()).unlink()  # a file of the run lost
+    with pytest.raises(runs.RunFolderError) as err:
+        runs.load_run(folder)
+    message = str(err.value)
+    assert "lowrank run --force" not in message
+    assert f"`lowrank sweep {spec_path} --output {folder.parent}`" in message
+    # and the command it names redoes the point
+    assert not sweeps.run_sweep(sweeps.load_spec(spec_path, output=folder.parent), "local", jobs=1,
+                                progress=False)["failed"]
+    assert runs.manifest_problems(folder) == []
+    # a notebook's run folder outside any sweep keeps its advice
+    nb = _run_folder(clean_env / "runs")
+    (nb / "verdicts.json").write_text('{"x": 1}')
+    with pytest.raises(runs.RunFolderError, match="lowrank run --force"):
+        runs.load_run(nb)
+
+
+# ---- check_table (the `-p sweep_table` guard), re-tested: the branches the cases above leave out --------
+
+_PAGE = dict(model="MLP-BN-4-64", dataset="digits", epochs=2, eps=1e-3, milestones=[], lr_decay=0.1,
+             augment=False, rotation="uniform")
+
+
+def _grid():
+    from lowrank.sgd import ranks
+
+    return ranks.experiment_grid(batch_sizes=[16, 32, 64], lrs=[0.1], weight_decays=[5e-3], momenta=[0.9], seeds=[0])
+
+
+@pytest.mark.parametrize("drop, named", [("run", "no run and epoch columns"), ("epoch", "no run and epoch columns"),
+                                         ("weight_decay", "no weight_decay column")])
+def test_a_sweep_table_without_its_run_columns_is_refused(drop, named):
+    from lowrank.sgd import ranks
+
+    with pytest.raises(ValueError, match=named):
+        ranks.check_table(_table().drop(columns=[drop]), grid=_grid(), **_PAGE)
+
+
+def test_a_sweep_table_is_read_at_its_configured_rate_not_the_epochs_float32_one():
+    """`lr` of collected.csv is the epoch's rate as float32 (0.10000000149011612), decayed after a
+    milestone; `lr0` is the configured one: the table matches the page's grid by `lr0`."""
+    import numpy as np
+
+    from lowrank.sgd import ranks
+
+    table = _table()
+    table["lr"] = np.where(table["epoch"] == 2, np.float32(0.01), np.float32(0.1)).astype(float)
+    assert table["lr"].iloc[0] != 0.1  # the float32 rate is not the configured 0.1
+    ranks.check_table(table, grid=_grid(), **_PAGE)
+    with pytest.raises(ValueError, match="no point of the page's grid"):  # without lr0, the float32 rate is off-grid
+        ranks.check_table(table.drop(columns=["lr0"]), grid=_grid(), **_PAGE)
+
+
+def test_a_sweep_table_holding_a_grid_point_twice_is_refused():
+    """Two sweeps' tables concatenated: every grid point is there, each twice; the page would average
+    twice the runs its parameters say."""
+    import pandas as pd
+
+    from lowrank.sgd import ranks
+
+    once = _table()
+    twice = pd.concat([once, once.assign(run=once["run"] + once["run"].max() + 1)], ignore_index=True)
+    with pytest.raises(ValueError, match="more than once"):
+        ranks.check_table(twice, grid=_grid(), **_PAGE)

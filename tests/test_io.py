@@ -39,3 +39,35 @@ def test_parse_once_raises_every_time_for_a_bad_text():
         with pytest.raises(yaml.YAMLError):
             io.parse_once(_counting_load, "a: [1, 2\n")
     assert len(calls) == 2
+
+
+def test_the_digest_is_sha256_of_the_contents(tmp_path):
+    """The one hash of keys, manifests and the data key: SHA-256 (hashlib, independently) of the bytes."""
+    import hashlib
+
+    f = tmp_path / "train-images-idx3-ubyte"
+    f.write_bytes(b"\x00\x01images")
+    assert io.file_digest(f) == hashlib.sha256(b"\x00\x01images").hexdigest()[:io.DIGEST_LENGTH]
+    assert io.digest("a", b"b", f) == hashlib.sha256(b"ab\x00\x01images").hexdigest()[:io.DIGEST_LENGTH]
+    assert io.DIGEST_LENGTH >= 16  # 64 bits at least: no two data sets share a key by chance
+
+
+def test_irregular_kind_says_what_an_entry_is_without_opening_it(tmp_path, monkeypatch):
+    import os
+
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "d").mkdir()
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    (tmp_path / "ok").symlink_to(tmp_path / "f")
+    (tmp_path / "broken").symlink_to(tmp_path / "nowhere")
+
+    def no_open(*args, **kwargs):
+        raise AssertionError("opened")
+
+    monkeypatch.setattr(io.os, "open", no_open)
+    kinds = {n: io.irregular_kind(tmp_path / n) for n in ("f", "d", "missing", "pipe", "zero", "ok", "broken")}
+    assert kinds == {"f": None, "d": None, "missing": None, "pipe": "a FIFO",
+                     "zero": "a link to a device (-> /dev/zero)",
+                     "ok": f"a link to a regular file (-> {tmp_path / 'f'})",
+                     "broken": f"a link to nothing (broken) (-> {tmp_path / 'nowhere'})"}

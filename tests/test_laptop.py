@@ -62,20 +62,28 @@ def test_every_laptop_file_holds_the_run_length_computed_from_its_grid():
     assert laptop.check() == []
     root = notebooks.REPO_ROOT / "params" / "laptop"
     files = sorted(root.glob("*/*.yaml"))
-    assert {p.relative_to(root).with_suffix("").as_posix() for p in files} == set(laptop.SIZED_PAGES)
+    from lowrank.square import sizing as square_sizing  # Part III's own rule: tests/test_sizing.py
+
+    assert {p.relative_to(root).with_suffix("").as_posix() for p in files} == set(laptop.SIZED_PAGES) | set(square_sizing.SIZED_PAGES)
     for path in files:
         name = path.relative_to(root).with_suffix("").as_posix()
+        if name in square_sizing.SIZED_PAGES:
+            continue
         text = path.read_text()
         assert text.startswith("# "), f"{path}: a leading comment says how it was sized"
         data = yaml.safe_load(text)
         assert data["scale"] == "laptop" and set(data) <= set(rules.parameter_specs(name))
         params = rules.resolve_parameters(name, scale="laptop", memory=False)
-        assert params["seeds"] >= 3, "a laptop statistic pools at least 3 seeds"
-        n_train = int(datasets.load(params["dataset"]).x_train.shape[0])
-        by_hand = _epochs_by_hand(laptop.page_grid(name, params), n_train=n_train, target=params["regime_needed"],
-                                  slices=laptop.SIZED_PAGES[name].slices, milestones=params["milestones"],
-                                  lr_decay=params["lr_decay"])
-        assert data["epochs"] == max(by_hand.values()), name
+        if "seeds" in params:  # the rank pages; SGD noise has one run per (lambda, loss), pooled over both
+            assert params["seeds"] >= 3, "a laptop statistic pools at least 3 seeds"
+        page = laptop.SIZED_PAGES[name]
+        for stage in (page, *page.also):
+            n_train = int(datasets.load(params[stage.dataset_key]).x_train.shape[0])
+            by_hand = _epochs_by_hand(stage.grid(params), n_train=n_train, target=ranks.regime_from_bound(params["eps"]),
+                                      slices=stage.slices, milestones=params.get("milestones", ()),
+                                      lr_decay=params.get("lr_decay", 0.1))
+            assert None not in by_hand.values(), "every slice of a sized grid has weight decay"
+            assert data[stage.epochs_key] == max(by_hand.values()), (name, stage.epochs_key)
 
 
 def test_a_hand_edited_run_length_is_reported(tmp_path, monkeypatch):
@@ -252,7 +260,7 @@ def test_a_page_over_the_budget_is_refused_before_any_file_is_written(tmp_path, 
     assert not (tmp_path / "params" / "laptop" / "sgd" / "rank_vs_batch_size.yaml").exists()
     monkeypatch.setattr(laptop, "TIER_BUDGET_S", 1000.0)
     with pytest.raises(ValueError, match="over the tier's 1000 s"):
-        laptop.write()
+        laptop.write(list(laptop.SIZED_PAGES))
 
 
 def _record(measured, outcome, op=">=", value=1.0, controls=(), kind="claim"):

@@ -60,8 +60,8 @@ def test_rank_bound_is_the_papers_formula_and_k_choice():
 
 
 def test_moving_table_separates_levelling_off_from_falling():
-    """d = exp(a e) over epochs 0..20, window of 8 epochs (7 epochs apart): ce's lambda = 0 run falls at
-    a = -0.2 (by e^1.4 = 4.1 > 2: settled), one run levels off (a = 0: moving), one falls as fast
+    """d = exp(a e) over epochs 0..20, window [t/2, t] = epochs 10..20: ce's lambda = 0 run falls at
+    a = -0.2 (by e^2 = 7.4 > 2: settled), one run levels off (a = 0: moving), one falls as fast
     with a larger d (settled, whatever its size), one collapses; mse's lambda = 0 run levels off and
     so counts as moving by the same criterion (the control is not 0 by construction)."""
     from lowrank.sgd import noise
@@ -73,18 +73,38 @@ def test_moving_table_separates_levelling_off_from_falling():
         for e in range(0, 21):
             rows.append({"run": run, "epoch": e, "loss": loss, "weight_decay": wd, "dist": scale * np.exp(a * e),
                          "weight_norm": 1.0 + (norm_end - 1.0) * e / 20})
-    t = noise.moving_table(pd.DataFrame(rows), trend_epochs=8, collapse_tol=1e-2, settle_factor=2.0)
+    t = noise.moving_table(pd.DataFrame(rows), collapse_tol=1e-2, settle_factor=2.0)
     assert t["log_d_slope"].round(6).tolist() == [-0.2, 0.0, -0.2, -0.5, -0.05, 0.0]
-    assert t["d_fall"].tolist() == pytest.approx(np.exp([1.4, 0.0, 1.4, 3.5, 0.35, 0.0]))
+    assert t["d_fall"].tolist() == pytest.approx(np.exp([2.0, 0.0, 2.0, 5.0, 0.5, 0.0]))
+    assert set(t["window"]) == {"10-20"}
     assert t["moving"].tolist() == [False, True, False, False, True, True]
     assert t["collapsed"].tolist() == [False, False, False, True, False, False]
     assert t["d_over_zero"].iloc[2] == pytest.approx(50.0)
     assert noise.collapse_or_moving_share(t) == (pytest.approx(3 / 4), pytest.approx(1 / 2))
     assert noise.log_slope([0, 1, 2], [1.0, np.e, np.e**2]) == pytest.approx(1.0)
-    with pytest.raises(ValueError, match="trend_epochs"):
-        noise.moving_table(pd.DataFrame(rows), trend_epochs=1, collapse_tol=1e-2, settle_factor=2.0)
+    with pytest.raises(ValueError, match="window_start"):
+        noise.moving_table(pd.DataFrame(rows), window_start=1.0, collapse_tol=1e-2, settle_factor=2.0)
     with pytest.raises(ValueError, match="settle_factor"):
-        noise.moving_table(pd.DataFrame(rows), trend_epochs=8, collapse_tol=1e-2, settle_factor=1.0)
+        noise.moving_table(pd.DataFrame(rows), collapse_tol=1e-2, settle_factor=1.0)
+
+
+def test_moving_window_scales_with_the_run():
+    """d = t^(-1) (a lambda = 0 run that keeps settling as a power law): over [t/2, t] it falls by 2 at
+    any length t, so the same criterion classifies it alike at 40 and at 400 epochs (brute force: the
+    least-squares slope of log d on the window's epochs, numpy's polyfit); a fixed 10-epoch window
+    would call it settled at 40 epochs and moving at 400."""
+    from lowrank.sgd import noise
+
+    for t in (40, 400):
+        rows = [{"run": r, "epoch": e, "loss": "ce", "weight_decay": wd, "dist": (e + 1.0) ** -1.0, "weight_norm": 1.0}
+                for r, wd in ((0, 0.0), (1, 0.1)) for e in range(t + 1)]
+        got = noise.moving_table(pd.DataFrame(rows), collapse_tol=1e-2, settle_factor=1.5)
+        e = np.arange(t // 2, t + 1)
+        slope = np.polyfit(e, np.log((e + 1.0) ** -1.0), 1)[0]
+        assert got["d_fall"].iloc[0] == pytest.approx(np.exp(-slope * (t - t // 2)))
+        assert 1.5 < got["d_fall"].iloc[0] < 2.5 and not got["moving"].iloc[0]
+    kept, out = noise.in_regime(got.assign(A=[0.0, 3.0]), needed=5.0)
+    assert out == 1 and kept["weight_decay"].tolist() == [0.0]
 
 
 def test_spearman_permutation_null():
@@ -94,6 +114,41 @@ def test_spearman_permutation_null():
     # the 5th percentile of the null for n = 8 sits near minus the one-sided 5 % critical value (0.643)
     assert -0.8 < null5 < -0.5
     assert ranks.spearman_with_permutation_null([1, 1, 1], [1, 2, 3]) == (0.0, 0.0)
+
+
+def test_spearman_null_p_against_exact_enumeration():
+    from itertools import permutations
+
+    from scipy.stats import spearmanr
+
+    x = np.array([1.0, 3, 2, 5, 4, 6])
+    y = np.array([0.9, 0.7, 0.8, 0.65, 0.75, 0.5])
+    rho = spearmanr(x, y).statistic
+    exact = np.mean([spearmanr(np.array(p), y).statistic <= rho + 1e-12 for p in permutations(x)])
+    got = ranks.spearman_null_p(x, y, seed=0, permutations=2000)
+    assert got == pytest.approx(exact, abs=0.02)  # 2000 shuffles: sampling sd about 0.004 at p ~ 0.03
+    assert ranks.spearman_null_p(x, -y, seed=0) > 0.9  # a positive rho is no evidence of a negative one
+    assert ranks.spearman_null_p([1, 1, 1], [1, 2, 3]) == 1.0
+
+
+def test_room_to_move_compares_the_grid_spread_with_the_seed_spread_by_hand():
+    rng = np.random.default_rng(3)
+    B = np.repeat([16, 32, 64, 128], 3)
+    wide = pd.DataFrame({"batch_size": B, "avg_rank": B / 16 + rng.normal(0, 0.1, 12), "test_acc": 0.9 - B / 1e4})
+    got = ranks.room_to_move(wide, by="batch_size")
+    for c in ("avg_rank", "test_acc"):
+        per = [wide.loc[wide["batch_size"] == b, c] for b in (16, 32, 64, 128)]
+        between = max(p.mean() for p in per) - min(p.mean() for p in per)
+        within = sum(p.max() - p.min() for p in per) / 4
+        assert got[c]["between"] == pytest.approx(between, abs=1e-6) and got[c]["within"] == pytest.approx(within, abs=1e-6)
+    assert got["room"] and got["reason"] is None
+    noisy = wide.assign(test_acc=0.95 + rng.normal(0, 0.01, 12))  # seeds move the accuracy as much as B does
+    flat = ranks.room_to_move(noisy, by="batch_size")
+    assert not flat["room"] and "test_acc spans" in flat["reason"] and "avg_rank" not in flat["reason"]
+    assert flat["test_acc"]["between"] <= flat["test_acc"]["within"]
+    assert not ranks.room_to_move(wide[wide["batch_size"] == 16], by="batch_size")["room"]
+    single = ranks.room_to_move(wide.drop_duplicates("batch_size"), by="batch_size")
+    assert not single["room"] and "no seed spread" in single["reason"]
 
 
 def test_fitting_correlation_keeps_fitting_runs_only():
@@ -107,6 +162,7 @@ def test_fitting_correlation_keeps_fitting_runs_only():
     kept = final[final["run"] != 5]
     assert out["rho_all"] == pytest.approx(spearmanr(kept["avg_rank"], kept["test_acc"]).statistic)
     assert out["test_acc_range"] == [0.6, 0.9]
+    assert out["null_p"] == pytest.approx(ranks.spearman_null_p([1.0, 2, 3, 4], [0.9, 0.8, 0.7, 0.6]))
     none = ranks.fitting_correlation(final, fit_threshold=1.0 + 0.0, diverged=range(6))
     assert none["fitting"] == 0 and none["rho"] == 0.0 and none["test_acc_range"] is None
     with pytest.raises(ValueError, match="fit_threshold"):
@@ -241,6 +297,14 @@ def test_batch_effect_ratio_by_hand():
     assert got["range_at_zero"] == 1 and got["largest_range"] == 20
     assert got["ratio"] == pytest.approx(1 / 20) and got["control_ratio"] == pytest.approx(8 / 20)
     assert got["smallest_positive"] == 1e-3
+    # the control inside the regime: the smallest lambda > 0 whose fitted runs all reach A >= 5
+    table = pd.DataFrame(rows).assign(A=lambda d: d["weight_decay"] * 1000 / d["batch_size"] * 16)  # 1e-3: 1, 0.5; 1e-2: 10, 5
+    inside = ranks.batch_effect_ratio(table, regime_needed=5.0)
+    assert inside["control_weight_decay"] == 1e-2 and inside["control_ratio"] == pytest.approx(20 / 20)
+    assert inside["control_A"] == pytest.approx(5.0) and inside["control_in_regime"]
+    assert inside["ratio"] == got["ratio"]
+    outside = ranks.batch_effect_ratio(table, regime_needed=50.0)
+    assert outside["control_weight_decay"] == 1e-3 and not outside["control_in_regime"] and outside["control_A"] == pytest.approx(0.5)
     with pytest.raises(ValueError, match="weight decay 0"):
         ranks.batch_effect_ratio(pd.DataFrame(rows).query("weight_decay > 0"))
 
@@ -273,23 +337,128 @@ def test_rank_experiment_trains_the_grid_together_and_records_both_thresholds():
 def test_pooled_trend_claim_outcomes_follow_regime_and_controls():
     from lowrank.book import rank_trends, verdicts
 
-    trend = _slices([[1, 2, 3, 4, 5]] * 4).assign(per_step=1e-3, full_rank=10.0)
-    flat = _slices([[5, 5, 5, 5, 5]] * 4).assign(per_step=0.0, full_rank=10.0)
+    trend = _slices([[1, 2, 3, 4, 5]] * 4).assign(per_step=1e-3, full_rank=10.0, weight_decay=1e-3, A=8.0)
+    flat = _slices([[5, 5, 5, 5, 5]] * 4).assign(per_step=0.0, full_rank=10.0, weight_decay=0.0, A=0.0)
     regime = pd.DataFrame({"weight_decay": [0.0, 1e-3], "A": [0.0, 8.0]})
-    reached = rank_trends.decay_regime(regime, needed=5.0, origin="test")
-    assert reached.value == 8.0 and reached.reached
-    short = rank_trends.decay_regime(regime, needed=10.0, origin="test")
-    kw = dict(claim_id="II-3", scale="ci", x="x", slices="s", sign=+1, column="rank", min_trend=0.5, min_drop_fraction=0.1, paper="l.1",
-              description="d", min_train_acc=0.5, control_name="lambda = 0", permutations=500)
-    agrees = rank_trends.pooled_trend_claim("t1", final=trend, regime=reached, control=flat, **kw)
+    planned = rank_trends.decay_regime(regime, needed=5.0, origin="test")
+    assert planned.value == 8.0 and planned.reached
+    kw = dict(claim_id="II-3", scale="ci", x="x", slices="s", sign=+1, column="rank", eps=1e-3, min_trend=0.5, min_drop_fraction=0.1,
+              paper="l.1", description="d", min_train_acc=0.5, control_name="lambda = 0", permutations=500)
+    agrees = rank_trends.pooled_trend_claim("t1", final=trend, control=flat, **kw)
     assert agrees.outcome == "agrees" and agrees.controls[0]["value"] == 0.0
     assert agrees.measured == pytest.approx(min(1.0 / 0.5, 0.4 / 0.1))  # rho 1; fall 5 - 1 = 4 of full rank 10
     assert agrees.details["spearman"] == 1.0 and agrees.details["drop_fraction"] == pytest.approx(0.4)
-    assert agrees.details["regime"]["value"] == 8.0
-    assert rank_trends.pooled_trend_claim("t2", final=trend, regime=reached, control=trend, **kw).outcome == "uninformative"
-    assert rank_trends.pooled_trend_claim("t3", final=flat, regime=reached, control=flat, **kw).outcome == "disagrees"
-    assert rank_trends.pooled_trend_claim("t4", final=trend, regime=short, control=flat, **kw).outcome != "agrees"
-    assert isinstance(short, verdicts.Regime) and not short.reached
+    assert agrees.details["regime"]["value"] == 8.0 and agrees.details["regime"]["needed"] == pytest.approx(np.log(1e3))
+    assert rank_trends.pooled_trend_claim("t2", final=trend, control=trend, **kw).outcome == "uninformative"
+    assert rank_trends.pooled_trend_claim("t3", final=flat.assign(weight_decay=1e-3, A=8.0), control=flat, **kw).outcome == "disagrees"
+    short = rank_trends.pooled_trend_claim("t4", final=trend.assign(A=3.0), control=flat, **kw)
+    assert short.outcome == "needs a larger scale" and short.details["regime"]["value"] == 3.0
+    with pytest.raises(ValueError, match="'A'"):
+        rank_trends.pooled_trend_claim("noA", final=trend.drop(columns="A"), **kw)
+
+
+def test_pooled_trend_claim_with_no_fitted_run_is_undecided_and_counts_them():
+    """Every run below the train-accuracy floor (as the reduced conv nets at ci): no slice enters the
+    statistic, so no fitted run carries any A; the claim reads "uninformative" (a longer run would not
+    mend a collapse, so not "needs a larger scale"; its regime 0 still recorded) with every run counted
+    as excluded, with or without a control, and no number is invented."""
+    from lowrank.book import rank_trends, verdicts
+
+    dead = _slices([[1, 2, 3, 4, 5]] * 3).assign(per_step=1e-3, full_rank=10.0, weight_decay=1e-3, A=9.0, fitted=False)
+    kw = dict(claim_id="II-7", scale="ci", x="x", slices="s", sign=+1, column="rank", eps=1e-3, min_trend=0.5,
+              min_drop_fraction=0.1, paper="l.1", description="d", min_train_acc=0.8, permutations=200)
+    for control in (None, dead.assign(weight_decay=0.0, A=0.0)):
+        v = rank_trends.pooled_trend_claim("dead", final=dead, control=control, control_name="lambda = 0", **kw)
+        assert v.outcome == "uninformative"
+        assert v.details["regime"]["value"] == 0.0 and v.details["slices"] == 0 and v.details["slice_regime"] == []
+        assert (v.excluded["count"], v.excluded["total"]) == (15, 15)
+        assert v.details["null_p"] is None and v.details["spearman"] is None
+        assert not any("shuffled" in c["name"] for c in v.controls), "no null judged on no runs"
+        assert np.isnan(v.measured) and v.controls == [], "a control with no fitted run is not recorded as failing"
+    # one slice fitted and in the regime: decided again, the others' runs counted as excluded
+    live = dead.assign(fitted=dead["s"] == 0)
+    v = rank_trends.pooled_trend_claim("live", final=live, control=dead.assign(weight_decay=0.0, A=0.0, rank=5.0, fitted=True),
+                                       control_name="lambda = 0", **kw)
+    assert v.outcome == "agrees" and v.details["slices"] == 1 and v.excluded["count"] == 10
+
+
+def test_pooled_trend_regime_is_over_the_fitted_runs_of_each_used_slice():
+    """The regime counts no excluded run: a collapsed run with the largest A sets neither its slice's
+    A_max nor the claim's regime, which is the smallest A_max over the used slices (brute force)."""
+    from lowrank.book import rank_trends
+
+    rng = np.random.default_rng(4)
+    final = _slices(rng.normal(size=(3, 5)).round(2)).assign(weight_decay=lambda d: d["x"] * 1e-3, full_rank=10.0,
+                                                              per_step=1e-3)
+    final["A"] = final["x"] * (1 + final["s"])  # x = 16 carries the largest A of every slice
+    final.loc[(final["s"] == 1) & (final["x"] == 16), "fitted"] = False  # a collapsed run at the slice's largest A
+    final.loc[final["s"] == 2, "fitted"] = [True, True, False, False, False]  # slice 2: too few runs, not used
+    got = ranks.pooled_trend(final, "x", column="rank", slices="s", sign=-1, permutations=50)
+    brute = {}
+    for s_, g in final[final["fitted"]].groupby("s"):
+        if len(g) >= 3:
+            brute[s_] = g.loc[g["weight_decay"] > 0, "A"].max()
+    assert dict(zip(got["per_slice"]["s"], got["per_slice"]["A_max"])) == pytest.approx(brute)
+    assert brute[1] == 8 * 2  # the excluded run's A = 32 does not count
+    regime, record = rank_trends.slice_regime(got["per_slice"], needed=5.0, origin="o")
+    assert regime.value == pytest.approx(min(brute.values())) and [r["s"] for r in record] == [0, 1]
+
+
+def test_pooled_trend_drop_is_measured_within_each_slice():
+    """A slice that lost its extreme run is measured between its own ends: brute force per slice."""
+    values = [[10.0, 8.0, 6.0, 4.0, 2.0], [10.0, 9.0, 8.0, 7.0, 1.0]]
+    final = _slices(values)
+    final.loc[(final["s"] == 1) & (final["x"] == 16), "fitted"] = False  # slice 1 ends at x = 8
+    got = ranks.pooled_trend(final, "x", column="rank", slices="s", sign=-1, permutations=300, seed=2)
+    brute = []
+    for _, g in final[final["fitted"]].groupby("s"):
+        lo, hi = g["x"].min(), g["x"].max()
+        brute.append(g.loc[g["x"] == lo, "rank"].mean() - g.loc[g["x"] == hi, "rank"].mean())
+    assert got["drop"] == pytest.approx(np.mean(brute)) and got["drop"] == pytest.approx((8 + 3) / 2)
+    # the global ends would have measured slice 1 at x = 1 only: (8 + ...) differs
+    assert got["drop"] != pytest.approx(np.mean([10, 10]) - 2.0)
+
+
+def test_shuffled_label_control_is_judged_by_the_p_value_of_the_observed_score():
+    """One slice of five runs: the combined score's exact permutation p-value (120 orderings, scipy's
+    Spearman and the fall recomputed by hand) is what the control records; a perfect trend is outside
+    its null (the control fails), a score of a noisy slice inside it (the control passes)."""
+    import itertools
+
+    from scipy.stats import spearmanr
+
+    from lowrank.book import rank_trends, verdicts
+
+    x = [1, 2, 4, 8, 16]
+    kw = dict(claim_id="II-3", scale="ci", x="x", slices="s", sign=+1, column="rank", eps=1e-2, min_trend=0.5,
+              min_drop_fraction=0.1, paper="l.1", description="d", min_train_acc=0.5, permutations=20_000, seed=5)
+    for y in ([1.0, 2.0, 3.0, 4.0, 5.0], [3.0, 1.0, 4.0, 1.5, 2.0]):
+        final = _slices([y]).assign(weight_decay=1e-3, A=9.0, per_step=1e-3, full_rank=10.0)
+        got = rank_trends.pooled_trend_claim("p", final=final, **kw)
+
+        def score(order):
+            ys = np.asarray(y)[list(order)]
+            return min(spearmanr(x, ys).statistic / 0.5, (ys[-1] - ys[0]) / 10.0 / 0.1)
+
+        observed = score(range(5))
+        exact = np.array([score(p) for p in itertools.permutations(range(5))])
+        p_exact = np.mean(exact >= observed - 1e-12)
+        control = got.controls[-1]
+        assert got.measured == pytest.approx(observed)
+        assert control["p_value"] == pytest.approx(p_exact, abs=0.01)
+        assert control["passes"] == (control["p_value"] > verdicts.NULL_ALPHA)
+    assert p_exact > 0.05 and control["passes"]  # the noisy slice: the null explains it
+
+
+def test_regime_from_bound_is_log_one_over_eps():
+    assert ranks.regime_from_bound(1e-3) == pytest.approx(6.907755, abs=1e-6)
+    assert ranks.regime_from_bound(1e-2) == pytest.approx(4.60517, abs=1e-5)
+    # (1 - mu lambda)^k reaches eps after A = mu lambda k = ln(1/eps) accumulated, for a small step
+    mu_lam = 1e-5
+    k = ranks.regime_from_bound(1e-3) / mu_lam
+    assert (1 - mu_lam) ** k == pytest.approx(1e-3, rel=1e-4)
+    with pytest.raises(ValueError):
+        ranks.regime_from_bound(1.0)
 
 
 def test_pooled_trend_drop_is_the_signed_fall_of_the_mean_rank_across_the_grid():
@@ -309,11 +478,10 @@ def test_pooled_trend_claim_needs_the_size_as_well_as_the_order():
     alone but not on the combined criterion; judged by the same criterion, such a control does not pass."""
     from lowrank.book import rank_trends, verdicts
 
-    tiny = _slices([[60.0, 60.1, 60.2, 60.3, 60.4]] * 4).assign(per_step=1e-3, full_rank=64.0)
-    big = _slices([[20.0, 40.0, 50.0, 55.0, 60.0]] * 4).assign(per_step=1e-3, full_rank=64.0)
-    regime = verdicts.Regime("A", 8.0, 5.0, "test")
+    tiny = _slices([[60.0, 60.1, 60.2, 60.3, 60.4]] * 4).assign(per_step=1e-3, full_rank=64.0, weight_decay=1e-3, A=8.0)
+    big = _slices([[20.0, 40.0, 50.0, 55.0, 60.0]] * 4).assign(per_step=1e-3, full_rank=64.0, weight_decay=1e-3, A=8.0)
     kw = dict(claim_id="II-3", scale="ci", x="x", slices="s", sign=+1, column="rank", min_trend=0.5, min_drop_fraction=0.1,
-              paper="l.1", description="d", min_train_acc=0.5, control_name="lambda = 0", permutations=500, regime=regime)
+              paper="l.1", description="d", min_train_acc=0.5, control_name="lambda = 0", permutations=500, eps=1e-2)
     small = rank_trends.pooled_trend_claim("tiny", final=tiny, **kw)
     assert small.details["spearman"] == 1.0 and small.outcome == "disagrees"
     assert small.measured == pytest.approx(0.4 / 64 / 0.1)

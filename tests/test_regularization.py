@@ -252,6 +252,27 @@ def test_spike_shares_on_hand_counted_configurations():
         regularization.spikes_kept_share(rows.drop(columns="q_outlying_0"), threshold=0.5)
 
 
+def test_spike_probes_judge_each_present_spike_by_its_own_share():
+    import pandas as pd
+
+    problems = pd.DataFrame({"nu": [0.0, 0.5], "seed": [0, 0], "residue_outlying_0": [0.9, 0.8],
+                             "q_outlying_0": [0.1, 0.7]})
+    rows = pd.DataFrame({  # a grid row (ignored) and fraction rows; S2 at nu = 0 is absent at lambda = 0
+        "nu": [0.0, 0.0, 0.0, 0.5, 0.5, 0.5], "seed": [0] * 6, "lam": [1.0, 0.1, 0.2, 0.1, 0.2, 0.3],
+        "probe": ["grid", "fraction", "fraction", "fraction", "fraction", "fraction"],
+        "spike": [None, "S1", "S2", "S1", "S2", "S1"], "fraction": [None, 0.1, 0.1, 0.1, 0.1, 1.0],
+        "residue_outlying": [0.0, 0.8, 0.9, 0.3, 0.9, 0.6], "q_outlying": [0.0, 0.9, 0.9, 0.9, 0.2, 0.1]})
+    got = regularization.spike_probes(rows, problems, threshold=0.5)
+    # nu = 0: S1 kept (0.8); S2 absent at 0, no row. nu = 0.5, f = 0.1: S1 lost (0.3); S2 lost by its own q share
+    # (0.2; the residue share 0.9 of that row does not count); f = 1: S1 kept (0.6)
+    assert got[["nu", "spike", "fraction", "kept"]].values.tolist() == [
+        [0.0, "S1", 0.1, True], [0.5, "S1", 0.1, False], [0.5, "S2", 0.1, False], [0.5, "S1", 1.0, True]]
+    share, lost = regularization.spikes_kept_at_fraction(got, 0.1)
+    assert share == pytest.approx(1 / 3) and lost["spike"].tolist() == ["S1", "S2"]
+    assert regularization.spikes_kept_at_fraction(got, 1.0)[0] == 1.0
+    assert math.isnan(regularization.spikes_kept_at_fraction(got, 0.3)[0])
+
+
 def test_outlying_share_counts_only_directions_out_of_the_bulk():
     # one outlier: a direction in U_2 through the bulk vector u2 (in_top2 0.6) but not along u1 is absent
     got = regularization.outlying_share([0, 1, 1, 2, 3], [0.9, 0.2, 0.95, 0.1, 0.1], [0.9, 0.6, 0.96, 0.8, 0.7])
@@ -357,6 +378,16 @@ def test_weight_decay_sweep_rows_are_the_spike_calls_of_g_plus_lambda_w():
     assert at_zero.residue_0 == mine[mine.lam == 0.0].iloc[0].residue_in_top2
     assert one.q_outlying == pytest.approx(float(regularization.outlying_share(call.outliers, call.align_q, call.q_in_top2)))
     assert at_zero.residue_outlying_0 == mine[mine.lam == 0.0].iloc[0].residue_outlying
+    # each spike probed at a fraction of its own norm: lambda = f ||S||_2 / ||W||_2, the call of G + lambda W^T
+    rows, problems = regularization.weight_decay_sweep(40, 30, 35, nus=[0.375], seeds=[3], lambdas=[1.0],
+                                                       fractions=[0.5], **kw)
+    frac = rows[rows.probe == "fraction"].set_index("spike")
+    norms = dec.spike_norms()
+    assert frac.loc["S2", "lam"] == pytest.approx(0.5 * norms["norm_S2"] / scales.W_norm)
+    assert frac.loc["S1", "lam"] == pytest.approx(0.5 * norms["norm_S1"] / scales.W_norm)
+    call = rule_of_thumb.dominant_spike(dec.G + frac.loc["S1", "lam"] * p.W.T, p.data.X_B.T @ dec.r, p.data.q)
+    assert frac.loc["S1", "residue_outlying"] == pytest.approx(
+        float(regularization.outlying_share(call.outliers, call.align_residue, call.residue_in_top2)))
 
 
 def test_autograd_errors_are_round_off_for_every_regulariser():
@@ -434,3 +465,35 @@ def test_the_sweeps_are_the_same_for_one_and_two_workers_and_rows_are_their_own_
                                                     else "lambdas": [0.0]}, workers=1.5, **kw)
     with pytest.raises(ValueError, match="workers"):
         regularization.jacobian_penalty_sweep(24, 18, 20, nu=0.0, seeds=[1], lambdas=[0.0], workers=True, **kw)
+
+
+def test_bulk_gap_is_the_ratio_at_the_outlier_edge():
+    s = [10.0, 4.0, 1.0, 0.9, 0.8, 0.7]
+    assert regularization.bulk_gap(s, 2) == pytest.approx(4.0)  # s_2 / s_3
+    assert regularization.bulk_gap(s, 1) == pytest.approx(2.5)  # s_1 / s_2
+    assert math.isnan(regularization.bulk_gap(s, 0))
+    assert regularization.bulk_gap([1.0, 0.0], 1) == math.inf
+    with pytest.raises(ValueError):
+        regularization.bulk_gap([1.0, 0.5], 2)
+    with pytest.raises(ValueError):
+        regularization.bulk_gap(s, -1)
+
+
+def test_weight_decay_sweep_records_the_gap_to_the_bulk():
+    kw = dict(alpha=0.0, activation="tanh", scaling="ntk")
+    rows, problems = regularization.weight_decay_sweep(40, 30, 35, nus=[0.375], seeds=[3], lambdas=[0.0, 1.0],
+                                                       fractions=[0.1], **kw)
+    p = decomposition.spiked_problem(40, 30, 35, nu=0.375, seed=3, **kw)
+    dec = decomposition.decompose_problem(p)
+    for lam, row in ((0.0, problems.iloc[0]), (1.0, rows[rows.lam == 1.0].iloc[0])):
+        s = torch.linalg.svdvals(dec.G + lam * p.W.T).numpy()  # full SVD: independent of the sweep's top_singular
+        k = int(row["outliers_0" if lam == 0 else "outliers"])
+        gap = row["gap_0" if lam == 0 else "gap"]
+        if k == 0:
+            assert math.isnan(gap)
+        else:
+            assert gap == pytest.approx(s[k - 1] / s[k], rel=1e-8) and gap >= 1.5
+    probes = regularization.spike_probes(rows, problems, threshold=0.5)
+    assert {"gap_0", "gap", "outliers_0", "outliers"} <= set(probes.columns)
+    if len(probes):
+        assert (probes["gap_0"] == problems.iloc[0]["gap_0"]).all()

@@ -311,3 +311,25 @@ def test_a_sweep_spec_naming_no_field_of_the_config_is_refused(tmp_path):
     body["points"][0].pop("lr")
     with pytest.raises(sweeps.SweepError, match="needs 'lr'"):
         sweeps.load_spec(write_spec(tmp_path, body, "two"))
+
+
+@pytest.mark.parametrize("base_as", ["mapping", "file"])
+def test_a_grid_key_also_in_the_base_is_refused_in_one_line_before_any_work(tmp_path, capsys, base_as):
+    """`base: {lr: 0.1}` with `grid: {lr: [...]}`: the grid's values would silently win over the base's;
+    refused, naming the key, before anything is resolved or run. A point's value over the base's is the
+    documented rule (a point is an explicit exception) and stays accepted."""
+    base = {"size": 3, "seed": 0}
+    if base_as == "file":
+        (tmp_path / "shared.yaml").write_text(yaml.safe_dump(base))
+        base = "shared.yaml"
+    body = {"function": "sweep_fixture:ranked_matrix", "base": base, "grid": {"seed": [1, 2]}}
+    with pytest.raises(sweeps.SweepError, match=r"'seed' is in both 'base' and 'grid'") as err:
+        sweeps.load_spec(write_spec(tmp_path, body), output=tmp_path / "out")
+    assert "\n" not in str(err.value) and "size" not in str(err.value)
+    assert cli.main(["sweep", str(tmp_path / "spec.yaml"), "--output", str(tmp_path / "out"), "--dry-run"]) == 2
+    said = capsys.readouterr().err.strip()
+    assert len(said.splitlines()) == 1 and "'seed' is in both" in said
+    assert not (tmp_path / "out").exists()
+    points = {"function": "sweep_fixture:ranked_matrix", "base": base, "points": [{"seed": 5}]}
+    spec = sweeps.load_spec(write_spec(tmp_path, points, "points"), output=tmp_path / "out2")
+    assert [p["seed"] for p in spec.points] == [5]

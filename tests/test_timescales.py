@@ -226,3 +226,91 @@ def test_logged_regime_reads_the_history():
     assert r["needed"] == pytest.approx(math.log(19 / 0.1))
     assert r["details"]["final_abs_rho_over_rho_eq_minus_1"] == pytest.approx(0.01)
     assert r["details"]["efoldings_at_initial_M"] < r["value"]
+
+
+def test_weight_decay_regime_counts_efoldings_of_the_penalty_alone():
+    # hand computation: under L = lam rho^2 alone, rho_{t+1} = (1 - 2 eta lam) rho_t; after 2500 steps at
+    # eta = 0.1, lam = 1e-3: 2500 * 0.1 * 1e-3 = 0.25 weight-decay times, log(rho_0 / rho_T) = 2500 * -log(0.9998)
+    w = timescales.weight_decay_regime(steps=2500, lam=1e-3, rho_lr=0.1, needed=0.5, origin="one e-folding")
+    assert w["value"] == pytest.approx(0.25) and w["needed"] == 0.5
+    efold = -2500 * math.log(1 - 2 * 0.1 * 1e-3)
+    assert efold == pytest.approx(2 * w["value"], rel=1e-3)  # steps * eta * lam >= 1/2 <=> one e-folding
+    assert (efold >= 1) == (w["value"] >= w["needed"])
+    assert timescales.weight_decay_regime(steps=5001, lam=1e-3, rho_lr=0.1, needed=0.5)["value"] > 0.5
+
+
+def test_tracking_lag_matches_a_simulated_moving_equilibrium():
+    import pandas as pd
+
+    # rho follows gradient descent on 1 - 2 rho mu_t + rho^2 (M + lam) with M fixed and mu_t growing
+    # geometrically, so rho_eq = mu_t / (M + lam) moves by a factor (1 + g) per step; after the transient, rho
+    # trails it by a relative distance close to d / r (d = log(1 + g), r = -log(1 - 2 eta (M + lam)))
+    M, lam, eta, g = 1e-2, 1e-3, 2.0, 2e-4
+    mu, rho, rows = 0.01, 0.0, []
+    for t in range(4001):
+        rho_eq = mu / (M + lam)
+        if t % 100 == 0:
+            rows.append({"epoch": t, "M": M, "rho_eq": rho_eq, "err": abs(rho / rho_eq - 1)})
+        rho = rho - eta * (-2 * mu + 2 * rho * (M + lam))
+        mu *= 1 + g
+    h = pd.DataFrame(rows)
+    lag = timescales.equilibrium_tracking_lag(h, lam=lam, rho_lr=eta, steps_per_epoch=1)
+    assert lag == pytest.approx(math.log(1 + g) / -math.log(1 - 2 * eta * (M + lam)), rel=1e-9)
+    assert lag == pytest.approx(h.err.iloc[-1], rel=0.05)  # the measured lag of the simulation
+    assert timescales.equilibrium_tracking_lag(h, lam=0.0, rho_lr=eta, steps_per_epoch=1) > lag
+    frozen = h.assign(M=0.0)
+    assert timescales.equilibrium_tracking_lag(frozen, lam=0.0, rho_lr=eta, steps_per_epoch=1) == math.inf
+
+
+def test_initial_margins_are_the_untrained_networks_and_match_its_row():
+    S = pages.page_setup("digits", [1, 2], arch="mlp", arch_kwargs={"widths": [16]}, max_train=60, max_test=20,
+                         input_shape=[64], seed=0, num_outputs=1, epochs=1, lr=0.1, batch_size=0, nc=False,
+                         dtype="float64")
+    fbar = S.initial_margins(rho_init=2.0, seed=0)
+    row = S.initial_row(rho_init=2.0, seed=0, lam=0.0)
+    assert fbar.shape == (60,)
+    assert fbar.mean() == pytest.approx(row["mu"], rel=1e-12) and (fbar**2).mean() == pytest.approx(row["M"], rel=1e-12)
+    # independent: y_n f_V(x_n) from the model's own forward, rho divided out
+    model = S.build(rho_init=2.0, seed=0).double()
+    with torch.no_grad():
+        out = model(torch.as_tensor(S.data.x_train, dtype=torch.float64)).reshape(-1) / float(model.rho)
+    y = np.where(np.asarray(S.data.y_train) == 1, 1.0, -1.0)
+    assert np.allclose(fbar, y * out.numpy(), rtol=1e-10, atol=1e-14)
+
+
+def _steps_within(rho0, targets, *, M, lam, eta, tolerance):
+    """Steps of gradient descent on rho, rho <- rho - eta * 2 (rho (M + lam) - mu_t) with mu_t = targets[t] (M + lam),
+    i.e. towards the equilibrium targets[t], until |rho / targets[-1] - 1| <= tolerance (the target held at its
+    last value after the list ends); counted one by one."""
+    rho, t = rho0, 0
+    while abs(rho / targets[min(t, len(targets) - 1)] - 1) > tolerance or t < len(targets):
+        target = targets[min(t, len(targets) - 1)]
+        rho = rho - eta * 2 * (M + lam) * (rho - target)
+        t += 1
+    return t
+
+
+def test_need_from_the_final_equilibrium_counts_the_distance_rho_covers():
+    import pandas as pd
+
+    # the equilibrium of the untrained margins is small (M tiny) and moves within the first steps to where the
+    # run ends: rho0 = 30 has to cover its distance to the final equilibrium 14, not to the initial 0.65
+    lam, eta, M, tol = 1e-3, 0.1, 0.05, 0.5
+    h = pd.DataFrame({"epoch": [0, 1, 2, 400], "M": [M] * 4, "rho": [30.0, 29.0, 28.0, 20.0],
+                      "rho_eq": [0.65, 14.0, 14.0, 14.0]})
+    h["rho_over_rho_eq"] = h.rho / h.rho_eq
+    assert timescales.initial_distance(h) == pytest.approx(30 / 0.65 - 1)
+    assert timescales.initial_distance(h, need_from="final") == pytest.approx(30 / 14 - 1)
+    final = timescales.rho_relaxation_regime_logged(h, lam=lam, rho_lr=eta, steps_per_epoch=1, tolerance=tol,
+                                                    need_from="final")
+    initial = timescales.rho_relaxation_regime_logged(h, lam=lam, rho_lr=eta, steps_per_epoch=1, tolerance=tol)
+    assert final["needed"] == pytest.approx(math.log((30 / 14 - 1) / tol))
+    assert final["details"]["need_from"] == "final" and initial["needed"] > 3 * final["needed"]
+    # step by step: the equilibrium jumps to 14 after one step; the steps until rho is within the tolerance of it
+    # equal the need over the rate (up to the first step, taken towards the old target)
+    steps = _steps_within(30.0, [0.65, 14.0], M=M, lam=lam, eta=eta, tolerance=tol)
+    rate = timescales.relaxation_rate(M, lam, eta)
+    assert abs(steps - final["needed"] / rate) <= 2
+    assert steps < initial["needed"] / rate / 3  # the initial equilibrium overstates the run length needed
+    with pytest.raises(ValueError):
+        timescales.initial_distance(h, need_from="middle")

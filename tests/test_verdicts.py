@@ -192,3 +192,32 @@ def test_glue_outside_a_kernel_does_nothing(monkeypatch, capsys):
     monkeypatch.setattr("IPython.get_ipython", lambda: None)
     V.glue("name", 1.0)
     assert capsys.readouterr().out == ""
+
+
+def test_a_degenerate_statistic_is_uninformative_and_says_why_whatever_the_number():
+    v = _claim(0.9, 0.1, degenerate="no run fitted a slope")
+    assert v.outcome == "uninformative" and v.details["degenerate"] == "no run fitted a slope"
+    assert _claim(0.9, 0.1).outcome == "agrees"  # the same numbers, decided, without the reason
+    with pytest.raises(ValueError, match="reason"):
+        _claim(0.9, 0.1, degenerate=" ")
+
+
+def test_only_an_undecided_claim_may_go_without_a_control_or_a_number():
+    kw = dict(claim_id="II-1", threshold=T, controls=[], expected="", scale="ci")
+    short = V.Regime("accumulated weight decay A", 1.0, 5.0, "onset fixed in advance")
+    assert V.claim("c", measured=math.nan, regime=short, **kw).outcome == "needs a larger scale"
+    gone = V.claim("c", measured=math.nan, excluded=V.Excluded(4, 4, "train accuracy below 0.8"), **kw)
+    assert gone.outcome == "uninformative" and math.isnan(gone.measured)
+    gone_short = V.claim("c", measured=math.nan, regime=short, excluded=V.Excluded(4, 4, "collapsed"), **kw)
+    assert gone_short.outcome == "uninformative"  # every run collapsed: not a matter of scale (issue 44)
+    with pytest.raises(ValueError, match="needs at least one Control"):
+        V.claim("c", measured=0.9, excluded=V.Excluded(3, 4, "diverged"), **kw)
+    with pytest.raises(ValueError, match="measured value is nan"):
+        V.claim("c", measured=math.nan, controls=V.Control("null", 0.1),
+                **{k: v for k, v in kw.items() if k != "controls"})
+
+
+def test_a_missing_number_meets_only_a_golden_entry_without_one():
+    assert V.within(math.nan, {"value": math.nan, "abs": 0.05})
+    assert not V.within(math.nan, {"value": 0.4, "abs": 0.05})
+    assert not V.within(0.4, {"value": math.nan, "abs": 0.05})

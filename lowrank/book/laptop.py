@@ -3,12 +3,13 @@
 A laptop file `params/laptop/<part>/<name>.yaml` holds the smallest sizes at which every claim of the
 page reaches its regime: for Part II's rank pages, the run length at which the accumulated weight decay
 `A = sum_t mu_t lambda / (1 - beta)` of every slice of the page's statistic (its largest over the
-slice's runs with weight decay, `lowrank.sgd.ranks.epochs_to_regime`) reaches the page's own
-`regime_needed`. Everything else is the notebook's ci defaults (synthetic or bundled data, nothing
+slice's runs with weight decay, `lowrank.sgd.ranks.epochs_to_regime`) reaches Theorem 3.2's need
+ln(1/eps) at the page's rank threshold `eps` (`regime_needed`, paper l.1143-1144). Everything else is the notebook's ci defaults (synthetic or bundled data, nothing
 downloaded, at least 3 seeds pooled in each statistic). Its estimated training time (`page_seconds`,
 from bench/epoch_seconds.csv) must fit `PAGE_BUDGET_S`, and the tier's `TIER_BUDGET_S`.
 
     python -m lowrank.book.laptop --write [PART/NAME ...]   # (re)write the files from the grids
+                                                            # (Part III's: lowrank.square.sizing)
     python -m lowrank.book.laptop --check                   # every file's run length is the computed one
 
 A test runs `check` (tests/test_laptop.py): a laptop file's run length is never typed by hand.
@@ -26,7 +27,7 @@ import yaml
 from lowrank.book import notebooks, rules
 
 __all__ = ["PAGE_BUDGET_S", "TIER_BUDGET_S", "SizedPage", "SIZED_PAGES", "LARGER_SCALE", "page_grid", "page_seconds",
-           "regime_epochs", "laptop_text", "larger_scale_cost", "larger_scale_text", "write", "check", "main"]
+           "regime_needed", "regime_epochs", "regime_lengths", "laptop_text", "larger_scale_cost", "larger_scale_text", "write", "check", "main"]
 
 PAGE_BUDGET_S = 600.0  # a laptop page on 2 CPU cores (issue 43)
 TIER_BUDGET_S = 3600.0  # the whole laptop tier
@@ -40,12 +41,37 @@ def _rank_grid(params: dict, *, batch_sizes, lrs, weight_decays) -> list[dict]:
                                  momenta=[params["momentum"], params["variant_momentum"]], seeds=seeds)
 
 
+def _rank_groups(name: str, params: dict) -> list:
+    """A rank page's training: each batch size's ensemble (every run at that B, trained together)."""
+    grid = page_grid(name, params)
+    return [(params["model"], params["dataset"], B, sum(g["batch_size"] == B for g in grid), params["epochs"])
+            for B in sorted({g["batch_size"] for g in grid})]
+
+
 @dataclass(frozen=True)
 class SizedPage:
     """How a page's grid and slices are read from its parameters (as its training cell builds them)."""
     grid: Callable[[dict], list]  # parameters -> run dicts (batch_size, lr, weight_decay, momentum, seed)
     slices: tuple  # the slices whose regime each verdict needs: one momentum and one statistic slice
     why: str  # in words, for the file's leading comment
+    epochs_key: str = "epochs"  # the run-length parameter this sizing sets
+    dataset_key: str = "dataset"  # the parameter naming the data set whose training-set size counts the steps
+    also: tuple = ()  # further SizedPage(s) of the same page, each setting its own epochs_key (e.g. a second data set)
+    groups: Callable[[str, dict], list] | None = None  # (name, params) -> costs.training_seconds groups; default _rank_groups
+
+
+def _noise_grid(p: dict, dataset_key: str = "dataset") -> list[dict]:
+    """SGD noise's runs with weight decay (the lambda = 0 run needs no regime): one slice per lambda, each
+    entering the statistics only at A >= ln(1/eps) (notebooks/sgd/sgd_noise.md), so every one must reach it."""
+    return [{"batch_size": p["batch_size"], "lr": p["lr"], "weight_decay": wd, "momentum": p["momentum"], "seed": p["seed"]}
+            for wd in p["weight_decays"] if wd > 0]
+
+
+def _noise_groups(name: str, params: dict) -> list:
+    """SGD noise trains one ensemble of every lambda per loss, on each data set."""
+    members = len(params["weight_decays"])
+    return [(params["model"], params[key], params["batch_size"], members, params[epochs])
+            for key, epochs in (("dataset", "epochs"), ("second_dataset", "second_epochs")) for _ in params["losses"]]
 
 
 SIZED_PAGES = {
@@ -58,6 +84,11 @@ SIZED_PAGES = {
     "sgd/rank_vs_learning_rate": SizedPage(
         lambda p: _rank_grid(p, batch_sizes=p["batch_sizes"], lrs=p["lrs"], weight_decays=[p["weight_decay"], 0.0]),
         ("momentum", "batch_size"), "each batch size's mu trend (its largest mu)"),
+    "sgd/sgd_noise": SizedPage(
+        _noise_grid, ("weight_decay",), "every lambda > 0 run on the first data set (its smallest lambda)",
+        also=(SizedPage(_noise_grid, ("weight_decay",), "every lambda > 0 run on the second data set",
+                        epochs_key="second_epochs", dataset_key="second_dataset"),),
+        groups=_noise_groups),
 }
 
 
@@ -119,9 +150,8 @@ def page_seconds(name: str, params: dict, device: str = "cpu", timings: dict | N
     `lowrank.book.costs`' measurements; None when a group is not measured."""
     from lowrank.book import costs
 
-    grid = page_grid(name, params)
-    groups = [(params["model"], params["dataset"], B, sum(g["batch_size"] == B for g in grid), params["epochs"])
-              for B in sorted({g["batch_size"] for g in grid})]
+    page = _sized(name)
+    groups = (page.groups or _rank_groups)(name, params)
     return costs.training_seconds(groups, device, timings)[0]
 
 
@@ -133,28 +163,50 @@ def _n_train(dataset: str) -> int:
     return int(datasets.load(dataset).x_train.shape[0])
 
 
-def regime_epochs(name: str, params: dict):
-    """(epochs, table): the smallest run length at which every slice of page `name` with `params`
-    reaches `params["regime_needed"]`, and `lowrank.sgd.ranks.epochs_to_regime`'s table per slice.
-    A slice without weight decay cannot reach it: ValueError."""
+def regime_needed(params: dict) -> float:
+    """The accumulated weight decay a sized page's claims need: `lowrank.sgd.ranks.regime_from_bound`
+    at the page's rank threshold `params["eps"]` (ln(1/eps), paper l.1143-1144), as its verdicts judge it."""
     from lowrank.sgd import ranks
 
+    return ranks.regime_from_bound(params["eps"])
+
+
+def _stages(name: str) -> list[SizedPage]:
     page = _sized(name)
-    table = ranks.epochs_to_regime(page_grid(name, params), n_train=_n_train(params["dataset"]),
-                                   target=params["regime_needed"], slices=list(page.slices),
-                                   milestones=params["milestones"], lr_decay=params["lr_decay"])
+    return [page, *page.also]
+
+
+def _stage_epochs(name: str, page: SizedPage, params: dict):
+    from lowrank.sgd import ranks
+
+    table = ranks.epochs_to_regime(page.grid(params), n_train=_n_train(params[page.dataset_key]),
+                                   target=regime_needed(params), slices=list(page.slices),
+                                   milestones=params.get("milestones", ()), lr_decay=params.get("lr_decay", 0.1))
     if not table["reachable"].all():
         raise ValueError(f"{name}: a slice has no run with weight decay, so no run length reaches the regime")
     return int(table["epochs"].max()), table
+
+
+def regime_epochs(name: str, params: dict):
+    """(epochs, table): the smallest run length at which every slice of page `name` with `params`
+    reaches `regime_needed(params)`, and `lowrank.sgd.ranks.epochs_to_regime`'s table per slice.
+    A slice without weight decay cannot reach it: ValueError. (The page's first run length; a page with
+    several, e.g. a second data set, has them all in `regime_lengths`.)"""
+    return _stage_epochs(name, _sized(name), params)
+
+
+def regime_lengths(name: str, params: dict) -> dict:
+    """Every run length page `name` sets: {epochs_key: (epochs, table)}, one per sizing of `_stages`."""
+    return {page.epochs_key: _stage_epochs(name, page, params) for page in _stages(name)}
 
 
 def _sized_run(name: str) -> tuple[dict, object, float | None]:
     """(the laptop parameters, the per-slice table, the estimated training seconds) of page `name`:
     its ci defaults with the run length `regime_epochs` computes."""
     params = rules.resolve_parameters(name, scale="ci", memory=False)
-    epochs, table = regime_epochs(name, params)
-    sized = {**params, "epochs": epochs, "scale": "laptop"}
-    return sized, table, page_seconds(name, sized)
+    lengths = regime_lengths(name, params)
+    sized = {**params, **{key: e for key, (e, _) in lengths.items()}, "scale": "laptop"}
+    return sized, {key: t for key, (_, t) in lengths.items()}, page_seconds(name, sized)
 
 
 def laptop_text(name: str) -> str:
@@ -162,16 +214,19 @@ def laptop_text(name: str) -> str:
     its estimated training time), `scale: laptop`, and `epochs`."""
     from lowrank.book import costs
 
-    sized, table, seconds = _sized_run(name)
-    page = _sized(name)
-    per_slice = ", ".join(f"{' '.join(f'{k} {row[k]:g}' for k in page.slices)}: {int(row['epochs'])}"
-                          for _, row in table.iterrows())
-    lines = ["# Laptop scale, sized from the mechanism before training (python -m lowrank.book.laptop --write; never by hand):",
-             f"# the run length at which the accumulated weight decay A = sum_t mu_t lambda / (1 - beta) of {page.why}",
-             f"# reaches regime_needed = {sized['regime_needed']:g}, for every momentum. Epochs per slice: {per_slice}.",
-             f"# The ci defaults otherwise ({sized['model']} on {sized['dataset']}, {sized['seeds']} seeds pooled). "
-             f"Estimated training: {costs.format_seconds(seconds)} (bench/epoch_seconds.csv; page budget {PAGE_BUDGET_S:.0f} s).",
-             "scale: laptop", f"epochs: {sized['epochs']}"]
+    sized, tables, seconds = _sized_run(name)
+    lines = ["# Laptop scale, sized from the mechanism before training (python -m lowrank.book.laptop --write; never by hand):"]
+    for page in _stages(name):
+        per_slice = ", ".join(f"{' '.join(f'{k} {row[k]:g}' for k in page.slices)}: {int(row['epochs'])}"
+                              for _, row in tables[page.epochs_key].iterrows())
+        lines += [f"# {page.epochs_key}: the run length at which the accumulated weight decay A = sum_t mu_t lambda / (1 - beta) "
+                  f"of {page.why} ({sized[page.dataset_key]})",
+                  f"# reaches ln(1/eps) = {regime_needed(sized):.3g} (eps {sized['eps']:g}; Theorem 3.2's bound, paper l.1143-1144). "
+                  f"Epochs per slice: {per_slice}."]
+    seeds = f"{sized['seeds']} seeds pooled" if "seeds" in sized else f"seed {sized['seed']}"
+    lines += [f"# The ci defaults otherwise ({sized['model']} on {sized['dataset']}, {seeds}). "
+              f"Estimated training: {costs.format_seconds(seconds)} (bench/epoch_seconds.csv; page budget {PAGE_BUDGET_S:.0f} s).",
+              "scale: laptop", *(f"{page.epochs_key}: {sized[page.epochs_key]}" for page in _stages(name))]
     return "\n".join(lines) + "\n"
 
 
@@ -179,9 +234,20 @@ def write(names=None) -> list[str]:
     """(Re)write the laptop files of `names` (default every sized page); returns those that changed.
     A page whose estimated training exceeds `PAGE_BUDGET_S`, or pages whose sum exceeds `TIER_BUDGET_S`,
     are refused (ValueError) before any file is written: they need a larger scale."""
-    names = list(names or SIZED_PAGES)
+    from lowrank.square import sizing as square_sizing  # Part III's pages are sized by their own rule
+
+    names = list(names or [*SIZED_PAGES, *square_sizing.SIZED_PAGES])
     texts, total = {}, 0.0
     for name in names:
+        if name in square_sizing.SIZED_PAGES:
+            params = square_sizing.with_fixed(name, rules.resolve_parameters(name, scale="ci", memory=False))
+            texts[name], seconds = square_sizing.laptop_text(name, params, square_sizing.measure_epoch_seconds(params),
+                                                             PAGE_BUDGET_S)
+            if seconds > PAGE_BUDGET_S:
+                raise ValueError(f"{name}: estimated at {seconds:.0f} s of training, over the laptop budget of "
+                                 f"{PAGE_BUDGET_S:.0f} s: it needs a larger scale")
+            total += seconds
+            continue
         sized, _, seconds = _sized_run(name)
         if seconds is not None and seconds > PAGE_BUDGET_S:
             raise ValueError(f"{name}: {sized['epochs']} epochs are estimated at {seconds:.0f} s of training, over the "
@@ -206,17 +272,25 @@ def check() -> list[str]:
     problems = []
     root = notebooks.SOURCE_ROOT / "params" / "laptop"
     files = {p.relative_to(root).with_suffix("").as_posix() for p in root.glob("*/*.yaml")}
-    for name in sorted(files - set(SIZED_PAGES)):
+    from lowrank.square import sizing as square_sizing  # Part III's pages are sized by their own rule
+
+    for name in sorted(files - set(SIZED_PAGES) - set(square_sizing.SIZED_PAGES)):
         problems.append(f"{name}: a laptop file without a sizing rule in lowrank.book.laptop.SIZED_PAGES")
-    for name in SIZED_PAGES:
+    for name in [*SIZED_PAGES, *square_sizing.SIZED_PAGES]:
         if name not in files:
             problems.append(f"{name}: no laptop file (python -m lowrank.book.laptop --write {name})")
             continue
         stored = rules.load_yaml_mapping(notebooks.scale_params_path(name, "laptop"))
-        params = rules.resolve_parameters(name, scale="laptop", memory=False)
-        want, _ = regime_epochs(name, params)
-        if stored.get("epochs") != want:
-            problems.append(f"{name}: epochs {stored.get('epochs')} in the laptop file, {want} computed from its grid")
+        if name in square_sizing.SIZED_PAGES:
+            size, _ = square_sizing.SIZED_PAGES[name]
+            ci = rules.resolve_parameters(name, scale="ci", memory=False)
+            want = {"epochs": size(square_sizing.with_fixed(name, ci))["epochs"]}
+        else:
+            params = rules.resolve_parameters(name, scale="laptop", memory=False)
+            want = {key: length for key, (length, _) in regime_lengths(name, params).items()}
+        for key, length in want.items():
+            if stored.get(key) != length:
+                problems.append(f"{name}: {key} {stored.get(key)} in the laptop file, {length} computed from its grid")
     return problems
 
 
@@ -228,7 +302,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.check:
         problems = check()
-        print("\n".join(problems) or f"{len(SIZED_PAGES)} laptop files match their computed run lengths")
+        print("\n".join(problems) or f"the laptop files match their computed run lengths")
         for name in LARGER_SCALE:
             print(f"{name}: {larger_scale_text(name)}")
         return 1 if problems else 0

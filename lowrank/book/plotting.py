@@ -282,6 +282,17 @@ def rank_and_accuracy_curves(avg, *, panel: str, panel_values, colour: str, colo
     return fig
 
 
+def range_errorbar(ax, x, stats, **kwargs):
+    """`stats["mean"]` at `x` with bars from `stats["min"]` to `stats["max"]` (a groupby's `agg(["mean", "min",
+    "max"])`); a mean one rounding step outside its range (identical values) draws no bar rather than failing."""
+    import numpy as np
+
+    mean = np.asarray(stats["mean"], dtype=float)
+    below = np.clip(mean - np.asarray(stats["min"], dtype=float), 0.0, None)
+    above = np.clip(np.asarray(stats["max"], dtype=float) - mean, 0.0, None)
+    return ax.errorbar(x, mean, yerr=[below, above], **{"marker": "o", "capsize": 3, **kwargs})
+
+
 def panel_grid(n: int, *, panel=(4.0, 3.0), ncols: int | None = None, **subplots):
     """`n` panels of `panel` (width, height) inches, in rows of at most `ncols` and never wider than
     MAX_WIDTH (more panels wrap onto more rows). Constrained layout, so that `legend_below` and a

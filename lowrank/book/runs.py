@@ -129,7 +129,8 @@ def input_digests(params: dict, paths) -> dict:
                 if folder.is_dir():
                     out[key] = _folder_digest(folder)
             except OSError as err:
-                raise RunFolderError(f"parameter {key!r}: the data folder {folder} cannot be read ({err.strerror})") from None
+                raise RunFolderError(f"parameter {key!r}: the data folder {folder} cannot be read "
+                                     f"({err.strerror})") from None
         elif key in paths and not is_output_path(key):
             visit(key, value)
     return out
@@ -171,6 +172,9 @@ FUNCTION_RESULTS = ("results.csv", "results.json")
 
 def required_problems(folder: Path, listed: dict) -> list[str]:
     """Required files (`REQUIRED`) that `folder`'s manifest does not list."""
+    odd = io.irregular_kind(folder / "provenance.json")
+    if odd:  # a FIFO, a device, a link: never opened
+        return [f"provenance.json is {odd}, not a regular file"]
     try:
         provenance = json.loads(io.read_regular_text(folder / "provenance.json"))
     except (OSError, ValueError):
@@ -196,16 +200,19 @@ def manifest_problems(folder: Path) -> list[str]:
         return [f"no readable {MANIFEST}"]
     if not isinstance(listed, dict):
         return [f"{MANIFEST} is not a mapping"]
-    entries = list(folder.rglob("*"))
-    links = [p.relative_to(folder).as_posix() for p in entries if p.is_symlink()]
+    entries = {p.relative_to(folder).as_posix(): p for p in folder.rglob("*")}
+    links = [name for name, p in entries.items() if p.is_symlink()]
     if links:  # a run writes none: a link would bring another file (a key, a password file) into a report
         return [f"{k} is a link (a run writes none)" for k in links]
-    present = {p.relative_to(folder).as_posix(): p for p in entries if p.is_file() and p.relative_to(folder).as_posix() not in UNLISTED}
+    odd = {name: kind for name, p in entries.items() if (kind := io.irregular_kind(p))}  # a FIFO, a device: never read
+    present = {name: p for name, p in entries.items() if p.is_file() and name not in UNLISTED}
     problems = required_problems(folder, listed)
-    problems += [f"{k} missing" for k in sorted(set(listed) - set(present))]
+    problems += [f"{k} is {odd[k]}, not a regular file" for k in sorted(set(listed) & set(odd))]
+    problems += [f"{k} missing" for k in sorted(set(listed) - set(present) - set(odd))]
     problems += [f"{k} changed" for k in sorted(set(listed) & set(present)) if io.file_digest(present[k]) != listed[k]]
     problems += [f"{k} not written by the run" for k in sorted(set(present) - set(listed))]
-    return problems
+    problems += [f"{k} is {odd[k]}, not a regular file (a run writes none)" for k in sorted(set(odd) - set(listed))]
+    return list(dict.fromkeys(problems))  # provenance.json's kind said once
 
 
 def check_discardable(folder) -> None:
@@ -226,13 +233,17 @@ def check_discardable(folder) -> None:
         entries = sorted(folder.rglob("*"))
     except OSError as err:
         raise RunFolderError(f"{folder} cannot be read ({err.strerror or err}); it is left as it is") from None
+
     def written_by_run(p: Path, name: str) -> bool:  # listed, and still what the run wrote (an edit is the user's)
         return name in listed and p.is_file() and not p.is_symlink() and io.file_digest(p) == listed[name]
 
-    foreign = [name for p in entries for name in [p.relative_to(folder).as_posix()]
-               if (p.is_symlink() or not p.is_dir()) and p.relative_to(folder).as_posix() not in UNLISTED and not written_by_run(p, name)]
-    if foreign:
-        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+    named = {p.relative_to(folder).as_posix(): p for p in entries}  # UNLISTED: exempt at the folder's top only
+    foreign = [name for name, p in named.items()
+               if (p.is_symlink() or not p.is_dir()) and name not in UNLISTED and not written_by_run(p, name)]
+    if foreign:  # a FIFO or a device is named by its kind (a run writes none)
+        said = [f"{name} is {kind}, not a regular file" if (kind := io.irregular_kind(named[name])) else name
+                for name in foreign]
+        shown = ", ".join(said[:3]) + (f" and {len(said) - 3} more" if len(said) > 3 else "")
         raise RunFolderError(f"{folder} must be run again but holds files its run did not write or that were "
                              f"changed since ({shown}); nothing was deleted: move them out, then run again")
 
@@ -318,7 +329,8 @@ def run(name: str, params: dict, *, force: bool = False, runs_root: Path | None 
     return final, False
 
 
-def execute(name: str, params: dict, output: Path, figure_dir: Path, *, progress: bool = False, **options) -> tuple[dict, dict]:
+def execute(name: str, params: dict, output: Path, figure_dir: Path, *, progress: bool = False,
+            **options) -> tuple[dict, dict]:
     """Execute notebook `name` with `params` into `output` (its figures into `figure_dir`): the one
     execution path of a result with provenance (run folders here, the paper-scale build). `options`
     go to `lowrank.book.notebooks.execute` (`figure_url`, `timeout`).
@@ -346,18 +358,38 @@ def _execute_into(tmp: Path, name: str, params: dict, run_name: str, progress: b
     write_manifest(tmp)
 
 
+SWEEP_RECORD = "sweep.json"  # written by `lowrank.book.sweeps.run_sweep` before any run: the folder is a sweep's
+
+
+def rerun_advice(folder: Path) -> str:
+    """How to run `folder` again: a point of a sweep (its parent holds the sweep's record,
+    `SWEEP_RECORD`) by that sweep's command, a notebook's run by `lowrank run --force`."""
+    record = Path(folder).parent / SWEEP_RECORD
+    try:
+        spec = json.loads(io.read_regular_text(record)).get("spec") if not io.irregular_kind(record) else None
+    except (OSError, ValueError, AttributeError):
+        spec = None
+    if isinstance(spec, str) and spec:
+        return f"it is a point of a sweep: rerun the sweep with `lowrank sweep {spec} --output {Path(folder).parent}`"
+    return "rerun it with `lowrank run --force`"
+
+
 def load_run(folder) -> dict:
     """Provenance, parameters and verdicts of a complete run folder whose files match its manifest;
     RunFolderError otherwise."""
     folder = Path(folder)
     if not folder.is_dir():
         raise RunFolderError(f"{folder} is not a run folder (no such folder)")
+    odd = io.irregular_kind(folder / "provenance.json")
+    if odd:  # a link to /dev/zero, a FIFO: said, never opened
+        raise RunFolderError(f"{folder} is not a complete run folder: provenance.json is {odd}, not a regular "
+                             f"file; it is not read")
     if not (folder / "provenance.json").is_file():
         raise RunFolderError(f"{folder} is not a complete run folder (no provenance.json)")
     problems = manifest_problems(folder)
     if problems:
         raise RunFolderError(f"{folder} does not match its manifest ({'; '.join(problems[:3])}); "
-                             f"rerun it with `lowrank run --force`")
+                             f"{rerun_advice(folder)}")
     try:
         provenance = json.loads(io.read_regular_text(folder / "provenance.json"))
         verdicts = json.loads(io.read_regular_text(folder / "verdicts.json")) if "notebook" in provenance else {}

@@ -4,7 +4,9 @@ A sweep spec is a YAML file:
 
     notebook: sgd/rank_vs_batch_size      # or  function: lowrank.some_module:callable
     scale: ci                             # notebooks only: start from ci defaults or the paper YAML
-    base: params/my_base.yaml             # optional: shared parameters (a YAML file or a mapping)
+    base: params/my_base.yaml             # optional: shared parameters (a YAML file or a mapping);
+                                          # a key may not be in both base and grid (refused); a
+                                          # point's own value overrides the base's
     grid:                                 # the cartesian product of these lists ...
       batch_size: [4, 8, 16]
       seed: [0, 1]
@@ -182,6 +184,10 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
         base = rules.load_yaml_mapping(base_path, f"sweep spec {path}: base file", SweepError)
     if not isinstance(base, dict):
         raise SweepError(f"sweep spec {path}: 'base' must be a mapping or a YAML file name")
+    both = [k for k in grid if k in base]
+    if both:  # the grid's values would replace the base's without a word
+        raise SweepError(f"sweep spec {path}: {both[0]!r} is in both 'base' and 'grid' (the grid would override the "
+                         f"base); give it in one of them")
     if "function" in raw and "scale" in raw:
         raise SweepError(f"sweep spec {path}: 'scale' is for notebooks (ci defaults or the paper YAML); a function's "
                          f"points give every value themselves")
@@ -239,13 +245,10 @@ def load_spec(path, output: Path | None = None) -> SweepSpec:
     return spec
 
 
-SWEEP_RECORD = "sweep.json"  # written by `run_sweep` before any run: the folder is a sweep's
-
-
 def is_sweep_folder(folder: Path) -> bool:
-    """Whether `folder` holds the record a sweep writes first (`SWEEP_RECORD`)."""
+    """Whether `folder` holds the record a sweep writes first (`runs.SWEEP_RECORD`)."""
     try:
-        record = json.loads((Path(folder) / SWEEP_RECORD).read_text())
+        record = json.loads((Path(folder) / runs.SWEEP_RECORD).read_text())
     except (OSError, ValueError):
         return False
     return isinstance(record, dict) and "target" in record
@@ -263,7 +266,7 @@ def check_sweep_output(folder: Path) -> None:
     if inside is not None:
         raise SweepError(f"sweep output {folder} is inside the run folder {inside}; give a folder of its own")
     if folder.is_dir() and any(folder.iterdir()) and not is_sweep_folder(folder):
-        raise SweepError(f"sweep output {folder} holds files that no sweep wrote (no {SWEEP_RECORD}); "
+        raise SweepError(f"sweep output {folder} holds files that no sweep wrote (no {runs.SWEEP_RECORD}); "
                          f"give a new or empty folder")
 
 
@@ -376,6 +379,7 @@ def _own_checkpoints(spec: SweepSpec) -> list[dict]:
     keys = sorted({k for p in points for k, v in p.items() if is_checkpoint(k) and v})
     if not keys:
         return points
+    from lowrank.core import checkpoint as checkpointing  # torch: imported only when a point has a checkpoint
     ensemble_keys = ()
     if spec.ensemble:
         ensemble_keys = importlib.import_module(ENSEMBLE_FUNCTIONS[spec.function].partition(":")[0]).ENSEMBLE_KEYS
@@ -396,14 +400,10 @@ def _own_checkpoints(spec: SweepSpec) -> list[dict]:
                 ckpt = user_path(value, key).absolute()
             except ValueError as err:
                 raise SweepError(f"sweep spec {spec.path}: {err}") from None
-            if ckpt.is_dir():
-                raise SweepError(f"sweep spec {spec.path}: {key} {value} is a folder; give a file path")
-            try:
-                io.check_replaceable(ckpt, key)  # a device or a FIFO: refused before any run, not in the worker
-            except io.OutputRefused as err:
-                raise SweepError(f"sweep spec {spec.path}: {err}") from None
-            if not ckpt.parent.is_dir():
-                raise SweepError(f"sweep spec {spec.path}: {key} {value}: folder {ckpt.parent} does not exist")
+            try:  # a folder, a device, a FIFO or a file that is no checkpoint: refused before any run, not in the worker
+                checkpointing.check_checkpoint_path(ckpt, content=True)
+            except ValueError as err:
+                raise SweepError(f"sweep spec {spec.path}: {key}: {err}") from None
             inside = runs.enclosing_run_folder(ckpt.parent)
             if inside is not None:  # it would break the run's manifest, and the next run replace the folder
                 raise SweepError(f"sweep spec {spec.path}: {key} {value} is inside the run folder {inside}; "
@@ -643,7 +643,7 @@ def run_sweep(spec: SweepSpec, executor: str = "local", *, address: str | None =
     kind = "notebook" if spec.notebook else "function"
     folders = [spec.run_folder(p) for p in spec.points]
     record = json.dumps({"spec": str(spec.path), "target": spec.target, "runs": [str(f) for f in folders]}, indent=2)
-    io.write_atomically(spec.output / SWEEP_RECORD, record)  # first: the folder is a sweep's
+    io.write_atomically(spec.output / runs.SWEEP_RECORD, record)  # first: the folder is a sweep's
     for where in (spec.output, spec.output / ".nb" / str(spec.notebook)):
         runs.clean_debris(where)
     stale = [f for f in folders if (f.is_dir() or f.is_symlink()) and runs.manifest_problems(f)]

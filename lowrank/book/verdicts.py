@@ -254,27 +254,42 @@ def check(name, *, claim_id, measured, threshold: Threshold, expected, scale, co
 
 
 def claim(name, *, claim_id, measured, threshold: Threshold, controls, expected, scale, excluded: Excluded | None = None,
-          regime: Regime | None = None, description="", note="", details=None, latex="") -> Verdict:
+          regime: Regime | None = None, degenerate: str | None = None, description="", note="", details=None,
+          latex="") -> Verdict:
     """An empirical statement of a paper, judged beside its negative control(s) by the same threshold.
 
     controls: a Control or a list of them (at least one). regime: the quantity the mechanism needs,
     computed before training; when it is not reached the outcome is "needs a larger scale" whatever
-    the number (recorded in `details["regime"]` either way). A claim whose `excluded` leaves no run is
-    "uninformative" whatever the number.
+    the number (recorded in `details["regime"]` either way). A claim whose `excluded` leaves no run
+    (collapsed or diverged: this comes first, as the regime of no run says nothing), or
+    whose statistic is `degenerate` (the reason, e.g. "no run fitted a slope"; kept in
+    `details["degenerate"]`), is "uninformative" whatever the number. Only such an undecided claim may
+    go without a control or measure NaN (no run left to measure): the number decides nothing.
     """
-    m = _finite(name, measured)
-    recorded = _controls(name, controls, threshold)
-    if not recorded:
-        raise ValueError(f"claim {name} needs at least one Control (a trivial predictor or null model)")
     if regime is not None and not isinstance(regime, Regime):
         raise ValueError(f"claim {name}: regime must be a Regime")
+    if degenerate is not None and not str(degenerate).strip():
+        raise ValueError(f"claim {name}: a degenerate statistic needs its reason")
     details = dict(details or {})
     if regime is not None:
         details["regime"] = {**asdict(regime), "reached": regime.reached}
-    if regime is not None and not regime.reached:
-        outcome = LARGER_SCALE
-    elif excluded is not None and excluded.count == excluded.total:
-        outcome = "uninformative"  # every run was left out: the number measures nothing
+    if degenerate is not None:
+        details["degenerate"] = str(degenerate)
+    collapsed = excluded is not None and excluded.count == excluded.total
+    if collapsed:  # every run left out: a longer run would not mend it, so not "needs a larger scale"
+        undecided = "uninformative"
+    elif regime is not None and not regime.reached:
+        undecided = LARGER_SCALE
+    elif degenerate is not None:
+        undecided = "uninformative"  # a statistic with no room to move: it measures nothing
+    else:
+        undecided = None
+    m = float(measured) if undecided and math.isnan(float(measured)) else _finite(name, measured)
+    recorded = _controls(name, controls, threshold)
+    if not recorded and undecided is None:
+        raise ValueError(f"claim {name} needs at least one Control (a trivial predictor or null model)")
+    if undecided is not None:
+        outcome = undecided
     elif not threshold.met(m):
         outcome = "disagrees"
     elif any(c["passes"] for c in recorded):
@@ -442,6 +457,8 @@ def summary(verdicts, digits: int = 3) -> str:
 
 def within(value: float, want: dict) -> bool:
     """`value` meets a golden entry: `value` with `abs` and/or `rel` tolerance, and/or `max` / `min`."""
+    if math.isnan(value):  # an undecided claim with no run left: it reproduces when the entry has no number either
+        return "value" in want and math.isnan(want["value"]) and "max" not in want and "min" not in want
     if not math.isfinite(value):
         return False
     ok = True

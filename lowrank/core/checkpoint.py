@@ -99,9 +99,11 @@ def identity(runs, cfg, model: nn.Module, data: Dataset) -> dict:
             "code": _code_digest()}
 
 
-def check_checkpoint_path(path) -> None:
+def check_checkpoint_path(path, *, content: bool = False) -> None:
     """Refuse, before any training, a checkpoint path that is a folder or lies in a missing or
-    unwritable folder (training would otherwise fail at the first save, an epoch later)."""
+    unwritable folder (training would otherwise fail at the first save, an epoch later). With
+    `content`, a file already there must also be a lowrank checkpoint of this format (a sweep checks
+    every point's file so before its first run; whether it matches the run is known only at training)."""
     if path is None:
         return
     p = Path(path)
@@ -111,32 +113,54 @@ def check_checkpoint_path(path) -> None:
         p = check_replaceable(p, "checkpoint")  # a device, a FIFO, a link: refused
     except OutputRefused as err:
         raise ValueError(str(err)) from None
+    if p.is_file():
+        try:  # a file there is resumed from: one that cannot be read is said so now, and left as it is
+            with open(p, "rb"):
+                pass
+        except PermissionError:
+            raise ValueError(_unreadable(p)) from None
+        if content:
+            _check_format(_load_checkpoint(p, "cpu"), p)
     if not p.parent.is_dir():
         raise ValueError(f"checkpoint {p}: folder {p.parent} does not exist")
     if not os.access(p.parent, os.W_OK | os.X_OK):
         raise ValueError(f"checkpoint {p}: folder {p.parent} is not writable")
 
 
+def _unreadable(path) -> str:
+    return (f"checkpoint {path} cannot be read (permission denied); it is left as it is: make it readable or "
+            f"pass another path")
+
+
 def _load_checkpoint(path: Path, dev) -> dict:
-    """The saved payload, or ValueError naming the file when it cannot be read."""
+    """The saved payload, or ValueError naming the file when it cannot be read. A file that is no
+    lowrank checkpoint may be a user's: it is left as it is and another path asked for."""
+    leave = "it is left as it is: pass another path"
     try:
         saved = torch.load(path, map_location=dev, weights_only=True)  # never runs a pickle's code
+    except PermissionError:
+        raise ValueError(_unreadable(path)) from None
     except pickle.UnpicklingError as err:
         # torch's restricted unpickler met a class or a function to call; its message advises loading with
         # weights_only=False, which would run the file's code: only the name of the global is shown
         found = re.search(r"GLOBAL\s+([\w.]+)", str(err))
         if found:
             raise ValueError(f"checkpoint {path} is not a lowrank checkpoint: it holds objects other than tensors "
-                             f"and plain data (it names {found[1]}); refused, not unpickled: remove it or pass "
-                             f"another path") from None
-        raise ValueError(f"checkpoint {path} is unreadable: not a lowrank checkpoint (UnpicklingError); remove it "
-                         f"or pass another path") from None
+                             f"and plain data (it names {found[1]}); refused, not unpickled; {leave}") from None
+        raise ValueError(f"checkpoint {path} is unreadable: not a lowrank checkpoint (UnpicklingError); "
+                         f"{leave}") from None
     except Exception as err:  # zip and EOF errors of a truncated or foreign file
         raise ValueError(f"checkpoint {path} is unreadable: not a lowrank checkpoint ({type(err).__name__}); "
-                         f"remove it or pass another path") from None
+                         f"{leave}") from None
     if not isinstance(saved, dict):
-        raise ValueError(f"checkpoint {path} does not hold a lowrank.core.train checkpoint; remove it")
+        raise ValueError(f"checkpoint {path} does not hold a lowrank.core.train checkpoint; {leave}")
     return saved
+
+
+def _check_format(saved: dict, path) -> None:
+    if saved.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"checkpoint {path} was written by another version of lowrank.core.train "
+                         f"(format {saved.get('format')}, this one reads {CHECKPOINT_FORMAT}); remove it")
 
 
 def resume(cfg, identity: dict, state, dev) -> bool:
@@ -144,9 +168,7 @@ def resume(cfg, identity: dict, state, dev) -> bool:
     if cfg.checkpoint is None or not Path(cfg.checkpoint).is_file():
         return False
     saved = _load_checkpoint(Path(cfg.checkpoint), dev)
-    if saved.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"checkpoint {cfg.checkpoint} was written by another version of lowrank.core.train "
-                         f"(format {saved.get('format')}, this one reads {CHECKPOINT_FORMAT}); remove it")
+    _check_format(saved, cfg.checkpoint)
     before = saved.get("identity") or {}
     differ = [k for k in identity if before.get(k) != identity[k]]
     if differ:

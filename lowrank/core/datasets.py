@@ -486,7 +486,8 @@ class _Offline(Exception):
 
 
 class _Refused(Exception):
-    """A mirror answered with an HTTP error (403 of a moved S3 bucket, 404, 5xx): try the next one."""
+    """A mirror answered with an HTTP error (403 of a moved S3 bucket, 404, 5xx), or took the request and
+    sent nothing within the timeout: try the next one."""
 
 
 # a download whose size is not published stops beyond this (the largest published file, CIFAR-10's
@@ -584,6 +585,8 @@ def download(url: str, target, md5: str, *, progress: bool = True, timeout: floa
         raise _Refused(f"HTTP {err.response.status_code} {err.response.reason}") from None
     except requests.exceptions.ChunkedEncodingError as err:  # the body ended before its Content-Length
         raise FetchError(f"{url} was cut short ({type(err).__name__}); nothing was kept, run the command again") from None
+    except requests.exceptions.ReadTimeout:  # connected, and then nothing: the mirror is reached, not offline
+        raise _Refused(f"no answer within {timeout:g} s") from None
     except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as err:
         raise _Offline(type(err).__name__) from None
     except ValueError as err:  # pooch: the downloaded file's hash does not match
@@ -620,18 +623,22 @@ def _verified(folder: Path, expect) -> bool:
 
 
 def _extract(archive: Path, root: Path, source: DataSource) -> None:
-    """Unpack `archive` into `root/source.extract_to`: into a temporary folder made in this call, then
-    renamed. A folder `extract_to` already there (incomplete: `fetch` found it so) may hold a user's
-    files and is never removed: the archive's files it lacks are moved in, one it holds with another
-    md5 stops the fetch (FetchError naming it, nothing removed); a link there is refused."""
-    import tempfile
+    """Unpack `archive` into `root/source.extract_to`: into a marked work folder of this process
+    (`lowrank.core.io.work_name`), then renamed, so the data folder is never half-written; the work
+    folder of an unpacking killed before (-9: no cleanup ran) is removed first (`clean_leftovers`: only
+    marked folders of dead processes). A folder `extract_to` already there (incomplete: `fetch` found
+    it so) may hold a user's files and is never removed: the archive's files it lacks are moved in, one
+    it holds with another md5 stops the fetch (FetchError naming it, nothing removed); a link there is
+    refused."""
+    from lowrank.core import io
 
     final = root / source.extract_to
     if final.is_symlink() or (final.exists() and not final.is_dir()):
         raise FetchError(f"{final} is a link or a file, not a folder; it is left as it is: remove it or give "
                          f"another --root")
     try:
-        tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{source.extract_to}.unpack-"))
+        io.clean_leftovers(root)
+        tmp = io.make_work_folder(io.work_name(final))
     except OSError as err:
         raise FetchError(f"{archive} could not be unpacked into {root} ({err.strerror or err})") from None
     try:

@@ -34,7 +34,7 @@ import subprocess
 from pathlib import Path
 
 __all__ = ["DIGEST_LENGTH", "digest", "file_digest", "write_atomically", "replace_folder", "check_replaceable",
-           "OutputRefused", "written_by_lowrank", "record_written", "written_record", "work_name", "is_work_name", "make_work_folder", "clean_leftovers", "process_alive", "git_state",
+           "OutputRefused", "irregular_kind", "written_by_lowrank", "record_written", "written_record", "work_name", "is_work_name", "make_work_folder", "clean_leftovers", "process_alive", "git_state",
            "versions", "machine_load", "now", "provenance", "parse_once"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -80,6 +80,30 @@ def _kind(mode: int) -> str:
         if test(mode):
             return word
     return "not a regular file"
+
+
+def irregular_kind(path) -> str | None:
+    """What `path` is when it is there and is neither a regular file nor a folder, links not followed
+    and nothing opened (a FIFO, a device): "a link to a device (-> /dev/zero)", "a FIFO", "a device",
+    "a socket"; None for a regular file, a folder or nothing there."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            to = os.stat(path)
+            what = "a regular file" if stat.S_ISREG(to.st_mode) else _kind(to.st_mode)
+        except OSError:
+            what = "nothing (broken)"
+        try:
+            shown = os.readlink(path)
+        except OSError:
+            shown = "?"
+        return f"a link to {what} (-> {shown})"
+    return _kind(st.st_mode)
 
 
 class NotRegularFile(OSError):

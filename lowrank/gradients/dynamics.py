@@ -702,7 +702,9 @@ def initial_alignments(n: int, d: int, m: int, *, scaling: str, activation: str 
 
     Isotropic data (`X = X_B`, rows N(0, I_d), no spike), `y = link(omega^T x) + noise` with omega
     uniform on the unit sphere, W_S and random signs a, `gamma_m` by `scaling`.
-    Sub-seeds: X `seed`, omega `seed + 1`, noise `seed + 2`, W `seed + 3`, a `seed + 4`.
+    Sub-seeds: X `seed`, omega `seed + 1`, noise `seed + 2`, W `seed + 3`, a `seed + 4`, and a uniform
+    random direction of R^d, unrelated to the data and the network, `seed + 5` (`align_random`: what an
+    unrelated direction's |cos| with u1 is, the null of "u1 is not aligned with omega").
     product_precision : of the n x d x m product `X W^T` (`gradient_matrix`).
     """
     return initial_alignments_by_scaling(n, d, m, scalings=(scaling,), activation=activation, loss=loss,
@@ -724,6 +726,7 @@ def initial_alignments_by_scaling(n: int, d: int, m: int, *, scalings=("mf", "nt
     omega = torch.randn(d, generator=generator(seed + 1), dtype=torch.float64)
     omega = omega / omega.norm()
     y = single_index_target(X, omega, noise_std=noise_std, seed=seed + 2, link=link)
+    unrelated = torch.randn(d, generator=generator(seed + 5), dtype=torch.float64)
     W = sphere_rows(m, d, seed + 3)
     a = outer_weights(m, seed + 4)
     Z = _product(X, W.T, product_precision)
@@ -733,7 +736,8 @@ def initial_alignments_by_scaling(n: int, d: int, m: int, *, scalings=("mf", "nt
         U, s, _ = top_singular_of_product(A, B, 2)  # G = A^T B is never formed
         u1 = U[:, 0]
         rows[sc] = {"align_Xy": alignment(u1, X.T @ y), "align_Xr": alignment(u1, X.T @ r),
-                    "align_omega": alignment(u1, omega), "s1_over_s2": float(s[0] / s[1]),
+                    "align_omega": alignment(u1, omega), "align_random": alignment(u1, unrelated),
+                    "s1_over_s2": float(s[0] / s[1]),
                     "r_y_corr": float(torch.nn.functional.cosine_similarity(r, -y, dim=0))}
     return rows
 

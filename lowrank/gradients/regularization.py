@@ -28,6 +28,7 @@ from lowrank.core.parallel import map_tasks
 from lowrank.core.validation import as_tensor, check_positive
 from lowrank.core.data import SpikedData, generator
 from lowrank.core.nets import activation as get_activation
+from lowrank.core.spectral import top_singular
 from lowrank.gradients.decomposition import SpikedProblem, check_two_layer_inputs, rank_one_norm
 from lowrank.gradients.rule_of_thumb import dominant_spike
 
@@ -36,8 +37,11 @@ __all__ = [
     "WeightDecayScales",
     "weight_decay_scales",
     "outlying_share",
+    "bulk_gap",
     "spikes_kept_share",
     "spikes_gone_share",
+    "spike_probes",
+    "spikes_kept_at_fraction",
     "tau2_from_rho",
     "add_input_noise",
     "noisy_problem",
@@ -128,6 +132,25 @@ def outlying_share(outliers, align_u1, in_top2):
     return np.where(outliers >= 2, np.asarray(in_top2, float), np.where(outliers == 1, np.asarray(align_u1, float), 0.0))
 
 
+def bulk_gap(singular_values, outliers: int) -> float:
+    """The outlying set's gap to the bulk: `s_k / s_{k+1}` with `k = outliers` (nan with no outlier).
+
+    `count_outliers` calls the leading `k` singular values outliers when this ratio is at least its
+    `gap` (1.5 by default), so a spike whose set sits just above that ratio is barely out of the bulk
+    and can drop into it under a small perturbation. singular_values : the leading values, descending
+    (at least `outliers + 1` of them).
+    """
+    s = np.asarray(singular_values, dtype=float)
+    k = int(outliers)
+    if k < 0:
+        raise ValueError(f"outliers must be >= 0, got {outliers!r}")
+    if k == 0:
+        return float("nan")
+    if s.ndim != 1 or len(s) <= k:
+        raise ValueError(f"need at least {k + 1} singular values for {k} outliers, got {s.shape}")
+    return float(s[k - 1] / s[k]) if s[k] > 0 else float("inf")
+
+
 def spike_present_at_zero(rows, *, threshold: float):
     """Boolean array: does the configuration (row) have at least one spike present at lambda = 0
     (`residue_outlying_0` or `q_outlying_0` at least `threshold`, `outlying_share`)?"""
@@ -157,6 +180,49 @@ def spikes_kept_share(rows, *, threshold: float) -> float:
     kept = ((rows["residue_outlying_0"] < threshold) | (rows["residue_outlying"] >= threshold)) & (
         (rows["q_outlying_0"] < threshold) | (rows["q_outlying"] >= threshold))
     return float(np.asarray(kept)[present].mean())
+
+
+def spike_probes(rows, problems, *, threshold: float) -> pd.DataFrame:
+    """Each spike present at lambda = 0, probed at its own size: the rows of `weight_decay_sweep`
+    with `probe == "fraction"` (`lambda ||W||_2 = fraction * ||S||_2`, S the spike's own measured norm).
+
+    Returns one row per (nu, seed, spike, fraction) whose spike is present at lambda = 0 (its
+    `outlying_share` at least `threshold`): `lam`, `share_0` and `share` (the spike direction's
+    `outlying_share` at lambda = 0 and at the probe; `residue_outlying` for S1, `q_outlying` for S2)
+    and `kept` (`share >= threshold`). Spikes absent at lambda = 0 can neither be kept nor lost and
+    have no row; `problems` gives `residue_outlying_0` / `q_outlying_0`. Where the tables carry them
+    (`weight_decay_sweep`'s do), also the outlier counts and the outlying set's gap to the bulk
+    (`bulk_gap`) at lambda = 0 and at the probe: `outliers_0`, `gap_0`, `outliers`, `gap` (nan otherwise).
+    """
+    if not 0 <= threshold <= 1:
+        raise ValueError(f"threshold must be a share in [0, 1], got {threshold}")
+    _spike_columns(rows, ("probe", "spike", "fraction", "residue_outlying", "q_outlying"))
+    _spike_columns(problems, ("nu", "seed", "residue_outlying_0", "q_outlying_0"))
+    extra = [c for c in ("outliers_0", "gap_0") if c in problems]
+    probes = rows[rows["probe"] == "fraction"].merge(
+        problems[["nu", "seed", "residue_outlying_0", "q_outlying_0", *extra]], on=["nu", "seed"])
+    own = {"S1": ("residue_outlying", "residue_outlying_0"), "S2": ("q_outlying", "q_outlying_0")}
+    nan = float("nan")
+    out = []
+    for r in probes.itertuples():
+        at, at_zero = own[r.spike]
+        if getattr(r, at_zero) < threshold:
+            continue
+        share = float(getattr(r, at))
+        out.append({"nu": r.nu, "seed": r.seed, "spike": r.spike, "fraction": float(r.fraction), "lam": r.lam,
+                    "share_0": float(getattr(r, at_zero)), "share": share, "kept": share >= threshold,
+                    **{c: float(getattr(r, c, nan)) for c in ("outliers_0", "gap_0", "outliers", "gap")}})
+    return pd.DataFrame(out, columns=["nu", "seed", "spike", "fraction", "lam", "share_0", "share", "kept",
+                                      "outliers_0", "gap_0", "outliers", "gap"])
+
+
+def spikes_kept_at_fraction(probes: pd.DataFrame, fraction: float) -> tuple[float, pd.DataFrame]:
+    """Share of the present spikes kept at `lambda ||W||_2 = fraction * ||S||_2` (`spike_probes`' table),
+    and the rows of the spikes lost there (nu, seed, spike). nan with no present spike probed there."""
+    at = probes[np.isclose(probes["fraction"], fraction)]
+    if not len(at):
+        return float("nan"), at
+    return float(at["kept"].mean()), at[~at["kept"]]
 
 
 def spikes_gone_share(rows, *, threshold: float) -> float:
@@ -379,27 +445,31 @@ def autograd_errors(*, scaling: str, activations=("sigmoid", "tanh", "softplus",
 
 
 def weight_decay_sweep(n: int, d: int, m: int, *, nus, seeds, alpha: float, activation: str, scaling: str, lambdas,
-                       workers: int = 1) -> tuple[pd.DataFrame, pd.DataFrame]:
+                       fractions=(), workers: int = 1) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Which spikes survive weight decay: `dominant_spike` of `G(lambda) = G(0) + lambda W^T` for every
     spike exponent nu, seed and lambda.
 
     Returns `(rows, problems)`. `rows`: one per (nu, seed, lambda) with `probe` "grid" for the values
     of `lambdas`, "low" at a tenth of the lower scale of Prop. 4.1 (`0.1 sqrt(m) gamma / ||W||_2`)
     and "high" at ten times the upper one (`10 sqrt(m) gamma n^nu / ||W||_2`), and `label`,
-    `residue_in_top2`, `q_in_top2`, `outliers`. `problems`: one per (nu, seed) with the spikes'
+    `residue_in_top2`, `q_in_top2`, `outliers` and `gap` (the outlying set's gap to the bulk,
+    `bulk_gap`). `problems`: one per (nu, seed) with the spikes'
     norms `norm_S1`, `norm_S2`, `W_norm`, the two scales (`keeps_below`, `suppresses_above`) and the
-    call at lambda = 0 (`label_0`, `residue_0`, `q_0`, and `residue_outlying_0`, `q_outlying_0`; rows carry
-    `residue_outlying`, `q_outlying`: `outlying_share`). workers : processes for the (nu, seed)
+    call at lambda = 0 (`label_0`, `residue_0`, `q_0`, `outliers_0`, `gap_0`, and `residue_outlying_0`, `q_outlying_0`; rows carry
+    `residue_outlying`, `q_outlying`: `outlying_share`). fractions : for each spike S (S1 along X_B^T r,
+    S2 along q) and each f, a row with `probe` "fraction", `spike` and `fraction` f at
+    `lambda = f ||S||_2 / ||W||_2`, the strength in units of that spike's own measured norm
+    (`spike_probes` reads them). workers : processes for the (nu, seed)
     problems (`lowrank.core.parallel.map_tasks`); each is seeded by its own seed, so the tables do not
     depend on it.
     """
     done = map_tasks(functools.partial(_weight_decay_problem, n=n, d=d, m=m, alpha=alpha, activation=activation,
-                                       scaling=scaling, lambdas=list(lambdas)),
+                                       scaling=scaling, lambdas=list(lambdas), fractions=list(fractions)),
                      list(itertools.product(nus, seeds)), workers, desc="weight-decay problems")
     return pd.DataFrame([row for rows, _ in done for row in rows]), pd.DataFrame([problem for _, problem in done])
 
 
-def _weight_decay_problem(task, *, n, d, m, alpha, activation, scaling, lambdas) -> tuple[list, dict]:
+def _weight_decay_problem(task, *, n, d, m, alpha, activation, scaling, lambdas, fractions=()) -> tuple[list, dict]:
     from lowrank.gradients.decomposition import decompose_problem, spiked_problem
 
     nu, seed = task
@@ -407,20 +477,33 @@ def _weight_decay_problem(task, *, n, d, m, alpha, activation, scaling, lambdas)
     dec = decompose_problem(p)
     sc = weight_decay_scales(p.W, gamma=p.gamma, n=n, nu=nu)
     x_res = p.data.X_B.T @ dec.r
-    base = dominant_spike(dec.G, x_res, p.data.q)
+    leading = min(6, *dec.G.shape)  # dominant_spike's max_outliers + 1: one SVD gives its call and the gap
+
+    def call(G):
+        top = top_singular(G, leading)
+        c = dominant_spike(G, x_res, p.data.q, top=top)
+        return c, bulk_gap(top.s.numpy(), c.outliers)
+
+    base, gap_0 = call(dec.G)
     spikes = dec.spike_norms()
     problem = {"nu": nu, "seed": seed, "norm_S1": spikes["norm_S1"], "norm_S2": spikes["norm_S2"],
                "W_norm": sc.W_norm, "keeps_below": sc.keeps_spikes_below,
                "suppresses_above": sc.suppresses_spikes_above,
                "label_0": base.label, "residue_0": base.residue_in_top2, "q_0": base.q_in_top2,
+               "outliers_0": base.outliers, "gap_0": gap_0,
                "residue_outlying_0": float(outlying_share(base.outliers, base.align_residue, base.residue_in_top2)),
                "q_outlying_0": float(outlying_share(base.outliers, base.align_q, base.q_in_top2))}
     probe = {"low": 0.1 * sc.keeps_spikes_below, "high": 10 * sc.suppresses_spikes_above}
+    probes = [("grid", lam, None, None) for lam in lambdas] + [(tag, lam, None, None) for tag, lam in probe.items()]
+    probes += [("fraction", f * spikes[norm] / sc.W_norm, spike, float(f))
+               for spike, _, _, norm in SPIKE_SHARES for f in fractions]
     rows = []
-    for tag, lam in [("grid", lam) for lam in lambdas] + list(probe.items()):
-        c = dominant_spike(weight_decay_gradient(dec.G, p.W, lam), x_res, p.data.q)
-        rows.append({"nu": nu, "seed": seed, "lam": lam, "probe": tag, "label": c.label,
+    for tag, lam, spike, fraction in probes:
+        c, gap = call(weight_decay_gradient(dec.G, p.W, lam))
+        rows.append({"nu": nu, "seed": seed, "lam": lam, "probe": tag, "spike": spike, "fraction": fraction,
+                     "label": c.label,
                      "residue_in_top2": c.residue_in_top2, "q_in_top2": c.q_in_top2, "outliers": c.outliers,
+                     "gap": gap,
                      "residue_outlying": float(outlying_share(c.outliers, c.align_residue, c.residue_in_top2)),
                      "q_outlying": float(outlying_share(c.outliers, c.align_q, c.q_in_top2))})
     return rows, problem

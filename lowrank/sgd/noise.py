@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-__all__ = ["log_slope", "moving_table", "collapse_or_moving_share", "gap_to_lambda0"]
+__all__ = ["log_slope", "moving_table", "in_regime", "collapse_or_moving_share", "gap_to_lambda0"]
 
 
 def log_slope(epochs, values) -> float:
@@ -19,34 +19,41 @@ def log_slope(epochs, values) -> float:
     return float(np.polyfit(e, np.log(v), 1)[0])
 
 
-def moving_table(avg: pd.DataFrame, *, trend_epochs: int, collapse_tol: float, settle_factor: float) -> pd.DataFrame:
+def moving_table(avg: pd.DataFrame, *, collapse_tol: float, settle_factor: float, window_start: float = 0.5) -> pd.DataFrame:
     """One row per run at its last epoch, classified.
 
     Parameters
     ----------
     avg : per run and epoch (`lowrank.sgd.ranks.average_rank`): `run`, `epoch`, `loss`, `weight_decay`,
         `dist` (d(W_{t+1}, W_t), averaged over layers), `weight_norm`.
-    trend_epochs : the last epochs over which the slopes of log d and log ||W|| are fitted.
+    window_start : the slopes of log d and log ||W|| are fitted over the epochs in
+        [window_start * t, t], t the run's last epoch (default the second half, [t/2, t]): a window that
+        scales with the run, so that a d falling as a power of t falls by the same factor over it at
+        any run length (a fixed window of the last few epochs makes a lambda = 0 run "moving" once the
+        run is long enough, by construction).
     collapse_tol : a run collapsed when its final weight norm is below this times its initial one.
     settle_factor : a run that did not collapse keeps moving when its d, by the least-squares line
-        through log d over the last `trend_epochs` epochs, falls by less than this factor across them
+        through log d over the window, falls by less than this factor across it
         (`d_fall`); the same criterion for every run, with or without weight decay, so that a
         lambda = 0 run that has not settled either counts as moving.
 
     Returns
     -------
-    Columns of `avg` at the last epoch plus `norm_ratio`, `log_d_slope`, `log_norm_slope`,
+    Columns of `avg` at the last epoch plus `window` (its first and last epochs), `norm_ratio`, `log_d_slope`, `log_norm_slope`,
     `d_fall` (the fitted factor by which d fell over the window), `d_over_zero` (final d over the
     lambda = 0 run's with the same loss), `collapsed`, `moving`.
     """
-    if not (isinstance(trend_epochs, int) and trend_epochs >= 2):
-        raise ValueError(f"trend_epochs must be an integer >= 2, got {trend_epochs!r}")
+    if not 0 <= window_start < 1:
+        raise ValueError(f"window_start must be in [0, 1), got {window_start!r}")
     if not settle_factor > 1:
         raise ValueError(f"settle_factor must be above 1, got {settle_factor}")
     rows = []
     for run, r in avg.sort_values("epoch").groupby("run"):
-        tail = r[r["epoch"] > r["epoch"].max() - trend_epochs]
+        tail = r[r["epoch"] >= window_start * r["epoch"].max()]
+        if tail["epoch"].nunique() < 2:
+            raise ValueError(f"run {run}: fewer than two epochs in the window [{window_start:g} t, t]")
         last = r.iloc[-1].to_dict()
+        last["window"] = f"{int(tail['epoch'].min())}-{int(tail['epoch'].max())}"
         last["norm_ratio"] = last["weight_norm"] / r["weight_norm"].iloc[0]
         last["log_d_slope"] = log_slope(tail["epoch"], tail["dist"])
         last["log_norm_slope"] = log_slope(tail["epoch"], tail["weight_norm"])
@@ -60,6 +67,18 @@ def moving_table(avg: pd.DataFrame, *, trend_epochs: int, collapse_tol: float, s
     out["collapsed"] = out["norm_ratio"] < collapse_tol
     out["moving"] = ~out["collapsed"] & (out["d_fall"] < settle_factor)
     return out
+
+
+def in_regime(moving: pd.DataFrame, *, needed: float) -> tuple[pd.DataFrame, int]:
+    """The runs of `moving` that enter the SGD-noise statistics, judged run by run: every lambda = 0 run
+    (the control) and the lambda > 0 runs whose accumulated weight decay `A` (a column) reaches
+    `needed`; a lambda > 0 run below it has not yet felt its weight decay and is left out. Returns the
+    kept rows and the number of lambda > 0 runs left out."""
+    for c in ("weight_decay", "A"):
+        if c not in moving.columns:
+            raise ValueError(f"moving has no column {c!r}")
+    keep = (moving["weight_decay"] == 0) | (moving["A"] >= needed)
+    return moving[keep], int((~keep).sum())
 
 
 def collapse_or_moving_share(moving: pd.DataFrame) -> tuple[float, float]:

@@ -16,11 +16,11 @@ from scipy.stats import spearmanr
 from lowrank.core.validation import check_choice
 
 __all__ = ["check_table", "RANK_COLUMNS", "average_rank", "final_values", "rank_tables",
-           "accumulated_weight_decay", "per_step_decay", "epochs_to_regime", "experiment_grid", "regime_table",
+           "accumulated_weight_decay", "regime_from_bound", "per_step_decay", "epochs_to_regime", "experiment_grid", "regime_table",
            "RankExperiment",
            "rank_experiment", "PooledTrend", "pooled_trend", "batch_effect_ratio",
            "authors_layers", "RankSweep", "summarise", "rank_sweep", "rank_bound",
-           "spearman_with_permutation_null", "fitting_correlation", "full_rank"]
+           "spearman_with_permutation_null", "fitting_correlation", "room_to_move", "spearman_null_p", "full_rank"]
 
 # the per-layer monitor columns of `lowrank.core.train` (averaged or dropped when layers are averaged)
 _LAYER_COLUMNS = ("layer", "layer_index", "classifier", "shape", "rank_spectral", "rank_frobenius", "stable_rank",
@@ -168,9 +168,27 @@ def spearman_with_permutation_null(x, y, *, seed: int = 0, permutations: int = 1
     x, y = np.asarray(x, float), np.asarray(y, float)
     if len(x) < 3 or np.unique(x).size < 2 or np.unique(y).size < 2:
         return 0.0, 0.0
+    rho, null = _spearman_null(x, y, seed=seed, permutations=permutations)
+    return rho, float(np.nanpercentile(null, 5))
+
+
+def _spearman_null(x, y, *, seed: int, permutations: int) -> tuple[float, np.ndarray]:
+    """Spearman's rho of `x` and `y` and its values with `x` shuffled `permutations` times."""
     rng = np.random.default_rng(seed)
-    null = [spearmanr(rng.permutation(x), y).statistic for _ in range(permutations)]
-    return float(spearmanr(x, y).statistic), float(np.nanpercentile(null, 5))
+    null = np.array([spearmanr(rng.permutation(x), y).statistic for _ in range(permutations)], float)
+    return float(spearmanr(x, y).statistic), null
+
+
+def spearman_null_p(x, y, *, seed: int = 0, permutations: int = 1000) -> float:
+    """The one-sided permutation p-value of a negative Spearman rho of `x` and `y`: the share
+    `(1 + #{null <= rho}) / (1 + permutations)` of the shuffled-`x` null (the same shuffles as
+    `spearman_with_permutation_null`) at or below the observed rho. Fewer than 3 points or a constant
+    input: 1 (no evidence)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(x) < 3 or np.unique(x).size < 2 or np.unique(y).size < 2:
+        return 1.0
+    rho, null = _spearman_null(x, y, seed=seed, permutations=permutations)
+    return float((1 + np.sum(null <= rho + 1e-12)) / (1 + len(null)))
 
 
 def fitting_correlation(final: pd.DataFrame, *, fit_threshold: float, column: str = "avg_rank", seed: int = 0,
@@ -178,9 +196,9 @@ def fitting_correlation(final: pd.DataFrame, *, fit_threshold: float, column: st
     """The generalisation hypothesis's statistic (figures gen_1, gen_2): over the runs that fit the
     training set (final `train_acc` >= `fit_threshold`, not in `diverged`), Spearman's rho of
     `column` (the final average rank) and `test_acc`, with the 5th percentile of its permutation null
-    (`spearman_with_permutation_null`).
+    (`spearman_with_permutation_null`) and the observed rho's p-value in that null (`spearman_null_p`).
 
-    Returns a dict: `rho`, `null_5`, `rho_all` (every run not diverged), `fitting` and `runs` (counts,
+    Returns a dict: `rho`, `null_5`, `null_p`, `rho_all` (every run not diverged), `fitting` and `runs` (counts,
     diverged runs included in `runs`), `test_acc_range` ([min, max] over the fitting runs, or None).
     """
     if not 0 <= fit_threshold <= 1:
@@ -191,10 +209,40 @@ def fitting_correlation(final: pd.DataFrame, *, fit_threshold: float, column: st
     kept = final[~final["run"].isin(list(diverged))]
     fit = kept[kept["train_acc"] >= fit_threshold]
     rho, null_5 = spearman_with_permutation_null(fit[column], fit["test_acc"], seed=seed)
+    null_p = spearman_null_p(fit[column], fit["test_acc"], seed=seed)
     rho_all = spearman_with_permutation_null(kept[column], kept["test_acc"], seed=seed)[0]
-    return {"rho": rho, "null_5": null_5, "rho_all": rho_all, "fitting": int(len(fit)),
+    return {"rho": rho, "null_5": null_5, "null_p": null_p, "rho_all": rho_all, "fitting": int(len(fit)),
             "runs": int(len(final) + len(set(diverged) - set(final["run"]))),
             "test_acc_range": [float(fit["test_acc"].min()), float(fit["test_acc"].max())] if len(fit) else None}
+
+
+def room_to_move(fit: pd.DataFrame, *, by: str, columns=("avg_rank", "test_acc")) -> dict:
+    """Whether a correlation over the runs `fit` has room to move (issue 44): for each of `columns`, the
+    spread the hyperparameter `by` makes (`between`: the range of the per-`by` means) against the spread
+    the seeds make at one setting (`within`: the mean over the `by` values with at least two runs of
+    their range). A column whose `between` is not larger than `within` moves no more across the grid
+    than across seeds, so its rank order is seed noise. Returns {column: {"between", "within"}}, `room`
+    (True when every column has `between > within`) and `reason` (None, or why not, in words); fewer
+    than two `by` values, or no `by` value with two runs (no seed spread to compare with), has no room."""
+    for c in (by, *columns):
+        if c not in fit.columns:
+            raise ValueError(f"fit has no column {c!r}")
+    out, reasons = {}, []
+    groups = fit.groupby(by)
+    if groups.ngroups < 2:
+        return {"room": False, "reason": f"fewer than two values of {by} among the runs"}
+    for c in columns:
+        means = groups[c].mean()
+        ranges = [float(g.max() - g.min()) for _, g in groups[c] if len(g) >= 2]
+        between = float(means.max() - means.min())
+        within = float(np.mean(ranges)) if ranges else float("nan")
+        out[c] = {"between": round(between, 6), "within": None if not ranges else round(within, 6)}
+        if not ranges:
+            reasons.append(f"no value of {by} has two runs: no seed spread of {c} to compare with")
+        elif not between > within:
+            reasons.append(f"{c} spans {between:.4g} across {by} (range of its means), no more than the seeds' "
+                           f"{within:.4g} at one {by} (mean range)")
+    return {**out, "room": not reasons, "reason": "; ".join(reasons) or None}
 
 
 # --- the rank-versus-hyperparameter experiment shared by the batch-size, learning-rate and weight-decay pages
@@ -224,6 +272,18 @@ def accumulated_weight_decay(*, lr: float, weight_decay: float, momentum: float,
     steps = n_train // batch_size
     lr_sum = sum(steps * lr_at(lr, e, milestones, lr_decay) for e in range(1, epochs + 1))
     return float(lr_sum * weight_decay / (1 - momentum))
+
+
+def regime_from_bound(eps: float) -> float:
+    """The accumulated weight decay at which Theorem 3.2's bound reaches the rank threshold `eps`:
+    `A = ln(1/eps)`. The bound (paper l.1143-1144) puts W within `(1 - 2 mu lambda)^k` of a matrix of
+    rank at most `N B k`, so the rank counted at `eps` is bounded once `(1 - 2 mu lambda)^k <= eps`,
+    i.e. after `k = ln(1/eps) / (2 mu lambda)` steps (its `N B log(1/eps) / (2 mu lambda)`): an
+    accumulated `2 mu lambda k` (`A` in PyTorch's coupled `weight_decay = 2 lambda`) of `ln(1/eps)`,
+    6.9 at eps = 1e-3 and 4.6 at 1e-2. A regime from the theorem, not from a measured onset."""
+    if not 0 < eps < 1:
+        raise ValueError(f"eps must be in (0, 1), got {eps}")
+    return float(np.log(1.0 / eps))
 
 
 def epochs_to_regime(grid, *, n_train: int, target: float, slices, milestones=(), lr_decay: float = 0.1,
@@ -351,8 +411,8 @@ def check_table(table: pd.DataFrame, *, grid, **settings) -> None:
     `settings` (model, dataset, epochs, eps, milestones, ...) must be a column of the table holding the
     page's value (a setting it does not record is refused: it cannot be shown to be the page's), each
     run must end at epoch `epochs`, each of its runs must be a point of the page's `grid` (batch size,
-    learning rate, weight decay, momentum, and seed where the grid has one) and each grid point a run
-    of the table. ValueError names the first mismatches."""
+    learning rate, weight decay, momentum, and seed where the grid has one), none twice, and each grid
+    point a run of the table. ValueError names the first mismatches."""
     if "run" not in table.columns or "epoch" not in table.columns:
         raise ValueError("sweep table: no run and epoch columns; give the collected.csv of a train_point sweep")
     bad = []
@@ -384,6 +444,11 @@ def check_table(table: pd.DataFrame, *, grid, **settings) -> None:
         def found(p, among):
             return any(all(_same(p[k], a[k]) for k in keys) for a in among)
 
+        if "seed" in keys:  # a point (seed included) twice: two sweeps' tables concatenated, twice the runs averaged
+            twice = [p for i, p in enumerate(points) if found(p, points[:i])]
+            if twice:
+                shown = ", ".join(f"{k} {twice[0][k]:g}" for k in keys)
+                bad.append(f"{len(twice)} of its {len(points)} runs hold a grid point more than once (first: {shown})")
         extra = [p for p in points if not found(p, asked)]
         if extra:
             shown = ", ".join(f"{k} {extra[0][k]:g}" for k in keys)
@@ -485,10 +550,16 @@ def pooled_trend(final: pd.DataFrame, x: str, *, column: str, slices, sign: int,
     with `fitted` False are left out and counted; slices with fewer than `min_points` fitted runs or
     a single value of x are dropped and counted. A slice whose ranks are all equal has rho 0.
 
-    The size beside the order: `drop` is the mean of `column` over the used runs at the end of the
-    grid where the paper predicts the higher rank minus its mean at the other end (smallest and
-    largest x among the used runs; `sign` +1: mean at the largest x minus mean at the smallest), in
-    the units of `column`: positive when the rank falls the paper's way.
+    The size beside the order: `drop` is, within each used slice, the mean of `column` at the slice's
+    own end of x where the paper predicts the higher rank minus its mean at the slice's other end (its
+    smallest and largest fitted x; `sign` +1: mean at the largest x minus mean at the smallest),
+    averaged over the slices, in the units of `column`: positive when the rank falls the paper's way.
+    A slice that lost its extreme run to exclusion is measured between the ends it kept, never between
+    one of its ends and another slice's.
+
+    The regime of each slice: where `final` has the accumulated weight decay `A` (`regime_table`),
+    `per_slice["A_max"]` is the largest `A` over the slice's fitted runs with weight decay (0 when none),
+    i.e. over the runs that enter the statistic, after exclusions.
 
     The null: x shuffled within every slice (`permutations` times, generator `seed`), the same mean rho
     and the same drop recomputed for each shuffle (`null`, `null_drop`); `null_95` is the 95th
@@ -518,7 +589,12 @@ def pooled_trend(final: pd.DataFrame, x: str, *, column: str, slices, sign: int,
         else:
             rho = sign * _pearson(rx, ry)
             null = sign * _pearson(rx[order], ry)
-        rows.append({**dict(zip(slices, key if isinstance(key, tuple) else (key,))), "rho": float(rho), "runs": len(g)})
+        row = {**dict(zip(slices, key if isinstance(key, tuple) else (key,))), "rho": float(rho), "runs": len(g),
+               "x_low": float(xs.min()), "x_high": float(xs.max())}
+        if "A" in g.columns:
+            decayed = g[g["weight_decay"] > 0] if "weight_decay" in g.columns else g
+            row["A_max"] = float(decayed["A"].max()) if len(decayed) else 0.0
+        rows.append(row)
         nulls.append(null)
         used.append((xs, ys, order))
     dropped = kept.groupby(slices, sort=True).ngroups - len(rows)
@@ -534,23 +610,18 @@ def pooled_trend(final: pd.DataFrame, x: str, *, column: str, slices, sign: int,
 
 def _end_to_end_drop(used, sign: int, permutations: int) -> tuple[float, np.ndarray]:
     """`pooled_trend`'s `drop` over the used slices [(x, y, shuffles)], and the same for each shuffle
-    (x permuted within every slice; a shuffle keeps each slice's x values, so the counts at each end
-    stay those of the data)."""
+    (x permuted within the slice): per slice, the mean of y at the slice's own largest x minus its mean
+    at the slice's own smallest x (signed by `sign`), then the mean over slices."""
     if not used:
         return float("nan"), np.full(permutations, np.nan)
-    all_x = np.concatenate([xs for xs, _, _ in used])
-    low, high = all_x.min(), all_x.max()
-    sums = {end: 0.0 for end in (low, high)}
-    null_sums = {end: np.zeros(permutations) for end in (low, high)}
-    counts = {end: 0 for end in (low, high)}
+    drops, null_drops = [], []
     for xs, ys, order in used:
-        for end in (low, high):
-            sums[end] += float(ys[xs == end].sum())
-            null_sums[end] += (xs[order] == end).astype(float) @ ys
-            counts[end] += int(np.sum(xs == end))
-    drop = sign * (sums[high] / counts[high] - sums[low] / counts[low])
-    null_drop = sign * (null_sums[high] / counts[high] - null_sums[low] / counts[low])
-    return float(drop), null_drop
+        low, high = xs.min(), xs.max()
+        at_high, at_low = (xs == high).astype(float), (xs == low).astype(float)
+        drops.append(at_high @ ys / at_high.sum() - at_low @ ys / at_low.sum())
+        shuffled = xs[order]  # (permutations, runs): the slice's x values in shuffled order
+        null_drops.append((shuffled == high).astype(float) @ ys / at_high.sum() - (shuffled == low).astype(float) @ ys / at_low.sum())
+    return float(sign * np.mean(drops)), sign * np.mean(null_drops, axis=0)
 
 
 def _pearson(a: np.ndarray, centred_b: np.ndarray) -> np.ndarray | float:
@@ -562,23 +633,40 @@ def _pearson(a: np.ndarray, centred_b: np.ndarray) -> np.ndarray | float:
     return np.where(denom > 0, r, 0.0) if r.ndim else float(r if denom > 0 else 0.0)
 
 
-def batch_effect_ratio(final: pd.DataFrame, *, column: str = "avg_rank") -> dict:
+def batch_effect_ratio(final: pd.DataFrame, *, column: str = "avg_rank", regime_needed: float | None = None) -> dict:
     """The "little batch-size effect without weight decay" statistic: over the `fitted` runs, the mean
     of `column` per weight decay and batch size (over seeds), its range over the batch sizes per weight
-    decay, and `ratio` = the range at weight decay 0 over the largest range at weight decay > 0;
-    `control_ratio` puts the smallest positive weight decay in place of 0. A weight decay without a
-    fitted run at every batch size gives no range. Needs weight decay 0 and a positive one."""
+    decay, and `ratio` = the range at weight decay 0 over the largest range at weight decay > 0. A
+    weight decay without a fitted run at every batch size gives no range. Needs weight decay 0 and a
+    positive one.
+
+    The control puts a positive weight decay in place of 0: the smallest one whose fitted runs all
+    reach `regime_needed` (their smallest accumulated weight decay `A`, a column of `final`, at least
+    it), so that the control is inside the regime where the paper predicts a batch-size effect; without
+    `regime_needed`, or when no positive weight decay reaches it, the smallest positive one. Returned:
+    `control_ratio`, `control_weight_decay`, `control_A` (the smallest `A` of its fitted runs; NaN
+    without an `A` column), `control_in_regime`, `range_at_zero`, `largest_range`, `smallest_positive`.
+    """
     for c in ("weight_decay", "batch_size", "fitted", column):
         if c not in final.columns:
             raise ValueError(f"final has no column {c!r}")
     n_batch = final["batch_size"].nunique()
-    means = final[final["fitted"].astype(bool)].groupby(["weight_decay", "batch_size"])[column].mean()
+    fitted = final[final["fitted"].astype(bool)]
+    means = fitted.groupby(["weight_decay", "batch_size"])[column].mean()
     spread = means.groupby(level="weight_decay").agg(lambda r: r.max() - r.min() if len(r) == n_batch else np.nan)
     positive = spread[spread.index > 0].dropna()
     if 0.0 not in spread.index or not np.isfinite(spread.get(0.0, np.nan)) or positive.empty:
         raise ValueError("batch_effect_ratio needs fitted runs at weight decay 0 and at a positive one, at every batch size")
     largest = float(positive.max())
     ratio = float(spread[0.0]) / largest if largest > 0 else float("nan")
-    control = float(positive.iloc[0]) / largest if largest > 0 else float("nan")
+    least_A = fitted.groupby("weight_decay")["A"].min() if "A" in fitted.columns else pd.Series(np.nan, index=positive.index)
+    chosen = positive.index[0]
+    in_regime = False
+    if regime_needed is not None and "A" in fitted.columns:
+        reaching = [wd for wd in positive.index if least_A.get(wd, -np.inf) >= regime_needed]
+        if reaching:
+            chosen, in_regime = reaching[0], True
+    control = float(positive[chosen]) / largest if largest > 0 else float("nan")
     return {"ratio": ratio, "control_ratio": control, "range_at_zero": float(spread[0.0]), "largest_range": largest,
-            "smallest_positive": float(positive.index[0])}
+            "smallest_positive": float(positive.index[0]), "control_weight_decay": float(chosen),
+            "control_A": float(least_A.get(chosen, np.nan)), "control_in_regime": bool(in_regime)}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -48,17 +49,24 @@ class PageSetup:
         return normalized.make(self.arch, data.x_train.shape[1:], num_outputs=outs, rho_init=rho_init, seed=seed,
                                **self.arch_kwargs)
 
-    def initial_row(self, *, rho_init: float, seed: int, lam: float, data: Dataset | None = None) -> dict:
-        """`evaluate`'s row (rho, mu, M, rho_eq, ...) of the untrained network of a run, in the run's dtype."""
+    def _evaluate_untrained(self, *, rho_init: float, seed: int, lam: float, data: Dataset | None):
         data = self.data if data is None else data
-        opts = self._options({})
         model = self.build(rho_init=rho_init, seed=seed, data=data)
-        dtype = SquareConfig(epochs=1, lr=1.0, dtype=opts.get("dtype", torch.float32)).dtype
+        dtype = SquareConfig(epochs=1, lr=1.0, dtype=self._options({}).get("dtype", torch.float32)).dtype
         model = model.to(dtype=dtype)
-        row, _ = evaluate(model, _to_device(model, data, torch.device("cpu"), dtype), lam, nc=False)
+        row, fbar = evaluate(model, _to_device(model, data, torch.device("cpu"), dtype), lam, nc=False)
         if row is None:
             raise TrainingDiverged("the untrained network's outputs are not finite")
-        return row
+        return row, fbar
+
+    def initial_row(self, *, rho_init: float, seed: int, lam: float, data: Dataset | None = None) -> dict:
+        """`evaluate`'s row (rho, mu, M, rho_eq, ...) of the untrained network of a run, in the run's dtype."""
+        return self._evaluate_untrained(rho_init=rho_init, seed=seed, lam=lam, data=data)[0]
+
+    def initial_margins(self, *, rho_init: float, seed: int, data: Dataset | None = None) -> np.ndarray:
+        """The margins `f_bar_n = y_n f_V(x_n)` of the untrained network of a run (training set, the run's dtype)."""
+        fbar = self._evaluate_untrained(rho_init=rho_init, seed=seed, lam=0.0, data=data)[1]
+        return fbar.cpu().double().numpy()
 
     def steps(self, epochs: int | None = None, batch_size: int | None = None) -> int:
         """Optimiser steps of a run of `epochs` epochs (default: the page's) with minibatches `batch_size`."""

@@ -16,8 +16,15 @@ the run. The regime of a trained run is therefore read from its logged trajector
 `logged_rho_relaxations` integrates the e-folding rate `-log|1 - 2 eta (M_t + lam)|` over the steps,
 taking on each logged interval the smaller of its two end values of `M` (a lower bound where `M` is
 monotone within the interval), and `rho_relaxation_regime_logged` compares that count with the one
-needed and records the measured end state `|rho / rho_eq - 1|` beside it. `rho_relaxation_regime`
+needed and records the measured end state `|rho / rho_eq - 1|` beside it. The e-foldings needed come from
+rho's starting distance to an equilibrium: the untrained one (`need_from="initial"`) or, from the trajectory,
+the one the run ends at (`need_from="final"`, `initial_distance`). `rho_relaxation_regime`
 (initial `M`) stays as the estimate made before training, for sizing a run.
+
+The e-foldings count contraction towards a *fixed* target; while the network learns, `rho_eq = mu / (M + lam)`
+moves. A first-order lag that contracts at rate `r` per step towards a target whose log moves by `d` per step
+settles `d / r` (relative) behind it: `equilibrium_tracking_lag` reads that from the last logged interval. A run
+whose lag exceeds the tolerance cannot be within it, however many e-foldings it lasted.
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ import numpy as np
 
 __all__ = ["steps_per_epoch", "rho_relaxation_steps", "relaxations_needed", "weight_decay_steps",
            "accumulated_weight_decay", "rho_relaxation_regime", "weight_decay_regime",
-           "relaxation_rate", "logged_rho_relaxations", "rho_relaxation_regime_logged"]
+           "relaxation_rate", "logged_rho_relaxations", "initial_distance", "rho_relaxation_regime_logged",
+           "equilibrium_tracking_lag"]
 
 
 def _nonneg(value, name):
@@ -136,24 +144,65 @@ def logged_rho_relaxations(epochs, M, *, lam: float, rho_lr: float, steps_per_ep
     return float(total)
 
 
+def initial_distance(history, *, need_from: str = "initial") -> float:
+    """rho's starting distance to its equilibrium, relative, from a logged `history`:
+    `|rho_0 / rho_eq,0 - 1|` for `need_from="initial"` (the equilibrium of the untrained margins), or
+    `|rho_0 / rho_eq,T - 1|` for `need_from="final"`: the distance from the starting rho to the equilibrium the
+    logged trajectory ends at (columns `rho`, `rho_eq`). The untrained margins are tiny (M grows 100-fold and
+    more), so `rho_eq,0` is an equilibrium the run leaves within its first logs: the distance rho has to cover is
+    the one to where its equilibrium goes, which only the trajectory says."""
+    h = history.sort_values("epoch")
+    first, last = h.iloc[0], h.iloc[-1]
+    if need_from == "initial":
+        return abs(float(first.rho_over_rho_eq) - 1)
+    if need_from == "final":
+        return abs(float(first.rho) / float(last.rho_eq) - 1)
+    raise ValueError(f"need_from must be 'initial' or 'final', got {need_from!r}")
+
+
 def rho_relaxation_regime_logged(history, *, lam: float, rho_lr: float, steps_per_epoch: int, tolerance: float,
-                                 label: str = "") -> dict:
+                                 label: str = "", need_from: str = "initial") -> dict:
     """The regime of "rho reaches mu / (M + lam)" of one trained run, from its logged `history` (columns
-    `epoch`, `M`, `rho_over_rho_eq`): `logged_rho_relaxations` against `relaxations_needed(|rho_0 / rho_eq,0 - 1|,
-    tolerance)`. Fields of `lowrank.book.verdicts.Regime`, plus `details` (initial and final M, the e-foldings
-    the initial M alone would give, and the measured end state |rho / rho_eq - 1|)."""
+    `epoch`, `M`, `rho_over_rho_eq`, and `rho`, `rho_eq` for `need_from="final"`): `logged_rho_relaxations`
+    against `relaxations_needed(initial_distance(history, need_from=need_from), tolerance)`: the need from the
+    initial equilibrium (`"initial"`) or from the one the logged trajectory ends at (`"final"`). Fields of
+    `lowrank.book.verdicts.Regime`, plus `details` (initial and final M, the e-foldings the initial M alone would
+    give, both initial distances, and the measured end state |rho / rho_eq - 1|)."""
     h = history.sort_values("epoch")
     first, last = h.iloc[0], h.iloc[-1]
     steps = int(round((float(last.epoch) - float(first.epoch)) * steps_per_epoch))
     value = logged_rho_relaxations(h.epoch.to_numpy(), h.M.to_numpy(), lam=lam, rho_lr=rho_lr,
                                    steps_per_epoch=steps_per_epoch)
-    e0 = abs(float(first.rho_over_rho_eq) - 1)
+    e0 = initial_distance(h, need_from=need_from)
     at = f" ({label})" if label else ""
+    to = "ρ_eq at the start" if need_from == "initial" else "ρ_eq at the end of the logged trajectory"
     return {"quantity": f"e-foldings of ρ's distance to μ/(M + λ){at} over the logged trajectory of M "
                         f"({len(h)} logs, {steps} steps of size {rho_lr:g}, λ = {lam:g}; M from {float(first.M):.3g} "
                         f"to {float(last.M):.3g}; Eq. 6)",
             "value": value, "needed": relaxations_needed(e0, tolerance),
-            "origin": f"the log of the initial relative distance {e0:.3g} over the tolerance {tolerance:g}",
+            "origin": f"the log of the initial relative distance {e0:.3g} (ρ₀ to {to}) over the tolerance {tolerance:g}",
             "details": {"label": label, "M_initial": float(first.M), "M_final": float(last.M), "steps": steps,
+                        "need_from": need_from, "initial_distance_to_initial_rho_eq": initial_distance(h),
+                        **({"initial_distance_to_final_rho_eq": initial_distance(h, need_from="final")}
+                           if need_from == "final" else {}),
                         "efoldings_at_initial_M": steps * relaxation_rate(float(first.M), lam, rho_lr),
                         "final_abs_rho_over_rho_eq_minus_1": abs(float(last.rho_over_rho_eq) - 1)}}
+
+
+def equilibrium_tracking_lag(history, *, lam: float, rho_lr: float, steps_per_epoch: int) -> float:
+    """The relative distance by which rho trails its moving equilibrium at the end of a run: the drift of
+    `log rho_eq` per step over the last logged interval over the relaxation rate there (`relaxation_rate` at
+    the smaller end of `M`), `|d log rho_eq / d step| / r`; infinite when rho does not relax. `history` has
+    the columns `epoch`, `M`, `rho_eq` (at least two rows)."""
+    h = history.sort_values("epoch")
+    if len(h) < 2:
+        raise ValueError("the history needs at least two logged rows")
+    if not isinstance(steps_per_epoch, int) or steps_per_epoch < 1:
+        raise ValueError(f"steps_per_epoch must be a positive integer, got {steps_per_epoch!r}")
+    prev, last = h.iloc[-2], h.iloc[-1]
+    steps = (float(last.epoch) - float(prev.epoch)) * steps_per_epoch
+    drift = abs(math.log(float(last.rho_eq) / float(prev.rho_eq))) / steps
+    rate = relaxation_rate(min(float(prev.M), float(last.M)), lam, rho_lr)
+    if rate == 0:
+        return math.inf
+    return drift / rate

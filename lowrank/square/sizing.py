@@ -1,0 +1,174 @@
+"""Laptop sizes of the Part III pages, computed from each mechanism's time scale before training.
+
+A page's laptop file (`params/laptop/square/<page>.yaml`, `lowrank.book.laptop`'s tier) holds the run length at
+which every claim of the page reaches its regime, from a bound that holds whatever the margins do:
+
+- rho's relaxation towards `mu / (M + lam)` contracts by `|1 - 2 eta (M + lam)|` per step. That factor is at
+  most `1 - 2 eta lam`, i.e. at least `-log(1 - 2 eta lam)` e-foldings per step
+  (`timescales.relaxation_rate(0, lam, eta)`), for every `0 <= M <= 1/eta - 2 lam` (`relaxation_bound_holds`);
+  above that the step overshoots and the bound fails (at `M >= 1/eta - lam` rho does not relax at all). So
+  `needed / rate` steps reach `needed` e-foldings in every run whose margins stay in that range, however little
+  the network learns. The sizing checks the range before training with an a-priori bound on `M`
+  (`margin_bound`: a bias-free ReLU MLP with unit-Frobenius layers has `|f_V(x)| <= ||x|| <= 1`, so `M <= 1`)
+  at the largest step the schedule takes, and refuses to size when it does not hold;
+- weight decay: `steps * eta * lam` (`timescales.accumulated_weight_decay`) against the page's need.
+
+The estimated training time comes from a per-epoch time measured on this machine when the file is written
+(`measure_epoch_seconds`: the page's network trained for a few epochs), times the page's runs and epochs. A page
+whose estimate exceeds `lowrank.book.laptop.PAGE_BUDGET_S` is not written: its laptop column reads "needs a larger
+scale" with that estimate. `lowrank.book.laptop` writes and checks the files:
+
+    python -m lowrank.book.laptop --write [square/NAME ...]
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from lowrank.square import timescales
+
+__all__ = ["relaxation_bound_holds", "margin_bound", "epochs_to_relax", "epochs_to_weight_decay", "SIZED_PAGES",
+           "rho_dynamics_size", "measure_epoch_seconds", "with_fixed", "laptop_text"]
+
+
+def relaxation_bound_holds(M: float, *, lam: float, rho_lr: float) -> bool:
+    """Whether rho's contraction factor at `M`, `|1 - 2 rho_lr (M + lam)|`, is at most the one at `M = 0`,
+    `1 - 2 rho_lr lam`: true exactly for `0 <= M <= 1 / rho_lr - 2 lam` (the factor at M = 0 below 1)."""
+    M, lam, eta = float(M), float(lam), float(rho_lr)
+    if not (eta > 0 and lam >= 0 and M >= 0):
+        raise ValueError(f"need rho_lr > 0, lam >= 0, M >= 0; got {rho_lr!r}, {lam!r}, {M!r}")
+    return M <= 1.0 / eta - 2.0 * lam
+
+
+def margin_bound(arch: str, max_input_norm: float = 1.0) -> float:
+    """An upper bound on `M = mean ||f_V(x_n)||^2` that holds before training: for a bias-free ReLU MLP with
+    unit-Frobenius layers, `||f_V(x)|| <= prod ||V_k||_op ||x|| <= prod ||V_k||_F ||x|| = ||x||` (ReLU is
+    1-Lipschitz with sigma(0) = 0), so `M <= max ||x_n||^2` (1 for the pages' inputs, scaled to `||x_n|| <= 1`).
+    ValueError for conv nets: a unit-norm filter's operator norm can exceed 1, so no such bound is claimed."""
+    if arch != "mlp":
+        raise ValueError(f"no a-priori bound on M for arch {arch!r} (a unit-norm conv filter can have operator norm "
+                         "above 1): size its run length by another route")
+    return float(max_input_norm) ** 2
+
+
+def epochs_to_relax(needed: float, *, lam: float, rho_lr: float, steps_per_epoch: int,
+                    M_max: float | None = None, max_rho_lr: float | None = None) -> int:
+    """The fewest epochs after which rho's distance to `mu / (M + lam)` has fallen by `needed` e-foldings for any
+    margins with `0 <= M <= 1/eta - 2 lam` (`relaxation_bound_holds`):
+    `ceil(needed / (steps_per_epoch * relaxation_rate(0, lam, rho_lr)))`, `rho_lr` the smallest step taken.
+    With `M_max` (a bound on M over the run, e.g. `margin_bound`) the condition is checked at the largest step
+    `max_rho_lr` (default `rho_lr`) and a ValueError says where it fails. ValueError for `lam = 0` (no bound
+    without weight decay)."""
+    if M_max is not None and not relaxation_bound_holds(M_max, lam=lam, rho_lr=max_rho_lr or rho_lr):
+        eta = max_rho_lr or rho_lr
+        raise ValueError(f"the relaxation bound needs M <= 1/eta - 2 lam = {1 / eta - 2 * lam:.4g} at the largest "
+                         f"step eta = {eta:g}; the margins may reach M = {M_max:g}")
+    if not needed > 0:
+        return 0
+    rate = timescales.relaxation_rate(0.0, lam, rho_lr)
+    if rate == 0:
+        raise ValueError("without weight decay (lam = 0) the relaxation has no bound independent of M")
+    return math.ceil(needed / (steps_per_epoch * rate) - 1e-12)
+
+
+def epochs_to_weight_decay(needed: float, *, lam: float, rho_lr: float, steps_per_epoch: int) -> int:
+    """The fewest epochs with `epochs * steps_per_epoch * rho_lr * lam >= needed` (ValueError for `lam = 0`)."""
+    if not needed > 0:
+        return 0
+    if not lam * rho_lr > 0:
+        raise ValueError("without weight decay no run length reaches a weight-decay time")
+    return math.ceil(needed / (steps_per_epoch * rho_lr * lam) - 1e-12)
+
+
+def _setup(params: dict):
+    from lowrank.square import pages
+
+    p = params
+    return pages.page_setup(p["dataset"], p["classes"], arch=p["arch"], arch_kwargs=p["arch_kwargs"],
+                            data_root=p["data_root"], max_train=p["max_train"], max_test=p["max_test"],
+                            input_shape=p["input_shape"], seed=p["seed"], num_outputs=p["num_outputs"],
+                            epochs=p["epochs"], lr=p["lr"], batch_size=p["batch_size"], momentum=p["momentum"],
+                            schedule=p["schedule"], min_lr=p["min_lr"], log_every=p["log_every"], nc=False,
+                            dtype=p["dtype"])
+
+
+# the laptop settings of rho_dynamics that are not sized (each with its reason, written into the file)
+RHO_DYNAMICS_FIXED = {
+    "rho_lr_variant": (0.0, "no variant: the verdicts use the paper's single step size (rho_lr = lr, Eq. 6 with one "
+                            "eta); the ci variant only lets rho follow the tiny margins within the ci budget"),
+    "lams": ([0.001, 0.0], "Fig. 3 (l.1044): WD lambda = 0.001 and lambda = 0"),
+    "lr": (0.03, "Fig. 3 (l.1044): initial learning rate 0.03, one step size for rho and the V_k"),
+    "schedule": ("cosine", "Fig. 3 (l.1044): cosine annealing"),
+    "min_lr": (0.0299, "Fig. 3 (l.1044): ending with 0.0299"),
+}
+# Not the paper's, and why: full-batch gradient descent on digits 1 vs 2 (the paper: SGD with minibatches of 128 on
+# CIFAR-10, a GPU), so Lemma 4's rho_dot is the flow's; the one-hidden-layer MLP of ci; the ci initial rho 1 and 30.
+
+
+def rho_dynamics_size(params: dict) -> dict:
+    """The laptop run length of square/rho_dynamics at `params` (its ci defaults): the largest of
+    - `init_dependence_wd`'s weight-decay time, `steps * eta * lam >= 1/2` (one e-folding of rho under the penalty);
+    - each initialisation's relaxation to its own need, `log(|rho_0 / rho_eq,0 - 1| / spread_ratio_threshold)`
+      e-foldings, bounded for every `M <= 1/eta - 2 lam` by the weight-decay part of the rate (`epochs_to_relax`;
+      the range is checked at the largest step with `margin_bound`, M <= 1 for the MLP). The need uses the
+      equilibrium of the untrained margins, the only one known before training; the page reads the need of each
+      run from its trajectory (`timescales.initial_distance(need_from="final")`) and says "needs a larger scale"
+      if the run length sized here falls short of it.
+    Returns {"epochs", "log_every", "per_need": [(what, epochs)], "runs"}, eta the paper's single step size at its
+    smallest over the schedule."""
+    lam = max(params["lams"])
+    # the smallest step the schedule takes (the cosine ends at min_lr): the rate at M = 0 bounds every step's from
+    # below, provided M <= 1/eta - 2 lam at the largest step (checked with the a-priori margin bound, M <= 1)
+    eta = params["rho_lr"] or (min(params["lr"], params["min_lr"]) if params["schedule"] == "cosine" else params["lr"])
+    eta_max = params["rho_lr"] or (max(params["lr"], params["min_lr"]) if params["schedule"] == "cosine" else params["lr"])
+    M_max = margin_bound(params["arch"])
+    S = _setup(params)
+    spe = S.steps(1)
+    per_need = [("weight-decay time steps × η × λ ≥ 1/2", epochs_to_weight_decay(0.5, lam=lam, rho_lr=eta,
+                                                                                  steps_per_epoch=spe))]
+    for r0 in params["rho_inits"]:
+        row = S.initial_row(rho_init=r0, seed=params["seed"], lam=lam)
+        need = timescales.relaxations_needed(abs(row["rho_over_rho_eq"] - 1), params["spread_ratio_threshold"])
+        per_need.append((f"relaxation of ρ₀ = {r0:g} ({need:.3g} e-foldings)",
+                         epochs_to_relax(need, lam=lam, rho_lr=eta, steps_per_epoch=spe, M_max=M_max,
+                                         max_rho_lr=eta_max)))
+    epochs = max(e for _, e in per_need)
+    runs = len(params["lams"]) * len(params["rho_inits"])
+    return {"epochs": epochs, "log_every": max(1, epochs // 200), "per_need": per_need, "runs": runs}
+
+
+SIZED_PAGES = {"square/rho_dynamics": (rho_dynamics_size, RHO_DYNAMICS_FIXED)}
+
+
+def measure_epoch_seconds(params: dict, epochs: int = 200) -> float:
+    """Seconds per epoch of one run of page `name`'s network, full batch as the page trains it, measured here."""
+    S = _setup({**params, "epochs": epochs, "log_every": epochs})
+    t0 = time.perf_counter()
+    S.train(rho_init=params["rho_inits"][0], seed=params["seed"], lam=0.001, rho_lr=params["rho_lr"] or params["lr"],
+            desc=None)
+    return (time.perf_counter() - t0) / epochs
+
+
+def with_fixed(name: str, params: dict) -> dict:
+    """`params` (a page's ci defaults) with the page's fixed laptop settings (`SIZED_PAGES[name][1]`)."""
+    return {**params, **{k: v for k, (v, _) in SIZED_PAGES[name][1].items()}}
+
+
+def laptop_text(name: str, params: dict, seconds_per_epoch: float, budget_s: float) -> tuple[str, float]:
+    """(the laptop file of `name` at its ci defaults `params`, its estimated training seconds)."""
+    size, fixed = SIZED_PAGES[name]
+    sized = size(with_fixed(name, params))
+    estimate = seconds_per_epoch * sized["epochs"] * sized["runs"]
+    lines = ["# Laptop scale, sized from the mechanism before training (python -m lowrank.book.laptop --write; never by hand):",
+             "# Fig. 3 of Xu et al. (2023) on digits 1 vs 2 with the ci network, full-batch gradient descent (the paper: SGD, B = 128,",
+             "# CIFAR-10, the 6-layer CNN; lowrank.square.sizing says why).",
+             "# epochs: the largest of " + "; ".join(f"{what}: {e}" for what, e in sized["per_need"]) + ",",
+             "# each a bound that holds for any margins M <= 1/eta - 2 lambda (the relaxation rate at M = 0 is the weight decay's, Eq. 6;",
+             "# the MLP's margins have M <= max ||x||^2 = 1, checked at the largest step).",
+             f"# Estimated training: {sized['runs']} runs × {sized['epochs']} epochs × {seconds_per_epoch * 1e3:.3g} ms "
+             f"(measured here, one run) = {estimate:.0f} s (page budget {budget_s:.0f} s). The ci defaults otherwise.",
+             "scale: laptop", f"epochs: {sized['epochs']}", f"log_every: {sized['log_every']}  # about 200 logged states per run"]
+    for key, (value, why) in fixed.items():
+        lines.append(f"{key}: {value}  # {why}")
+    return "\n".join(lines) + "\n", estimate

@@ -1,0 +1,92 @@
+"""Laptop sizes of the Part III pages (lowrank.square.sizing), against step-by-step contraction."""
+
+import math
+
+import pytest
+
+from lowrank.square import sizing
+
+
+def _steps_to_contract(needed, *, M, lam, eta):
+    """Steps of e -> (1 - 2 eta (M + lam)) e until log(e_0 / e) >= needed, counted one by one."""
+    e, steps = 1.0, 0
+    while math.log(1.0 / e) < needed:
+        e *= abs(1 - 2 * eta * (M + lam))
+        steps += 1
+    return steps
+
+
+@pytest.mark.parametrize("spe", [1, 7])
+def test_epochs_to_relax_is_the_first_epoch_that_contracts_enough_at_any_margin(spe):
+    lam, eta, needed = 1e-3, 0.1, 4.51
+    epochs = sizing.epochs_to_relax(needed, lam=lam, rho_lr=eta, steps_per_epoch=spe)
+    steps = _steps_to_contract(needed, M=0.0, lam=lam, eta=eta)
+    assert epochs == math.ceil(steps / spe)  # at M = 0: exactly the first epoch that reaches it
+    # any 0 < M <= 1/eta - 2 lam contracts at least as fast: the bound holds for every margin in that range
+    for M in (1e-5, 1e-3, 0.5, 1.0, 1 / eta - 2 * lam):
+        assert sizing.relaxation_bound_holds(M, lam=lam, rho_lr=eta)
+        assert _steps_to_contract(needed, M=M, lam=lam, eta=eta) <= epochs * spe
+    assert sizing.epochs_to_relax(0.0, lam=lam, rho_lr=eta, steps_per_epoch=spe) == 0
+    with pytest.raises(ValueError):
+        sizing.epochs_to_relax(1.0, lam=0.0, rho_lr=eta, steps_per_epoch=spe)
+
+
+def test_epochs_to_weight_decay_by_hand():
+    # 0.5 / (0.1 * 1e-3) = 5000 steps; at 3 steps per epoch 1667 epochs (1666 give 4998 steps)
+    assert sizing.epochs_to_weight_decay(0.5, lam=1e-3, rho_lr=0.1, steps_per_epoch=1) == 5000
+    assert sizing.epochs_to_weight_decay(0.5, lam=1e-3, rho_lr=0.1, steps_per_epoch=3) == 1667
+    with pytest.raises(ValueError):
+        sizing.epochs_to_weight_decay(0.5, lam=0.0, rho_lr=0.1, steps_per_epoch=1)
+
+
+def test_the_square_laptop_files_hold_the_computed_run_length_and_known_parameters():
+    import yaml
+
+    from lowrank.book import notebooks, rules
+
+    for name, (size, _) in sizing.SIZED_PAGES.items():
+        path = notebooks.scale_params_path(name, "laptop")
+        data = yaml.safe_load(path.read_text())
+        assert data["scale"] == "laptop" and set(data) <= set(rules.parameter_specs(name))
+        ci = rules.resolve_parameters(name, scale="ci", memory=False)
+        sized = size(sizing.with_fixed(name, ci))
+        assert data["epochs"] == sized["epochs"] == max(e for _, e in sized["per_need"])
+
+
+def test_the_relaxation_bound_holds_exactly_up_to_one_over_eta_minus_two_lambda():
+    lam, eta, needed = 1e-3, 0.1, 2.0
+    edge = 1 / eta - 2 * lam  # 9.998: the contraction factor is 1 - 2 eta lam again (overshooting)
+    epochs = sizing.epochs_to_relax(needed, lam=lam, rho_lr=eta, steps_per_epoch=1)
+    for M in (edge + 3e-4, edge + 8e-4):  # between the edge and 1/eta - lam, where rho stops relaxing
+        assert not sizing.relaxation_bound_holds(M, lam=lam, rho_lr=eta)
+        # beyond the edge the step overshoots: slower than at M = 0, so the sized run length is too short
+        assert _steps_to_contract(needed, M=M, lam=lam, eta=eta) > epochs
+    factor = lambda M: abs(1 - 2 * eta * (M + lam))  # noqa: E731
+    assert factor(edge) == pytest.approx(factor(0.0), rel=1e-12)
+    assert sizing.relaxation_bound_holds(edge, lam=lam, rho_lr=eta)
+    # epochs_to_relax checks the range at the largest step when told the margins' bound
+    assert sizing.epochs_to_relax(needed, lam=lam, rho_lr=eta, steps_per_epoch=1, M_max=1.0) == epochs
+    with pytest.raises(ValueError, match="1/eta - 2 lam"):
+        sizing.epochs_to_relax(needed, lam=lam, rho_lr=eta, steps_per_epoch=1, M_max=1.0, max_rho_lr=2.0)
+    with pytest.raises(ValueError):
+        sizing.relaxation_bound_holds(-1.0, lam=lam, rho_lr=eta)
+
+
+def test_margin_bound_holds_for_a_unit_norm_relu_mlp():
+    import torch
+
+    torch.manual_seed(0)
+    assert sizing.margin_bound("mlp") == 1.0
+    with pytest.raises(ValueError):
+        sizing.margin_bound("paper_cnn")
+    # independent: random bias-free ReLU MLPs with unit-Frobenius layers on inputs of norm <= 1
+    for widths in ([64, 8, 1], [64, 128, 1], [16, 32, 32, 2]):
+        x = torch.randn(500, widths[0], dtype=torch.float64)
+        x = x / x.norm(dim=1, keepdim=True).max()
+        h = x
+        for k, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+            V = torch.randn(b, a, dtype=torch.float64)
+            h = h @ (V / V.norm()).T
+            if k < len(widths) - 2:
+                h = torch.relu(h)
+        assert float((h**2).sum(1).max()) <= sizing.margin_bound("mlp") + 1e-12
