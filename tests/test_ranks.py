@@ -359,9 +359,9 @@ def test_pooled_trend_claim_outcomes_follow_regime_and_controls():
 
 def test_pooled_trend_claim_with_no_fitted_run_is_undecided_and_counts_them():
     """Every run below the train-accuracy floor (as the reduced conv nets at ci): no slice enters the
-    statistic, so no fitted run carries any A; the claim reads "uninformative" (a longer run would not
-    mend a collapse, so not "needs a larger scale"; its regime 0 still recorded) with every run counted
-    as excluded, with or without a control, and no number is invented."""
+    statistic, so the claim is judged on the planned regime: "uninformative" when the grid reaches it
+    (a collapse a longer run would not mend), "needs a larger scale" when it does not (runs too short to
+    fit); every run counted as excluded, with or without a control, and no number is invented."""
     from lowrank.book import rank_trends, verdicts
 
     dead = _slices([[1, 2, 3, 4, 5]] * 3).assign(per_step=1e-3, full_rank=10.0, weight_decay=1e-3, A=9.0, fitted=False)
@@ -370,11 +370,13 @@ def test_pooled_trend_claim_with_no_fitted_run_is_undecided_and_counts_them():
     for control in (None, dead.assign(weight_decay=0.0, A=0.0)):
         v = rank_trends.pooled_trend_claim("dead", final=dead, control=control, control_name="lambda = 0", **kw)
         assert v.outcome == "uninformative"
-        assert v.details["regime"]["value"] == 0.0 and v.details["slices"] == 0 and v.details["slice_regime"] == []
+        assert v.details["regime"]["value"] == 9.0 and v.details["slices"] == 0 and v.details["slice_regime"] == []
         assert (v.excluded["count"], v.excluded["total"]) == (15, 15)
         assert v.details["null_p"] is None and v.details["spearman"] is None
         assert not any("shuffled" in c["name"] for c in v.controls), "no null judged on no runs"
         assert np.isnan(v.measured) and v.controls == [], "a control with no fitted run is not recorded as failing"
+    short = rank_trends.pooled_trend_claim("short", final=dead.assign(A=1.0), control=None, control_name="lambda = 0", **kw)
+    assert short.outcome == verdicts.LARGER_SCALE and short.details["regime"]["value"] == 1.0
     # one slice fitted and in the regime: decided again, the others' runs counted as excluded
     live = dead.assign(fitted=dead["s"] == 0)
     v = rank_trends.pooled_trend_claim("live", final=live, control=dead.assign(weight_decay=0.0, A=0.0, rank=5.0, fitted=True),

@@ -208,8 +208,11 @@ def test_only_an_undecided_claim_may_go_without_a_control_or_a_number():
     assert V.claim("c", measured=math.nan, regime=short, **kw).outcome == "needs a larger scale"
     gone = V.claim("c", measured=math.nan, excluded=V.Excluded(4, 4, "train accuracy below 0.8"), **kw)
     assert gone.outcome == "uninformative" and math.isnan(gone.measured)
-    gone_short = V.claim("c", measured=math.nan, regime=short, excluded=V.Excluded(4, 4, "collapsed"), **kw)
-    assert gone_short.outcome == "uninformative"  # every run collapsed: not a matter of scale (issue 44)
+    gone_short = V.claim("c", measured=math.nan, regime=short, excluded=V.Excluded(4, 4, "train accuracy below 0.8"), **kw)
+    assert gone_short.outcome == "needs a larger scale"  # runs too short to fit: longer ones may (referee)
+    reached = V.Regime("accumulated weight decay A", 9.0, 5.0, "onset fixed in advance")
+    gone_reached = V.claim("c", measured=math.nan, regime=reached, excluded=V.Excluded(4, 4, "collapsed"), **kw)
+    assert gone_reached.outcome == "uninformative"  # every run collapsed inside the regime: not a matter of scale
     with pytest.raises(ValueError, match="needs at least one Control"):
         V.claim("c", measured=0.9, excluded=V.Excluded(3, 4, "diverged"), **kw)
     with pytest.raises(ValueError, match="measured value is nan"):

@@ -102,6 +102,8 @@ def pooled_trend_claim(name: str, *, claim_id: str, scale: str, final: pd.DataFr
     scored = _scored(main, full, min_trend, min_drop_fraction)
     needed = ranks.regime_from_bound(eps) if regime_needed is None else float(regime_needed)
     regime, per_slice_regime = slice_regime(main["per_slice"], needed=needed, origin=regime_origin, what=what)
+    if not len(main["per_slice"]):  # no run fitted: the planned regime says whether longer runs could mend it
+        regime = decay_regime(final, needed=needed, origin=regime_origin, what=f"{what}, planned: no slice has fitted runs")
     controls, extra = [], {}
     if control is not None:
         ctrl = _scored(ranks.pooled_trend(control, x, **kw), full, min_trend, min_drop_fraction)

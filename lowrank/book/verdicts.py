@@ -260,9 +260,9 @@ def claim(name, *, claim_id, measured, threshold: Threshold, controls, expected,
 
     controls: a Control or a list of them (at least one). regime: the quantity the mechanism needs,
     computed before training; when it is not reached the outcome is "needs a larger scale" whatever
-    the number (recorded in `details["regime"]` either way). A claim whose `excluded` leaves no run
-    (collapsed or diverged: this comes first, as the regime of no run says nothing), or
-    whose statistic is `degenerate` (the reason, e.g. "no run fitted a slope"; kept in
+    the number (recorded in `details["regime"]` either way; for a claim with no run left, pass the
+    planned regime: runs too short to fit are a matter of scale). A claim inside its regime whose
+    `excluded` leaves no run (collapsed or diverged), or whose statistic is `degenerate` (the reason, e.g. "no run fitted a slope"; kept in
     `details["degenerate"]`), is "uninformative" whatever the number. Only such an undecided claim may
     go without a control or measure NaN (no run left to measure): the number decides nothing.
     """
@@ -276,10 +276,10 @@ def claim(name, *, claim_id, measured, threshold: Threshold, controls, expected,
     if degenerate is not None:
         details["degenerate"] = str(degenerate)
     collapsed = excluded is not None and excluded.count == excluded.total
-    if collapsed:  # every run left out: a longer run would not mend it, so not "needs a larger scale"
-        undecided = "uninformative"
-    elif regime is not None and not regime.reached:
+    if regime is not None and not regime.reached:  # runs too short may also be left out as underfit
         undecided = LARGER_SCALE
+    elif collapsed:  # every run left out inside the regime: a longer run would not mend it
+        undecided = "uninformative"
     elif degenerate is not None:
         undecided = "uninformative"  # a statistic with no room to move: it measures nothing
     else:
