@@ -52,7 +52,9 @@ def test_claims_with_passing_controls_are_uninformative(name, executed_notebooks
         if v["kind"] == "claim":
             left = v["excluded"] and v["excluded"]["count"] < v["excluded"]["total"]
             if not v["controls"]:  # allowed only where every run was left out: nothing measured, nothing decided
-                assert not left and v["outcome"] == "uninformative", f"{name}.{v['name']}: a claim without a control"
+                # (out of its regime that reads "needs a larger scale": underfit runs are a matter of scale)
+                assert not left and v["outcome"] in ("uninformative", "needs a larger scale"), \
+                    f"{name}.{v['name']}: a claim without a control"
             if any(c["passes"] for c in v["controls"]):
                 assert v["outcome"] != "agrees", f"{name}.{v['name']}: its control passes, yet it 'agrees'"
 
