@@ -516,3 +516,16 @@ def test_gap_to_lambda0_is_the_smallest_ratio_over_live_runs_by_hand():
     assert gap == pytest.approx(3.0)  # run 4 collapsed: its 0.01 is left out
     assert gap_first == pytest.approx(min(10.0 / 2.0, 6.0 / 4.0))
     assert all(np.isnan(noise.gap_to_lambda0(moving.assign(collapsed=moving["weight_decay"] > 0), avg)))
+
+
+def test_fitted_decay_regime_ignores_excluded_runs():
+    """A collapsed run with the grid's largest A cannot put the claim in its regime (issue 44)."""
+    from lowrank.book import rank_trends
+
+    grid = pd.DataFrame({"weight_decay": [0.0, 1e-3, 6e-2], "A": [0.0, 1.3, 20.0], "fitted": [True, True, False]})
+    fitted = grid[grid["fitted"]]
+    r = rank_trends.fitted_decay_regime(fitted, grid, needed=5.0, origin="test")
+    assert r.value == 1.3 and not r.reached and "fitted runs" in r.quantity
+    assert rank_trends.decay_regime(grid, needed=5.0, origin="test").value == 20.0  # the planned one counts it
+    none = rank_trends.fitted_decay_regime(grid.iloc[:0], grid, needed=5.0, origin="test")
+    assert none.value == 20.0 and none.reached and "planned" in none.quantity

@@ -16,7 +16,7 @@ import pandas as pd
 from lowrank.book import verdicts
 from lowrank.sgd import ranks
 
-__all__ = ["decay_regime", "slice_regime", "pooled_trend_claim", "combined_score"]
+__all__ = ["decay_regime", "fitted_decay_regime", "slice_regime", "pooled_trend_claim", "combined_score"]
 
 
 def decay_regime(regime: pd.DataFrame, *, needed: float, origin: str, what: str = "") -> verdicts.Regime:
@@ -27,6 +27,17 @@ def decay_regime(regime: pd.DataFrame, *, needed: float, origin: str, what: str 
     positive = regime[regime["weight_decay"] > 0]
     value = float(positive["A"].max()) if len(positive) else 0.0
     return verdicts.Regime(f"largest accumulated weight decay A = Σₜ μₜ λ / (1 − β){what}", value, needed, origin)
+
+
+def fitted_decay_regime(fitted: pd.DataFrame, planned: pd.DataFrame, *, needed: float, origin: str,
+                        what: str = "") -> verdicts.Regime:
+    """The `Regime` of a claim over the runs that enter its statistic: `decay_regime` over `fitted` (the
+    runs left after exclusions, with `weight_decay` and `A`), so that an excluded run cannot put the claim
+    in its regime. When no run is left, `decay_regime` over `planned` (the whole grid), said in the
+    quantity: whether longer runs could have reached the regime."""
+    if len(fitted):
+        return decay_regime(fitted, needed=needed, origin=origin, what=f"{what}, over the fitted runs")
+    return decay_regime(planned, needed=needed, origin=origin, what=f"{what}, planned: no run fits")
 
 
 def slice_regime(per_slice: pd.DataFrame, *, needed: float, origin: str, what: str = "") -> tuple[verdicts.Regime, list]:
