@@ -516,3 +516,43 @@ def test_gap_to_lambda0_is_the_smallest_ratio_over_live_runs_by_hand():
     assert gap == pytest.approx(3.0)  # run 4 collapsed: its 0.01 is left out
     assert gap_first == pytest.approx(min(10.0 / 2.0, 6.0 / 4.0))
     assert all(np.isnan(noise.gap_to_lambda0(moving.assign(collapsed=moving["weight_decay"] > 0), avg)))
+
+
+def test_lambda0_retained_reads_the_denominators_fall_by_hand():
+    """d = exp(a e) over epochs 0..20, window [t/2, t] = 10..20: the lambda = 0 run keeps
+    exp(10 a) of its d over the window (by hand: ce a = -0.1 keeps e^-1 = 0.368, mse a = -0.02 keeps
+    e^-0.2 = 0.819). Both losses have a live lambda > 0 run: the smallest share is ce's, below
+    1 / settle_factor = 0.5 (still falling: the ratio grows with the run). When every ce lambda > 0
+    run collapsed, ce's lambda = 0 run is no denominator and mse's share decides (above 0.5)."""
+    from lowrank.sgd import noise
+
+    rows = []
+    for run, (loss, wd, a, norm_end) in enumerate([("ce", 0.0, -0.1, 1.0), ("ce", 0.1, 0.0, 0.5),
+                                                     ("mse", 0.0, -0.02, 1.0), ("mse", 0.1, 0.0, 0.5)]):
+        for e in range(21):
+            rows.append({"run": run, "epoch": e, "loss": loss, "weight_decay": wd, "dist": np.exp(a * e),
+                         "weight_norm": 1.0 + (norm_end - 1.0) * e / 20})
+    t = noise.moving_table(pd.DataFrame(rows), collapse_tol=1e-2, settle_factor=2.0)
+    share, loss = noise.lambda0_retained(t)
+    assert share == pytest.approx(np.exp(-1.0)) and loss == "ce" and share < 1 / 2.0
+    ce_collapsed = t.assign(collapsed=(t["loss"] == "ce") & (t["weight_decay"] > 0))
+    share, loss = noise.lambda0_retained(ce_collapsed)
+    assert share == pytest.approx(np.exp(-0.2)) and loss == "mse" and share > 1 / 2.0
+    # every lambda > 0 run collapsed: no ratio is read, every lambda = 0 run counts
+    assert noise.lambda0_retained(t.assign(collapsed=t["weight_decay"] > 0))[0] == pytest.approx(np.exp(-1.0))
+    with pytest.raises(ValueError, match="lambda = 0"):
+        noise.lambda0_retained(t[t["weight_decay"] > 0])
+
+
+def test_furthest_from_done_takes_the_smallest_share_of_its_need():
+    """A = 7 of 6.9 (1.01 of its need) against a lambda = 0 share of 0.4 of 0.5 (0.8 of its need): the
+    second is further from done; a share of 0.6 of 0.5 (1.2) is not, and A decides."""
+    from lowrank.book import verdicts
+    from lowrank.sgd import noise
+
+    a = verdicts.Regime("A", 7.0, 6.9, "test")
+    settle = verdicts.Regime("share kept", 0.4, 0.5, "test")
+    assert noise.furthest_from_done([a, settle]) is settle and not settle.reached
+    assert noise.furthest_from_done([a, verdicts.Regime("share kept", 0.6, 0.5, "test")]) is a
+    with pytest.raises(ValueError):
+        noise.furthest_from_done([])
