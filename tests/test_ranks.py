@@ -556,3 +556,21 @@ def test_furthest_from_done_takes_the_smallest_share_of_its_need():
     assert noise.furthest_from_done([a, verdicts.Regime("share kept", 0.6, 0.5, "test")]) is a
     with pytest.raises(ValueError):
         noise.furthest_from_done([])
+
+
+def test_gap_regime_blocks_only_a_shortfall_while_lambda0_still_falls():
+    """lambda = 0 fell 3x over the window, the lambda > 0 runs 1.2x: the ratio grew by 2.5x, so a gap of 12
+    (threshold 10) agrees on A alone; a gap of 8 waits for the denominator. A lambda > 0 run falling faster
+    than its denominator (ratio shrinking) or a gap below threshold never skips the lambda = 0 clock."""
+    from lowrank.book import verdicts
+    from lowrank.sgd import noise
+
+    moving = pd.DataFrame({"loss": ["ce", "ce", "mse", "mse"], "weight_decay": [0.0, 1e-3, 0.0, 1e-3],
+                           "collapsed": [False, False, False, False], "d_fall": [3.0, 1.2, 2.5, 1.1]})
+    a, settle = verdicts.Regime("A", 7.0, 6.9, "test"), verdicts.Regime("share kept", 1 / 3, 0.5, "test")
+    assert noise.ratio_growing(moving)
+    assert noise.gap_regime(moving, 12.0, 10.0, a, settle) is a
+    assert noise.gap_regime(moving, 8.0, 10.0, a, settle) is settle
+    shrinking = moving.assign(d_fall=[3.0, 1.2, 2.5, 2.6])  # mse's lambda > 0 run fell more than its denominator
+    assert not noise.ratio_growing(shrinking) and noise.gap_regime(shrinking, 12.0, 10.0, a, settle) is settle
+    assert not noise.ratio_growing(moving.assign(collapsed=[False, True, False, True]))  # nothing live

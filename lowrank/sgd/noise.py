@@ -146,3 +146,24 @@ def furthest_from_done(regimes):
         if not r.needed > 0:
             raise ValueError(f"a regime's needed value must be positive, got {r.needed}")
     return min(regimes, key=lambda r: r.value / r.needed)
+
+
+def ratio_growing(moving: pd.DataFrame) -> bool:
+    """Whether every ratio `gap_to_lambda0` takes grew over the window: each live (not collapsed) lambda > 0
+    run's d fell by less than the d of the lambda = 0 run with the same loss (`d_fall`, by the fitted line).
+    Then a gap that already reaches its threshold stays there while the lambda = 0 run keeps falling, so
+    a denominator that has not levelled off blocks only a shortfall ("disagrees"), not an agreement."""
+    zero = moving[moving["weight_decay"] == 0].set_index("loss")["d_fall"]
+    live = moving[(moving["weight_decay"] > 0) & ~moving["collapsed"]]
+    return bool(len(live)) and bool((live["d_fall"].to_numpy() < live["loss"].map(zero).to_numpy()).all())
+
+
+def gap_regime(moving: pd.DataFrame, gap: float, threshold: float, decay_regime, lambda0_regime):
+    """The regime `gap_to_lambda0` is judged by: the lambda > 0 runs' `decay_regime` alone when the gap
+    reaches `threshold` and is still growing (`ratio_growing`: longer runs only widen it); otherwise the
+    clock furthest from done of it and `lambda0_regime` (`lambda0_retained`'s), since a shortfall says
+    "disagrees" only once the denominator has levelled off."""
+    if gap >= threshold and ratio_growing(moving):
+        return decay_regime
+    return furthest_from_done([decay_regime, lambda0_regime])
+
