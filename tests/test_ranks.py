@@ -529,3 +529,61 @@ def test_fitted_decay_regime_ignores_excluded_runs():
     assert rank_trends.decay_regime(grid, needed=5.0, origin="test").value == 20.0  # the planned one counts it
     none = rank_trends.fitted_decay_regime(grid.iloc[:0], grid, needed=5.0, origin="test")
     assert none.value == 20.0 and none.reached and "planned" in none.quantity
+
+
+def test_lambda0_retained_reads_the_denominators_fall_by_hand():
+    """d = exp(a e) over epochs 0..20, window [t/2, t] = 10..20: the lambda = 0 run keeps
+    exp(10 a) of its d over the window (by hand: ce a = -0.1 keeps e^-1 = 0.368, mse a = -0.02 keeps
+    e^-0.2 = 0.819). Both losses have a live lambda > 0 run: the smallest share is ce's, below
+    1 / settle_factor = 0.5 (still falling: the ratio grows with the run). When every ce lambda > 0
+    run collapsed, ce's lambda = 0 run is no denominator and mse's share decides (above 0.5)."""
+    from lowrank.sgd import noise
+
+    rows = []
+    for run, (loss, wd, a, norm_end) in enumerate([("ce", 0.0, -0.1, 1.0), ("ce", 0.1, 0.0, 0.5),
+                                                     ("mse", 0.0, -0.02, 1.0), ("mse", 0.1, 0.0, 0.5)]):
+        for e in range(21):
+            rows.append({"run": run, "epoch": e, "loss": loss, "weight_decay": wd, "dist": np.exp(a * e),
+                         "weight_norm": 1.0 + (norm_end - 1.0) * e / 20})
+    t = noise.moving_table(pd.DataFrame(rows), collapse_tol=1e-2, settle_factor=2.0)
+    share, loss = noise.lambda0_retained(t)
+    assert share == pytest.approx(np.exp(-1.0)) and loss == "ce" and share < 1 / 2.0
+    ce_collapsed = t.assign(collapsed=(t["loss"] == "ce") & (t["weight_decay"] > 0))
+    share, loss = noise.lambda0_retained(ce_collapsed)
+    assert share == pytest.approx(np.exp(-0.2)) and loss == "mse" and share > 1 / 2.0
+    # every lambda > 0 run collapsed: no ratio is read, every lambda = 0 run counts
+    assert noise.lambda0_retained(t.assign(collapsed=t["weight_decay"] > 0))[0] == pytest.approx(np.exp(-1.0))
+    with pytest.raises(ValueError, match="lambda = 0"):
+        noise.lambda0_retained(t[t["weight_decay"] > 0])
+
+
+def test_furthest_from_done_takes_the_smallest_share_of_its_need():
+    """A = 7 of 6.9 (1.01 of its need) against a lambda = 0 share of 0.4 of 0.5 (0.8 of its need): the
+    second is further from done; a share of 0.6 of 0.5 (1.2) is not, and A decides."""
+    from lowrank.book import verdicts
+    from lowrank.sgd import noise
+
+    a = verdicts.Regime("A", 7.0, 6.9, "test")
+    settle = verdicts.Regime("share kept", 0.4, 0.5, "test")
+    assert noise.furthest_from_done([a, settle]) is settle and not settle.reached
+    assert noise.furthest_from_done([a, verdicts.Regime("share kept", 0.6, 0.5, "test")]) is a
+    with pytest.raises(ValueError):
+        noise.furthest_from_done([])
+
+
+def test_gap_regime_blocks_only_a_shortfall_while_lambda0_still_falls():
+    """lambda = 0 fell 3x over the window, the lambda > 0 runs 1.2x: the ratio grew by 2.5x, so a gap of 12
+    (threshold 10) agrees on A alone; a gap of 8 waits for the denominator. A lambda > 0 run falling faster
+    than its denominator (ratio shrinking) or a gap below threshold never skips the lambda = 0 clock."""
+    from lowrank.book import verdicts
+    from lowrank.sgd import noise
+
+    moving = pd.DataFrame({"loss": ["ce", "ce", "mse", "mse"], "weight_decay": [0.0, 1e-3, 0.0, 1e-3],
+                           "collapsed": [False, False, False, False], "d_fall": [3.0, 1.2, 2.5, 1.1]})
+    a, settle = verdicts.Regime("A", 7.0, 6.9, "test"), verdicts.Regime("share kept", 1 / 3, 0.5, "test")
+    assert noise.ratio_growing(moving)
+    assert noise.gap_regime(moving, 12.0, 10.0, a, settle) is a
+    assert noise.gap_regime(moving, 8.0, 10.0, a, settle) is settle
+    shrinking = moving.assign(d_fall=[3.0, 1.2, 2.5, 2.6])  # mse's lambda > 0 run fell more than its denominator
+    assert not noise.ratio_growing(shrinking) and noise.gap_regime(shrinking, 12.0, 10.0, a, settle) is settle
+    assert not noise.ratio_growing(moving.assign(collapsed=[False, True, False, True]))  # nothing live

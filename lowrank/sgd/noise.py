@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-__all__ = ["log_slope", "moving_table", "in_regime", "collapse_or_moving_share", "gap_to_lambda0"]
+__all__ = ["log_slope", "moving_table", "in_regime", "collapse_or_moving_share", "gap_to_lambda0", "lambda0_retained", "furthest_from_done"]
 
 
 def log_slope(epochs, values) -> float:
@@ -108,3 +108,62 @@ def gap_to_lambda0(moving: pd.DataFrame, avg: pd.DataFrame) -> tuple[float, floa
     zero_first = first[first["weight_decay"] == 0].set_index("loss")["dist"]
     ratio_first = first.loc[alive["run"], "dist"] / first.loc[alive["run"], "loss"].map(zero_first)
     return float(alive["d_over_zero"].min()), float(ratio_first.min())
+
+
+def lambda0_retained(moving: pd.DataFrame) -> tuple[float, str]:
+    """The regime of the ratio `gap_to_lambda0` reads on its denominator: whether the lambda = 0 run's d
+    has settled at its floor (the paper's "almost convergence", l.545), so that the ratio no longer
+    grows with the run's length.
+
+    For each lambda = 0 run that is a denominator of the statistic (its loss has a lambda > 0 run that
+    did not collapse; every lambda = 0 run when none has), the share of its d kept over the window of
+    `moving_table`, d(t) / d(window_start t) by the fitted line: 1 / `d_fall`. Returns the smallest
+    share and the loss of that run. It is at least 1 / settle_factor exactly when the run's d fell by
+    at most `settle_factor` over the window: the criterion by which `moving_table` calls a run moving
+    rather than settling, here asking that the denominator has stopped falling.
+    """
+    for c in ("weight_decay", "collapsed", "d_fall", "loss"):
+        if c not in moving.columns:
+            raise ValueError(f"moving has no column {c!r}")
+    zero = moving[moving["weight_decay"] == 0]
+    if zero.empty:
+        raise ValueError("moving needs a lambda = 0 run")
+    live = set(moving.loc[(moving["weight_decay"] > 0) & ~moving["collapsed"], "loss"])
+    denominators = zero[zero["loss"].isin(live)] if live else zero
+    kept = 1.0 / denominators["d_fall"].astype(float)
+    i = kept.idxmin()
+    return float(kept[i]), str(denominators.loc[i, "loss"])
+
+
+def furthest_from_done(regimes):
+    """Of several clocks a claim needs (objects with `value` and `needed`, e.g. `verdicts.Regime`), the
+    one furthest from done: the smallest value / needed (as notebooks/square/rho_dynamics.md combines
+    its clocks). A claim is in its regime only when every clock is."""
+    regimes = list(regimes)
+    if not regimes:
+        raise ValueError("furthest_from_done needs at least one regime")
+    for r in regimes:
+        if not r.needed > 0:
+            raise ValueError(f"a regime's needed value must be positive, got {r.needed}")
+    return min(regimes, key=lambda r: r.value / r.needed)
+
+
+def ratio_growing(moving: pd.DataFrame) -> bool:
+    """Whether every ratio `gap_to_lambda0` takes grew over the window: each live (not collapsed) lambda > 0
+    run's d fell by less than the d of the lambda = 0 run with the same loss (`d_fall`, by the fitted line).
+    Then a gap that already reaches its threshold stays there while the lambda = 0 run keeps falling, so
+    a denominator that has not levelled off blocks only a shortfall ("disagrees"), not an agreement."""
+    zero = moving[moving["weight_decay"] == 0].set_index("loss")["d_fall"]
+    live = moving[(moving["weight_decay"] > 0) & ~moving["collapsed"]]
+    return bool(len(live)) and bool((live["d_fall"].to_numpy() < live["loss"].map(zero).to_numpy()).all())
+
+
+def gap_regime(moving: pd.DataFrame, gap: float, threshold: float, decay_regime, lambda0_regime):
+    """The regime `gap_to_lambda0` is judged by: the lambda > 0 runs' `decay_regime` alone when the gap
+    reaches `threshold` and is still growing (`ratio_growing`: longer runs only widen it); otherwise the
+    clock furthest from done of it and `lambda0_regime` (`lambda0_retained`'s), since a shortfall says
+    "disagrees" only once the denominator has levelled off."""
+    if gap >= threshold and ratio_growing(moving):
+        return decay_regime
+    return furthest_from_done([decay_regime, lambda0_regime])
+
