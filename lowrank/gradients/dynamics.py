@@ -66,6 +66,7 @@ __all__ = [
     "initial_lead",
     "one_switch_from_residue",
     "random_alignment_quantile",
+    "target_direction_share",
     "margin_over_rest",
 ]
 
@@ -782,6 +783,36 @@ def random_alignment_quantile(d: int, level: float = 0.95) -> float:
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
     return float(np.sqrt(beta.ppf(level, 0.5, (d - 1) / 2)))
+
+
+def target_direction_share(n: int, d: int, *, noise_std: float = 0.0, link: str = "sigmoid",
+                           nodes: int = 101) -> float:
+    """The |cos| between `X^T y` and omega that a single-index target leaves, to leading order.
+
+    For rows of X i.i.d. N(0, I_d), omega a unit vector and `y = link(omega^T x) + N(0, noise_std^2)`,
+    write `g = omega^T x`. The part of `X^T y` along omega is `sum_i g_i y_i`, of second moment
+    `n^2 c^2 + n Var(g y)` with `c = E[g y] = E[link'(g)]` (Stein's lemma); the part orthogonal to omega
+    is `sum_i y_i x_perp,i` with `x_perp` independent of y, of squared norm about `(d - 1) n E[y^2]`.
+    The share returned is `sqrt(A / (A + B))` with `A = n c^2 + Var(g y)` and `B = (d - 1) E[y^2]`: what
+    |cos(u1, omega)| is at most near when u1 lies along `X^T y` (the MF gradient at initialisation,
+    where r ~ -y). It tends to 1 only when n/d grows; with n/d fixed it stays below 1, and a link whose
+    mean is not 0 (the sigmoid's 1/2) lowers it through E[y^2]. The Gaussian moments are taken by
+    Gauss-Hermite quadrature with `nodes` nodes (for a smooth link).
+    """
+    for value, label, low in ((n, "n", 1), (d, "d", 2)):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
+            raise ValueError(f"{label} must be an integer >= {low}, got {value!r}")
+    check_positive(noise_std, "noise_std", strict=False)
+    check_choice(link, "link", {"sigmoid", "tanh", "softplus", "elu", "silu", "gelu"})  # smooth: the rule converges
+    x, w = np.polynomial.hermite_e.hermegauss(nodes)
+    w = w / w.sum()  # E over g ~ N(0, 1)
+    s = get_activation(link).f(torch.as_tensor(x, dtype=torch.float64)).numpy()
+    c = float(w @ (x * s))  # E[g link(g)] = E[link'(g)]
+    e_y2 = float(w @ s**2) + noise_std**2
+    var_gy = float(w @ (x**2 * s**2)) + noise_std**2 - c**2
+    A = n * c**2 + var_gy
+    B = (d - 1) * e_y2
+    return float(math.sqrt(A / (A + B)))
 
 
 def margin_over_rest(values: Mapping, target, others) -> float:
