@@ -60,7 +60,23 @@ def test_initial_alignment_table_against_autograd_and_a_full_svd():
         assert row["align_Xy"] == pytest.approx(_cos(u1, Xn.T @ y.numpy()), abs=1e-10)
         assert row["align_Xr"] == pytest.approx(_cos(u1, Xn.T @ r), abs=1e-10)
         assert row["align_omega"] == pytest.approx(_cos(u1, omega.numpy()), abs=1e-10)
+        assert row["omega_span_norm"] == pytest.approx(1.0) and row["align_omega_span"] == pytest.approx(row["align_omega"])
         assert row["r_y_corr"] == pytest.approx(-float(r @ y.numpy()) / (np.linalg.norm(r) * float(y.norm())))
+    # n < d: omega's part in the span of the inputs (least squares on the columns of X^T), what u1 can reach
+    n = 6
+    table = mf_vs_ntk.initial_alignment_table(n, d, m, repeats=2, activation="tanh", noise_std=0.1, seed=5)
+    data, omega, _, W, a = gd.single_index_draw(n, d, m, nu=0.0, seed=1005)
+    X = data.X_B
+    y = single_index_target(X, omega, noise_std=0.1, seed=1007, link="sigmoid")
+    Xn = X.numpy()
+    omega_span = Xn.T @ np.linalg.lstsq(Xn.T, omega.numpy(), rcond=None)[0]
+    assert np.linalg.norm(omega_span) < 0.99
+    for sc in ("mf", "ntk"):
+        u1 = _u1(_autograd_gradient(X, y, W, a, GAMMA[sc](m), torch.tanh)[0])
+        row = table[(table["scaling"] == sc) & (table["repeat"] == 1)].iloc[0]
+        assert row["omega_span_norm"] == pytest.approx(np.linalg.norm(omega_span), abs=1e-10)
+        assert row["align_omega_span"] == pytest.approx(_cos(u1, omega_span), abs=1e-10)
+        assert row["align_omega"] == pytest.approx(row["align_omega_span"] * row["omega_span_norm"], abs=1e-10)
 
 
 def _descend(X, y, W0, a, gamma, lr, steps, act):

@@ -705,7 +705,9 @@ def initial_alignments(n: int, d: int, m: int, *, scaling: str, activation: str 
     uniform on the unit sphere, W_S and random signs a, `gamma_m` by `scaling`.
     Sub-seeds: X `seed`, omega `seed + 1`, noise `seed + 2`, W `seed + 3`, a `seed + 4`, and a uniform
     random direction of R^d, unrelated to the data and the network, `seed + 5` (`align_random`: what an
-    unrelated direction's |cos| with u1 is, the null of "u1 is not aligned with omega").
+    unrelated direction's |cos| with u1 is). `align_omega_span` is the |cos| with omega's projection onto the
+    span of the n inputs, and `omega_span_norm` that projection's norm: u1 lies in the span (the gradient is
+    `X^T B`), so `align_omega = align_omega_span * omega_span_norm`, at most about sqrt(n/d) when n < d.
     product_precision : of the n x d x m product `X W^T` (`gradient_matrix`).
     """
     return initial_alignments_by_scaling(n, d, m, scalings=(scaling,), activation=activation, loss=loss,
@@ -728,6 +730,10 @@ def initial_alignments_by_scaling(n: int, d: int, m: int, *, scalings=("mf", "nt
     omega = omega / omega.norm()
     y = single_index_target(X, omega, noise_std=noise_std, seed=seed + 2, link=link)
     unrelated = torch.randn(d, generator=generator(seed + 5), dtype=torch.float64)
+    # u1 lies in the span of the n inputs (G = X^T B), so |cos(u1, omega)| <= ||P_X omega||, about sqrt(n/d)
+    # when n < d: omega's part in that span is what u1 can align with at most
+    Q = torch.linalg.qr(X.T, mode="reduced")[0]
+    omega_span = Q @ (Q.T @ omega)
     W = sphere_rows(m, d, seed + 3)
     a = outer_weights(m, seed + 4)
     Z = _product(X, W.T, product_precision)
@@ -737,7 +743,8 @@ def initial_alignments_by_scaling(n: int, d: int, m: int, *, scalings=("mf", "nt
         U, s, _ = top_singular_of_product(A, B, 2)  # G = A^T B is never formed
         u1 = U[:, 0]
         rows[sc] = {"align_Xy": alignment(u1, X.T @ y), "align_Xr": alignment(u1, X.T @ r),
-                    "align_omega": alignment(u1, omega), "align_random": alignment(u1, unrelated),
+                    "align_omega": alignment(u1, omega), "align_omega_span": alignment(u1, omega_span),
+                    "omega_span_norm": float(omega_span.norm()), "align_random": alignment(u1, unrelated),
                     "s1_over_s2": float(s[0] / s[1]),
                     "r_y_corr": float(torch.nn.functional.cosine_similarity(r, -y, dim=0))}
     return rows

@@ -88,7 +88,9 @@ def initial_alignment_table(n: int, d: int, m: int, *, repeats: int, activation:
     Returns
     -------
     DataFrame with columns `scaling`, `repeat` and `initial_alignments`' `align_Xy`, `align_Xr`,
-    `align_omega` (|cos| of u1(G) with `X^T y`, `X^T r`, omega), `s1_over_s2` and `r_y_corr`. Draw `k`
+    `align_omega` (|cos| of u1(G) with `X^T y`, `X^T r`, omega), `align_omega_span` and `omega_span_norm`
+    (|cos| with omega's projection onto the inputs' span, and its norm), `align_random`, `s1_over_s2` and
+    `r_y_corr`. Draw `k`
     is the same data and network under every scaling.
     """
     import pandas as pd
