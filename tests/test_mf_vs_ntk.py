@@ -170,6 +170,11 @@ def test_target_direction_share_against_monte_carlo():
                                                                     abs=0.01)
     shares = [gd.target_direction_share(k * 200, 200, noise_std=0.1) for k in (1, 10, 100, 1000)]
     assert shares == sorted(shares) and shares[0] < 0.5 and shares[-1] > 0.99
+    need = gd.samples_for_target_share(200, 0.9, noise_std=0.1)
+    assert gd.target_direction_share(need, 200, noise_std=0.1) >= 0.9 > gd.target_direction_share(need - 1, 200, noise_std=0.1)
+    assert gd.samples_for_target_share(200, 1e-6) == 1
+    with pytest.raises(ValueError, match="level"):
+        gd.samples_for_target_share(200, 1.0)
     with pytest.raises(ValueError, match="link"):
         gd.target_direction_share(10, 5, link="relu")
     with pytest.raises(ValueError, match="d must"):

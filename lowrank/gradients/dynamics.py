@@ -67,6 +67,7 @@ __all__ = [
     "one_switch_from_residue",
     "random_alignment_quantile",
     "target_direction_share",
+    "samples_for_target_share",
     "margin_over_rest",
 ]
 
@@ -820,6 +821,22 @@ def target_direction_share(n: int, d: int, *, noise_std: float = 0.0, link: str 
     A = n * c**2 + var_gy
     B = (d - 1) * e_y2
     return float(math.sqrt(A / (A + B)))
+
+
+def samples_for_target_share(d: int, level: float, *, noise_std: float = 0.0, link: str = "sigmoid") -> int:
+    """The fewest samples n at which `target_direction_share(n, d)` reaches `level` (in (0, 1)): how much
+    data `X^T y` needs before it is aligned with omega at that level. The share grows with n."""
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    share = functools.partial(target_direction_share, d=d, noise_std=noise_std, link=link)
+    hi = 1
+    while share(hi) < level:
+        hi *= 2
+    lo = hi // 2  # share(lo) < level <= share(hi), or hi = 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if share(mid) < level else (lo, mid)
+    return int(hi)
 
 
 def margin_over_rest(values: Mapping, target, others) -> float:
