@@ -60,7 +60,23 @@ def test_initial_alignment_table_against_autograd_and_a_full_svd():
         assert row["align_Xy"] == pytest.approx(_cos(u1, Xn.T @ y.numpy()), abs=1e-10)
         assert row["align_Xr"] == pytest.approx(_cos(u1, Xn.T @ r), abs=1e-10)
         assert row["align_omega"] == pytest.approx(_cos(u1, omega.numpy()), abs=1e-10)
+        assert row["omega_span_norm"] == pytest.approx(1.0) and row["align_omega_span"] == pytest.approx(row["align_omega"])
         assert row["r_y_corr"] == pytest.approx(-float(r @ y.numpy()) / (np.linalg.norm(r) * float(y.norm())))
+    # n < d: omega's part in the span of the inputs (least squares on the columns of X^T), what u1 can reach
+    n = 6
+    table = mf_vs_ntk.initial_alignment_table(n, d, m, repeats=2, activation="tanh", noise_std=0.1, seed=5)
+    data, omega, _, W, a = gd.single_index_draw(n, d, m, nu=0.0, seed=1005)
+    X = data.X_B
+    y = single_index_target(X, omega, noise_std=0.1, seed=1007, link="sigmoid")
+    Xn = X.numpy()
+    omega_span = Xn.T @ np.linalg.lstsq(Xn.T, omega.numpy(), rcond=None)[0]
+    assert np.linalg.norm(omega_span) < 0.99
+    for sc in ("mf", "ntk"):
+        u1 = _u1(_autograd_gradient(X, y, W, a, GAMMA[sc](m), torch.tanh)[0])
+        row = table[(table["scaling"] == sc) & (table["repeat"] == 1)].iloc[0]
+        assert row["omega_span_norm"] == pytest.approx(np.linalg.norm(omega_span), abs=1e-10)
+        assert row["align_omega_span"] == pytest.approx(_cos(u1, omega_span), abs=1e-10)
+        assert row["align_omega"] == pytest.approx(row["align_omega_span"] * row["omega_span_norm"], abs=1e-10)
 
 
 def _descend(X, y, W0, a, gamma, lr, steps, act):
@@ -104,11 +120,65 @@ def test_scaling_runs_against_autograd_descent_and_scipy_angles():
         moved = out.moved.query("scaling == @sc and repeat == 1").iloc[0]
         assert moved["step"] == steps
         assert moved["mean_principal_angle"] == pytest.approx(_degrees(runs[sc][1][0], runs[sc][1][-1])[0], abs=1e-6)
+        # the control: the same scaling from the same W_0 on labels whose noise is drawn afresh
+        y_fresh = single_index_target(data.X, omega, noise_std=0.1, seed=1003 + mf_vs_ntk.RELABEL_SEED_OFFSET)
+        assert not torch.equal(y_fresh, y)
+        fresh = _descend(data.X, y_fresh, W0, a, gamma, 0.5 / gamma, steps, torch.sigmoid)[1][-1]
+        relabelled = out.relabelled.query("scaling == @sc and repeat == 1").iloc[0]
+        assert relabelled["step"] == steps
+        principal, neuron = _degrees(runs[sc][1][-1], fresh)
+        assert relabelled["mean_principal_angle"] == pytest.approx(principal, abs=1e-6)
+        assert relabelled["mean_neuron_angle"] == pytest.approx(neuron, abs=1e-6)
     end = out.angles.query("repeat == 1 and step == @steps").iloc[0]
     principal, neuron = _degrees(runs["mf"][1][-1], runs["ntk"][1][-1])
     assert end["mean_principal_angle"] == pytest.approx(principal, abs=1e-6)
     assert end["mean_neuron_angle"] == pytest.approx(neuron, abs=1e-6)
     assert out.angles.query("step == 0")["mean_principal_angle"].eq(0.0).all()
+
+
+def test_relabelled_control_at_the_last_snapshot_and_without_label_noise():
+    """The control compares W at the last snapshot (4 of 5 steps here); with noise_std = 0 the fresh labels
+    are the run's own, so its angles are 0."""
+    n, d, m = 12, 5, 8
+    out = mf_vs_ntk.scaling_runs(n, d, m, repeats=1, activation="tanh", steps=5, snapshot_every=2, seed=1)
+    assert out.relabelled["step"].eq(4).all() and out.moved["step"].eq(4).all()
+    data, omega, y, W0, a = gd.single_index_draw(n, d, m, nu=0.0, seed=1)
+    y_fresh = single_index_target(data.X, omega, noise_std=0.1, seed=1 + mf_vs_ntk.RELABEL_SEED_OFFSET)
+    for sc in ("mf", "ntk"):
+        gamma = GAMMA[sc](m)
+        W4 = _descend(data.X, y, W0, a, gamma, 1 / gamma, 4, torch.tanh)[1][-1]
+        F4 = _descend(data.X, y_fresh, W0, a, gamma, 1 / gamma, 4, torch.tanh)[1][-1]
+        row = out.relabelled.query("scaling == @sc").iloc[0]
+        assert row["mean_principal_angle"] == pytest.approx(_degrees(W4, F4)[0], abs=1e-6)
+    quiet = mf_vs_ntk.scaling_runs(n, d, m, repeats=1, activation="tanh", steps=3, snapshot_every=1, noise_std=0.0)
+    assert quiet.relabelled[["mean_principal_angle", "max_principal_angle", "mean_neuron_angle"]].eq(0.0).all().all()
+
+
+def test_target_direction_share_against_monte_carlo():
+    """|cos(X^T y, omega)| for a sigmoid single-index target, simulated with numpy's own generator: its
+    root mean square over draws meets the leading-order share; it tends to 1 only as n/d grows."""
+    rng = np.random.default_rng(0)
+    for n, d, noise in ((150, 200, 0.1), (2000, 50, 0.3)):
+        cos = []
+        for _ in range(300):
+            X = rng.standard_normal((n, d))
+            w = rng.standard_normal(d)
+            w /= np.linalg.norm(w)
+            v = X.T @ (1 / (1 + np.exp(-X @ w)) + noise * rng.standard_normal(n))
+            cos.append(abs(v @ w) / np.linalg.norm(v))
+        assert math.sqrt(np.mean(np.square(cos))) == pytest.approx(gd.target_direction_share(n, d, noise_std=noise),
+                                                                    abs=0.01)
+    shares = [gd.target_direction_share(k * 200, 200, noise_std=0.1) for k in (1, 10, 100, 1000)]
+    assert shares == sorted(shares) and shares[0] < 0.5 and shares[-1] > 0.99
+    need = gd.samples_for_target_share(200, 0.9, noise_std=0.1)
+    assert gd.target_direction_share(need, 200, noise_std=0.1) >= 0.9 > gd.target_direction_share(need - 1, 200, noise_std=0.1)
+    assert gd.samples_for_target_share(200, 1e-6) == 1
+    with pytest.raises(ValueError, match="level"):
+        gd.samples_for_target_share(200, 1.0)
+    with pytest.raises(ValueError, match="link"):
+        gd.target_direction_share(10, 5, link="relu")
+    with pytest.raises(ValueError, match="d must"):
+        gd.target_direction_share(10, 1)
 
 
 def test_spike_size_runs_and_the_spike_free_control_against_autograd():

@@ -66,6 +66,8 @@ __all__ = [
     "initial_lead",
     "one_switch_from_residue",
     "random_alignment_quantile",
+    "target_direction_share",
+    "samples_for_target_share",
     "margin_over_rest",
 ]
 
@@ -704,7 +706,9 @@ def initial_alignments(n: int, d: int, m: int, *, scaling: str, activation: str 
     uniform on the unit sphere, W_S and random signs a, `gamma_m` by `scaling`.
     Sub-seeds: X `seed`, omega `seed + 1`, noise `seed + 2`, W `seed + 3`, a `seed + 4`, and a uniform
     random direction of R^d, unrelated to the data and the network, `seed + 5` (`align_random`: what an
-    unrelated direction's |cos| with u1 is, the null of "u1 is not aligned with omega").
+    unrelated direction's |cos| with u1 is). `align_omega_span` is the |cos| with omega's projection onto the
+    span of the n inputs, and `omega_span_norm` that projection's norm: u1 lies in the span (the gradient is
+    `X^T B`), so `align_omega = align_omega_span * omega_span_norm`, at most about sqrt(n/d) when n < d.
     product_precision : of the n x d x m product `X W^T` (`gradient_matrix`).
     """
     return initial_alignments_by_scaling(n, d, m, scalings=(scaling,), activation=activation, loss=loss,
@@ -727,6 +731,10 @@ def initial_alignments_by_scaling(n: int, d: int, m: int, *, scalings=("mf", "nt
     omega = omega / omega.norm()
     y = single_index_target(X, omega, noise_std=noise_std, seed=seed + 2, link=link)
     unrelated = torch.randn(d, generator=generator(seed + 5), dtype=torch.float64)
+    # u1 lies in the span of the n inputs (G = X^T B), so |cos(u1, omega)| <= ||P_X omega||, about sqrt(n/d)
+    # when n < d: omega's part in that span is what u1 can align with at most
+    Q = torch.linalg.qr(X.T, mode="reduced")[0]
+    omega_span = Q @ (Q.T @ omega)
     W = sphere_rows(m, d, seed + 3)
     a = outer_weights(m, seed + 4)
     Z = _product(X, W.T, product_precision)
@@ -736,7 +744,8 @@ def initial_alignments_by_scaling(n: int, d: int, m: int, *, scalings=("mf", "nt
         U, s, _ = top_singular_of_product(A, B, 2)  # G = A^T B is never formed
         u1 = U[:, 0]
         rows[sc] = {"align_Xy": alignment(u1, X.T @ y), "align_Xr": alignment(u1, X.T @ r),
-                    "align_omega": alignment(u1, omega), "align_random": alignment(u1, unrelated),
+                    "align_omega": alignment(u1, omega), "align_omega_span": alignment(u1, omega_span),
+                    "omega_span_norm": float(omega_span.norm()), "align_random": alignment(u1, unrelated),
                     "s1_over_s2": float(s[0] / s[1]),
                     "r_y_corr": float(torch.nn.functional.cosine_similarity(r, -y, dim=0))}
     return rows
@@ -782,6 +791,52 @@ def random_alignment_quantile(d: int, level: float = 0.95) -> float:
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
     return float(np.sqrt(beta.ppf(level, 0.5, (d - 1) / 2)))
+
+
+def target_direction_share(n: int, d: int, *, noise_std: float = 0.0, link: str = "sigmoid",
+                           nodes: int = 101) -> float:
+    """The |cos| between `X^T y` and omega that a single-index target leaves, to leading order.
+
+    For rows of X i.i.d. N(0, I_d), omega a unit vector and `y = link(omega^T x) + N(0, noise_std^2)`,
+    write `g = omega^T x`. The part of `X^T y` along omega is `sum_i g_i y_i`, of second moment
+    `n^2 c^2 + n Var(g y)` with `c = E[g y] = E[link'(g)]` (Stein's lemma); the part orthogonal to omega
+    is `sum_i y_i x_perp,i` with `x_perp` independent of y, of squared norm about `(d - 1) n E[y^2]`.
+    The share returned is `sqrt(A / (A + B))` with `A = n c^2 + Var(g y)` and `B = (d - 1) E[y^2]`: what
+    |cos(u1, omega)| is at most near when u1 lies along `X^T y` (the MF gradient at initialisation,
+    where r ~ -y). It tends to 1 only when n/d grows; with n/d fixed it stays below 1, and a link whose
+    mean is not 0 (the sigmoid's 1/2) lowers it through E[y^2]. The Gaussian moments are taken by
+    Gauss-Hermite quadrature with `nodes` nodes (for a smooth link).
+    """
+    for value, label, low in ((n, "n", 1), (d, "d", 2)):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
+            raise ValueError(f"{label} must be an integer >= {low}, got {value!r}")
+    check_positive(noise_std, "noise_std", strict=False)
+    check_choice(link, "link", {"sigmoid", "tanh", "softplus", "elu", "silu", "gelu"})  # smooth: the rule converges
+    x, w = np.polynomial.hermite_e.hermegauss(nodes)
+    w = w / w.sum()  # E over g ~ N(0, 1)
+    s = get_activation(link).f(torch.as_tensor(x, dtype=torch.float64)).numpy()
+    c = float(w @ (x * s))  # E[g link(g)] = E[link'(g)]
+    e_y2 = float(w @ s**2) + noise_std**2
+    var_gy = float(w @ (x**2 * s**2)) + noise_std**2 - c**2
+    A = n * c**2 + var_gy
+    B = (d - 1) * e_y2
+    return float(math.sqrt(A / (A + B)))
+
+
+def samples_for_target_share(d: int, level: float, *, noise_std: float = 0.0, link: str = "sigmoid") -> int:
+    """The fewest samples n at which `target_direction_share(n, d)` reaches `level` (in (0, 1)): how much
+    data `X^T y` needs before it is aligned with omega at that level. The share grows with n."""
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    share = functools.partial(target_direction_share, d=d, noise_std=noise_std, link=link)
+    hi = 1
+    while share(hi) < level:
+        hi *= 2
+    lo = hi // 2  # share(lo) < level <= share(hi), or hi = 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if share(mid) < level else (lo, mid)
+    return int(hi)
 
 
 def margin_over_rest(values: Mapping, target, others) -> float:

@@ -7,8 +7,9 @@ draws and stacks the results, so that the page computes a figure's quantity in o
   against `X^T y`, `X^T r` and omega, one draw under every scaling) for each draw;
 - Fig. 5, `scaling_runs`: what `scaling_comparison` does (MF and NTK trained from one `W_0` on one
   data set, `train_weight_normalized` with step `lr_factor / gamma_m`, `snapshot_angles` between the
-  two) for each draw: the traces, the angles between the two scalings' weights, and how far each
-  scaling's own weights moved from `W_0`;
+  two) for each draw: the traces, the angles between the two scalings' weights, how far each
+  scaling's own weights moved from `W_0`, and the control: how far apart two runs under one scaling
+  end when only the label noise is drawn afresh (`RELABEL_SEED_OFFSET`);
 - Fig. 6, `spike_size_runs`: `train_weight_normalized` under one scaling for each (spike size nu,
   draw), beside its control, `initial_lead` on the spike-free inputs `X_B`;
 - `initial_leads` (Theorems 3.1-3.2: which side each spike size starts on) and `direction_switches`
@@ -26,6 +27,9 @@ import functools
 import itertools
 from typing import NamedTuple, Sequence
 
+import torch
+
+from lowrank.core.data import single_index_target
 from lowrank.core.parallel import check_workers, map_tasks
 from lowrank.core.nets import gamma_m
 from lowrank.gradients.dynamics import (
@@ -41,6 +45,7 @@ from lowrank.gradients.dynamics import (
 
 __all__ = [
     "DRAW_SEED_STRIDE",
+    "RELABEL_SEED_OFFSET",
     "draw_seed",
     "initial_alignment_table",
     "ScalingRuns",
@@ -52,6 +57,7 @@ __all__ = [
 ]
 
 DRAW_SEED_STRIDE = 1000  # draw k uses seed + 1000 k: the sub-seeds seed .. seed + 4 of two draws never meet
+RELABEL_SEED_OFFSET = 5  # Fig. 5's control: the fresh label noise of draw k uses draw_seed(seed, k) + 5 (free sub-seed)
 TRACE_TOP_K = 1  # the figures read u1(G_t) and s1 only; a second pair in a flat bulk costs most of a step
 
 
@@ -82,7 +88,9 @@ def initial_alignment_table(n: int, d: int, m: int, *, repeats: int, activation:
     Returns
     -------
     DataFrame with columns `scaling`, `repeat` and `initial_alignments`' `align_Xy`, `align_Xr`,
-    `align_omega` (|cos| of u1(G) with `X^T y`, `X^T r`, omega), `s1_over_s2` and `r_y_corr`. Draw `k`
+    `align_omega` (|cos| of u1(G) with `X^T y`, `X^T r`, omega), `align_omega_span` and `omega_span_norm`
+    (|cos| with omega's projection onto the inputs' span, and its norm), `align_random`, `s1_over_s2` and
+    `r_y_corr`. Draw `k`
     is the same data and network under every scaling.
     """
     import pandas as pd
@@ -105,6 +113,8 @@ class ScalingRuns(NamedTuple):
     traces: object  # DataFrame: `TrainingRun.trace` rows with `scaling` and `repeat`
     angles: object  # DataFrame: `weight_angles` between the first two scalings' W_t, per (repeat, step)
     moved: object  # DataFrame: per (scaling, repeat), `weight_angles` between W at the last snapshot and W_0
+    relabelled: object  # DataFrame: per (scaling, repeat), `weight_angles` between W at the last snapshot of the
+    # run and of a run under the same scaling from the same W_0 whose labels differ by a fresh draw of the noise
 
 
 def scaling_runs(n: int, d: int, m: int, *, repeats: int, activation: str, steps: int, snapshot_every: int,
@@ -120,12 +130,18 @@ def scaling_runs(n: int, d: int, m: int, *, repeats: int, activation: str, steps
     W_t is kept every `snapshot_every` steps from 0. `product_precision` is that of each step's two
     n x d x m products (`DescentConfig`). workers : processes for the (draw, scaling) runs.
 
+    The control (the scaling left unchanged): every scaling is trained once more from the same `W_0`
+    on the same inputs, with labels `link(omega^T x)` plus noise of the same `noise_std` drawn afresh
+    (sub-seed `draw_seed(seed, k) + RELABEL_SEED_OFFSET`). With `noise_std = 0` those labels are the
+    run's own and the control's angles are 0 by construction.
+
     Returns
     -------
     `ScalingRuns`: `traces` (one row per scaling, draw and step), `angles` (the mean and largest
     principal angle and the mean neuron angle, in degrees, between the first two scalings' W_t at
-    each snapshot, per draw) and `moved` (the same angles between each scaling's W at its last snapshot
-    and at step 0: how far its own weights moved).
+    each snapshot, per draw), `moved` (the same angles between each scaling's W at its last snapshot
+    and at step 0: how far its own weights moved) and `relabelled` (the same angles between each
+    scaling's W at its last snapshot and that of its relabelled run, at the same step).
     """
     import pandas as pd
 
@@ -133,38 +149,55 @@ def scaling_runs(n: int, d: int, m: int, *, repeats: int, activation: str, steps
     if not isinstance(snapshot_every, int) or snapshot_every < 1:
         raise ValueError(f"snapshot_every must be a positive integer, got {snapshot_every!r}")
     tasks = list(itertools.product(range(repeats), scalings))
+    last = max(range(0, steps + 1, snapshot_every))
+    relabel_tasks = [(k, sc, last) for k, sc in tasks]
     done = map_tasks(functools.partial(_scaling_run, n=n, d=d, m=m, activation=activation, steps=steps,
                                       snapshot_every=snapshot_every, lr_factor=lr_factor, normalization=normalization,
                                       noise_std=noise_std, seed=seed, product_precision=product_precision),
-                    tasks, workers, desc="scaling runs")
-    runs = dict(zip(tasks, done))
+                    tasks + relabel_tasks, workers, desc="scaling runs")
+    runs = dict(zip(tasks, done[:len(tasks)]))
+    relabelled_W = dict(zip(tasks, done[len(tasks):]))
     # the angles are tasks too (a few hundred ms each at the paper's sizes): the two scalings' W at each
     # common snapshot of each draw, then each run's last W against its W_0
     between = [(k, t) for k in range(repeats) if len(scalings) >= 2
                for t in sorted(set(runs[k, scalings[0]].W) & set(runs[k, scalings[1]].W))]
     pairs = [({t: runs[k, scalings[0]].W[t]}, {t: runs[k, scalings[1]].W[t]}) for k, t in between]
     pairs += [(runs[task].W[0], runs[task].W[max(runs[task].W)]) for task in tasks]
+    pairs += [(runs[task].W[last], relabelled_W[task]) for task in tasks]
     found = map_tasks(_angles, pairs, workers, desc="principal angles")
     angles = [rows.assign(repeat=k) for (k, _), rows in zip(between, found)]
     moved = [{"scaling": sc, "repeat": k, "step": max(runs[k, sc].W), **row}
-             for (k, sc), row in zip(tasks, found[len(between):])]
+             for (k, sc), row in zip(tasks, found[len(between):len(between) + len(tasks)])]
+    relabelled = [{"scaling": sc, "repeat": k, "step": last, **row}
+                  for (k, sc), row in zip(tasks, found[len(between) + len(tasks):])]
     traces = [runs[k, sc].trace.assign(scaling=sc, repeat=k) for k, sc in tasks]
     return ScalingRuns(pd.concat(traces, ignore_index=True),
                        pd.concat(angles, ignore_index=True) if angles else pd.DataFrame(),
-                       pd.DataFrame(moved))
+                       pd.DataFrame(moved), pd.DataFrame(relabelled))
 
 
 def _angles(pair):
     """`snapshot_angles` of two {step: W} maps, or `weight_angles` of two matrices."""
     A, B = pair
-    return snapshot_angles(A, B) if isinstance(A, dict) else weight_angles(A, B)
+    if isinstance(A, dict):
+        return snapshot_angles(A, B)
+    if torch.equal(A, B):  # a control run on its own labels (noise_std = 0): 0, not the SVD's rounding
+        return {"mean_principal_angle": 0.0, "max_principal_angle": 0.0, "mean_neuron_angle": 0.0}
+    return weight_angles(A, B)
 
 
 def _scaling_run(task, *, n, d, m, activation, steps, snapshot_every, lr_factor, normalization, noise_std, seed,
                  product_precision):
-    """Draw `k` trained under one scaling (one of `dynamics.scaling_comparison`'s runs)."""
-    k, scaling = task
+    """Draw `k` trained under one scaling (one of `dynamics.scaling_comparison`'s runs); for a task
+    `(k, scaling, step)`, the control: the same run on freshly drawn label noise, whose W at `step` it returns."""
+    k, scaling = task[:2]
     data, omega, y, W0, a = single_index_draw(n, d, m, nu=0.0, seed=draw_seed(seed, k), noise_std=noise_std)
+    if len(task) == 3:
+        y = single_index_target(data.X, omega, noise_std=noise_std, seed=draw_seed(seed, k) + RELABEL_SEED_OFFSET)
+        run = scaling_run(data.X, y, W0, a, scaling=scaling, activation=activation, steps=task[2], lr_factor=lr_factor,
+                          X_B=data.X_B, references={}, normalization=normalization, snapshot_steps=[task[2]],
+                          product_precision=product_precision, top_k=TRACE_TOP_K)
+        return run.W[task[2]]
     return scaling_run(data.X, y, W0, a, scaling=scaling, activation=activation, steps=steps, lr_factor=lr_factor,
                        X_B=data.X_B, references={"q": data.q, "Xy": data.X_B.T @ y, "omega": omega},
                        normalization=normalization, snapshot_steps=range(0, steps + 1, snapshot_every),
