@@ -90,3 +90,24 @@ def test_margin_bound_holds_for_a_unit_norm_relu_mlp():
             if k < len(widths) - 2:
                 h = torch.relu(h)
         assert float((h**2).sum(1).max()) <= sizing.margin_bound("mlp") + 1e-12
+
+
+def test_rho_dynamics_relaxation_need_is_tied_to_the_claims_threshold():
+    """Each initialisation's need is log(|rho_0 / rho_eq,0 - 1| / tanh(share * D0 / 2)), D0 = log(max / min rho_0):
+    the tolerance at which the relaxation's residual alone keeps at most the claim's share of the log-spread."""
+    from lowrank.book import rules
+
+    ci = sizing.with_fixed("square/rho_dynamics", rules.resolve_parameters("square/rho_dynamics", scale="ci", memory=False))
+    S = sizing._setup(ci)
+    lam, eta = max(ci["lams"]), min(ci["lr"], ci["min_lr"])
+    d0 = math.log(max(ci["rho_inits"]) / min(ci["rho_inits"]))
+    epochs = {}
+    for share in (ci["spread_share_max"], 0.5 * ci["spread_share_max"]):
+        sized = sizing.rho_dynamics_size({**ci, "spread_share_max": share})
+        tol = math.tanh(share * d0 / 2)
+        for r0, (what, e) in zip(ci["rho_inits"], sized["per_need"][1:]):
+            e0 = abs(S.initial_row(rho_init=r0, seed=ci["seed"], lam=lam)["rho_over_rho_eq"] - 1)
+            need = max(0.0, math.log(e0 / tol))
+            assert e == sizing.epochs_to_relax(need, lam=lam, rho_lr=eta, steps_per_epoch=S.steps(1)), what
+        epochs[share] = sized["epochs"]
+    assert epochs[0.5 * ci["spread_share_max"]] > epochs[ci["spread_share_max"]]  # a stricter bar needs longer runs

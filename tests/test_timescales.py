@@ -314,3 +314,81 @@ def test_need_from_the_final_equilibrium_counts_the_distance_rho_covers():
     assert steps < initial["needed"] / rate / 3  # the initial equilibrium overstates the run length needed
     with pytest.raises(ValueError):
         timescales.initial_distance(h, need_from="middle")
+
+
+def test_kept_log_spread_by_hand():
+    # initial rho 1 and 30 (log-spread log 30), final 2 and 6 (log 3): a share log 3 / log 30 is kept
+    assert timescales.kept_log_spread([1.0, 30.0], [2.0, 6.0]) == pytest.approx(math.log(3) / math.log(30))
+    assert timescales.kept_log_spread([30.0, 1.0], [6.0, 2.0]) == pytest.approx(math.log(3) / math.log(30))
+    assert timescales.kept_log_spread([1.0, 30.0], [5.0, 5.0]) == 0.0  # the curves meet
+    assert timescales.kept_log_spread([1.0, 4.0, 2.0], [1.0, 8.0, 3.0]) == pytest.approx(1.5)  # log 8 / log 4
+    for bad in (([1.0, 1.0], [1.0, 2.0]), ([1.0, 2.0], [0.0, 2.0]), ([1.0, 2.0], [1.0]), ([1.0, 2.0], [np.nan, 1.0])):
+        with pytest.raises(ValueError):
+            timescales.kept_log_spread(*bad)
+
+
+@pytest.mark.parametrize("share,d0", [(0.1, math.log(30)), (0.5, math.log(30)), (0.1, 6 * math.log(1.3 / 0.9)), (1.0, 4.0)])
+def test_spread_tolerance_is_the_largest_whose_residual_spread_fits_the_share(share, d0):
+    """Independent of the formula: the worst final log-spread of runs with one equilibrium, each within t of it,
+    maximised over a grid of residuals, found by bisection on t."""
+    allowed = share * d0
+
+    def worst(t):
+        e = np.linspace(-t, t, 2001)
+        logs = np.log1p(e)
+        return float(logs.max() - logs.min())  # the largest |log(1 + e_a) - log(1 + e_b)| over pairs on the grid
+
+    lo, hi = 0.0, 0.999999
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if worst(mid) <= allowed else (lo, mid)
+    t = timescales.spread_relaxation_tolerance(share, d0)
+    assert t == pytest.approx(lo, rel=1e-9)
+    # runs with different equilibria and residuals within t keep at most the equilibria's spread plus the share
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        eq = np.exp(rng.normal(size=3))
+        rho = eq * (1 + rng.uniform(-t, t, size=3))
+        assert timescales.log_spread(rho) <= timescales.log_spread(eq) + allowed + 1e-12
+    with pytest.raises(ValueError):
+        timescales.spread_relaxation_tolerance(0.0, d0)
+
+
+def _history(epochs, M, rho, rho_eq):
+    import pandas as pd
+
+    rho, rho_eq = np.asarray(rho, float), np.asarray(rho_eq, float)
+    return pd.DataFrame({"epoch": epochs, "M": M, "rho": rho, "rho_eq": rho_eq, "rho_over_rho_eq": rho / rho_eq})
+
+
+def test_init_dependence_regimes_clock_the_claim_the_control_and_the_weight_decay():
+    lam, eta, spe, tol = 1e-3, 0.5, 1, 0.1
+    epochs, M = [0, 100, 200], [1e-3, 1e-2, 1e-2]
+    hist = {(lam, 1.0): _history(epochs, M, [1.0, 2.0, 2.0], [0.5, 2.0, 2.0]),
+            (lam, 30.0): _history(epochs, M, [30.0, 3.0, 2.1], [0.5, 2.0, 2.0]),
+            (0.0, 1.0): _history(epochs, M, [1.0, 2.0, 2.2], [0.5, 2.2, 2.2]),
+            (0.0, 30.0): _history(epochs, M, [30.0, 9.0, 5.0], [0.5, 3.0, 2.5])}
+    clocks = timescales.init_dependence_regimes(hist, lam=lam, rho_lr=eta, steps_per_epoch=spe, steps=200, tolerance=tol)
+    assert [c["role"] for c in clocks] == ["claim", "claim", "control", "control", "weight decay"]
+
+    def by_hand(lam_k, rho0, eq_end):  # e-foldings: the smaller M of each logged interval, rate -log|1 - 2 eta (M + lam)|
+        value = sum(100 * -math.log(abs(1 - 2 * eta * (m + lam_k))) for m in (1e-3, 1e-2))
+        return value, math.log(abs(rho0 / eq_end - 1) / tol)
+
+    for c, (lam_k, rho0, eq_end) in zip(clocks, [(lam, 1.0, 2.0), (lam, 30.0, 2.0), (0.0, 1.0, 2.2), (0.0, 30.0, 2.5)]):
+        value, needed = by_hand(lam_k, rho0, eq_end)
+        assert c["value"] == pytest.approx(value, rel=1e-12) and c["needed"] == pytest.approx(max(needed, 0.0))
+        assert c["reached"] == (value >= max(needed, 0.0))
+    assert clocks[2]["value"] < clocks[0]["value"]  # without weight decay rho relaxes more slowly (rate 2 eta M)
+    assert clocks[-1]["value"] == pytest.approx(200 * eta * lam) and clocks[-1]["needed"] == 0.5
+    worst = timescales.furthest_from_done(clocks)
+    shares = [c["value"] / c["needed"] if c["needed"] > 0 else math.inf for c in clocks]
+    assert worst is clocks[int(np.argmin(shares))] and worst["role"] == "weight decay"  # 0.1 of 0.5
+    with pytest.raises(ValueError):  # the control's runs are needed
+        timescales.init_dependence_regimes({k: v for k, v in hist.items() if k[0] > 0}, lam=lam, rho_lr=eta,
+                                           steps_per_epoch=spe, steps=200, tolerance=tol)
+    with pytest.raises(ValueError):
+        timescales.init_dependence_regimes({(0.5, 1.0): hist[lam, 1.0], **hist}, lam=lam, rho_lr=eta,
+                                           steps_per_epoch=spe, steps=200, tolerance=tol)
+    with pytest.raises(ValueError):
+        timescales.furthest_from_done([])

@@ -109,12 +109,16 @@ RHO_DYNAMICS_FIXED = {
 def rho_dynamics_size(params: dict) -> dict:
     """The laptop run length of square/rho_dynamics at `params` (its ci defaults): the largest of
     - `init_dependence_wd`'s weight-decay time, `steps * eta * lam >= 1/2` (one e-folding of rho under the penalty);
-    - each initialisation's relaxation to its own need, `log(|rho_0 / rho_eq,0 - 1| / spread_ratio_threshold)`
-      e-foldings, bounded for every `M <= 1/eta - 2 lam` by the weight-decay part of the rate (`epochs_to_relax`;
-      the range is checked at the largest step with `margin_bound`, M <= 1 for the MLP). The need uses the
-      equilibrium of the untrained margins, the only one known before training; the page reads the need of each
-      run from its trajectory (`timescales.initial_distance(need_from="final")`) and says "needs a larger scale"
-      if the run length sized here falls short of it.
+    - each initialisation's relaxation to its own need, `log(|rho_0 / rho_eq,0 - 1| / t)` e-foldings, `t` the
+      tolerance tied to the claim's threshold, `timescales.spread_relaxation_tolerance(spread_share_max,
+      log(max rho_inits / min rho_inits))`, bounded for every `M <= 1/eta - 2 lam` by the weight-decay part of the
+      rate (`epochs_to_relax`; the range is checked at the largest step with `margin_bound`, M <= 1 for the MLP).
+      The need uses the equilibrium of the untrained margins, the only one known before training; the page reads
+      the need of each run from its trajectory (`timescales.initial_distance(need_from="final")`) and says "needs
+      a larger scale" if the run length sized here falls short of it.
+    The control's runs (lambda = 0) relax at the rate 2 eta M, which has no bound before training (M of an
+    untrained network is tiny): they are not sized here; the page reads their relaxation from the logged M
+    (`timescales.init_dependence_regimes`) and says "needs a larger scale" when it falls short.
     Returns {"epochs", "log_every", "per_need": [(what, epochs)], "runs"}, eta the paper's single step size at its
     smallest over the schedule."""
     lam = max(params["lams"])
@@ -127,9 +131,11 @@ def rho_dynamics_size(params: dict) -> dict:
     spe = S.steps(1)
     per_need = [("weight-decay time steps × η × λ ≥ 1/2", epochs_to_weight_decay(0.5, lam=lam, rho_lr=eta,
                                                                                   steps_per_epoch=spe))]
+    tolerance = timescales.spread_relaxation_tolerance(params["spread_share_max"],
+                                                       timescales.log_spread(params["rho_inits"]))
     for r0 in params["rho_inits"]:
         row = S.initial_row(rho_init=r0, seed=params["seed"], lam=lam)
-        need = timescales.relaxations_needed(abs(row["rho_over_rho_eq"] - 1), params["spread_ratio_threshold"])
+        need = timescales.relaxations_needed(abs(row["rho_over_rho_eq"] - 1), tolerance)
         per_need.append((f"relaxation of ρ₀ = {r0:g} ({need:.3g} e-foldings)",
                          epochs_to_relax(need, lam=lam, rho_lr=eta, steps_per_epoch=spe, M_max=M_max,
                                          max_rho_lr=eta_max)))
@@ -165,7 +171,9 @@ def laptop_text(name: str, params: dict, seconds_per_epoch: float, budget_s: flo
              "# CIFAR-10, the 6-layer CNN; lowrank.square.sizing says why).",
              "# epochs: the largest of " + "; ".join(f"{what}: {e}" for what, e in sized["per_need"]) + ",",
              "# each a bound that holds for any margins M <= 1/eta - 2 lambda (the relaxation rate at M = 0 is the weight decay's, Eq. 6;",
-             "# the MLP's margins have M <= max ||x||^2 = 1, checked at the largest step).",
+             "# the MLP's margins have M <= max ||x||^2 = 1, checked at the largest step). The relaxation tolerance is tied to",
+             "# init_dependence_wd's threshold (timescales.spread_relaxation_tolerance); the lambda = 0 control relaxes at 2 eta M,",
+             "# which has no bound before training: the page reads it from the logged M.",
              f"# Estimated training: {sized['runs']} runs × {sized['epochs']} epochs × {seconds_per_epoch * 1e3:.3g} ms "
              f"(measured here, one run) = {estimate:.0f} s (page budget {budget_s:.0f} s). The ci defaults otherwise.",
              "scale: laptop", f"epochs: {sized['epochs']}", f"log_every: {sized['log_every']}  # about 200 logged states per run"]

@@ -25,6 +25,15 @@ The e-foldings count contraction towards a *fixed* target; while the network lea
 moves. A first-order lag that contracts at rate `r` per step towards a target whose log moves by `d` per step
 settles `d / r` (relative) behind it: `equilibrium_tracking_lag` reads that from the last logged interval. A run
 whose lag exceeds the tolerance cannot be within it, however many e-foldings it lasted.
+
+The dependence of the final rho on the initialisation (Fig. 3) is read as the share of the initial log-spread of
+rho over the initialisations that is kept at the end (`kept_log_spread`). Its regime ties the relaxation to the
+claim's threshold: `spread_relaxation_tolerance(share, D0)` is the largest relative distance `|rho / rho_eq - 1|`
+per run at which the residual of the relaxation alone keeps the final log-spread within `share * D0` (runs that
+are further from their equilibria may be kept apart by that residual, whatever weight decay does), and
+`init_dependence_regimes` gives the clocks of the runs with weight decay (the claim), of those without it (the
+control: their relaxation, at the rate 2 eta M, must be done too, or a spread they keep says only that they
+were short), and the weight-decay time; `furthest_from_done` picks the one that decides.
 """
 
 from __future__ import annotations
@@ -36,7 +45,8 @@ import numpy as np
 __all__ = ["steps_per_epoch", "rho_relaxation_steps", "relaxations_needed", "weight_decay_steps",
            "accumulated_weight_decay", "rho_relaxation_regime", "weight_decay_regime",
            "relaxation_rate", "logged_rho_relaxations", "initial_distance", "rho_relaxation_regime_logged",
-           "equilibrium_tracking_lag"]
+           "equilibrium_tracking_lag", "log_spread", "kept_log_spread", "spread_relaxation_tolerance",
+           "init_dependence_regimes", "furthest_from_done"]
 
 
 def _nonneg(value, name):
@@ -206,3 +216,76 @@ def equilibrium_tracking_lag(history, *, lam: float, rho_lr: float, steps_per_ep
     if rate == 0:
         return math.inf
     return drift / rate
+
+
+def log_spread(values) -> float:
+    """`log(max / min)` of positive, finite values (0 for a single value)."""
+    v = np.asarray(values, dtype=float).ravel()
+    if v.size == 0 or not (np.all(np.isfinite(v)) and np.all(v > 0)):
+        raise ValueError(f"need at least one positive finite value, got {values!r}")
+    return float(np.log(v.max() / v.min()))
+
+
+def kept_log_spread(initial, final) -> float:
+    """The share of the initial log-spread kept at the end: `log_spread(final) / log_spread(initial)`, the
+    values of one quantity (rho) over the same runs (e.g. the initialisations) at the start and at the end.
+    ValueError when the initial values do not differ (no spread to keep)."""
+    d0 = log_spread(initial)
+    if len(np.asarray(initial).ravel()) != len(np.asarray(final).ravel()):
+        raise ValueError("initial and final must hold one value per run each")
+    if not d0 > 0:
+        raise ValueError("the initial values do not differ: there is no spread to keep")
+    return log_spread(final) / d0
+
+
+def spread_relaxation_tolerance(share: float, initial_log_spread: float) -> float:
+    """The relative distance `|rho / rho_eq - 1|` each run may keep to its equilibrium so that the residual of the
+    relaxation alone cannot spread the final rho by more than `share * initial_log_spread` (in log):
+    `tanh(share * D0 / 2)`. With every run within `t` of its equilibrium, `log rho` lies within
+    `[log(1 - t), log(1 + t)]` of `log rho_eq`, a band of width `log((1 + t) / (1 - t)) = 2 artanh(t)`; runs with
+    one equilibrium reach that width (one at `1 + t`, one at `1 - t`), so `t = tanh(share * D0 / 2)` is the
+    largest tolerance whose band fits the share (any number of runs)."""
+    s, d0 = _nonneg(share, "share"), _nonneg(initial_log_spread, "initial_log_spread")
+    if not (s > 0 and d0 > 0):
+        raise ValueError(f"share and initial_log_spread must be positive, got {share!r}, {initial_log_spread!r}")
+    return math.tanh(s * d0 / 2)
+
+
+def init_dependence_regimes(histories: dict, *, lam: float, rho_lr: float, steps_per_epoch: int, steps: int,
+                            tolerance: float) -> list[dict]:
+    """The clocks of "with weight decay the final rho forgets the initialisation; without it, not" from the runs:
+    `histories` maps `(lam_k, rho_0)` to a logged history for `lam_k` in {`lam`, 0}. Returns regime dicts
+    (`lowrank.book.verdicts.Regime` fields, plus `role` and `reached`):
+
+    - `role="claim"`: each run with weight decay `lam`, `rho_relaxation_regime_logged` to `tolerance` from the
+      equilibrium its trajectory ends at (rate 2 eta (M + lam));
+    - `role="control"`: the same for each run without weight decay (rate 2 eta M): the control's runs must have
+      relaxed too, or the spread they keep says only that they were short;
+    - `role="weight decay"`: the weight-decay time, `steps * eta * lam >= 1/2` (one e-folding of rho under the
+      penalty `lam rho^2` alone, `(1 - 2 eta lam)^steps <= 1/e`).
+    """
+    if not lam > 0:
+        raise ValueError(f"lam must be the positive weight decay of the claim's runs, got {lam!r}")
+    out = []
+    for (lam_k, r0), h in histories.items():
+        if lam_k not in (lam, 0.0):
+            raise ValueError(f"histories hold lambda {lam_k!r}: only {lam!r} (the claim) and 0 (the control)")
+        role = "claim" if lam_k > 0 else "control"
+        r = rho_relaxation_regime_logged(h, lam=lam_k, rho_lr=rho_lr, steps_per_epoch=steps_per_epoch,
+                                         tolerance=tolerance, label=f"{role}: λ = {lam_k:g}, ρ₀ = {r0:g}",
+                                         need_from="final")
+        out.append({k: r[k] for k in ("quantity", "value", "needed", "origin")} | {"role": role})
+    if not {"claim", "control"} <= {r["role"] for r in out}:
+        raise ValueError("init_dependence_regimes needs runs with weight decay (the claim) and without (the control)")
+    out.append(weight_decay_regime(steps=steps, lam=lam, rho_lr=rho_lr, needed=0.5,
+                                   origin="one e-folding of ρ under the penalty λρ² alone, (1 − 2ηλ)^steps ≤ 1/e, "
+                                          "i.e. steps × η × λ ≥ 1/2") | {"role": "weight decay"})
+    return [r | {"reached": r["value"] >= r["needed"]} for r in out]
+
+
+def furthest_from_done(regimes) -> dict:
+    """The regime with the smallest share `value / needed` done (a need of 0 is done whatever the value)."""
+    regimes = list(regimes)
+    if not regimes:
+        raise ValueError("no regime to choose from")
+    return min(regimes, key=lambda r: math.inf if r["needed"] <= 0 else r["value"] / r["needed"])
