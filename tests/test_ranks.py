@@ -557,20 +557,6 @@ def test_lambda0_retained_reads_the_denominators_fall_by_hand():
         noise.lambda0_retained(t[t["weight_decay"] > 0])
 
 
-def test_furthest_from_done_takes_the_smallest_share_of_its_need():
-    """A = 7 of 6.9 (1.01 of its need) against a lambda = 0 share of 0.4 of 0.5 (0.8 of its need): the
-    second is further from done; a share of 0.6 of 0.5 (1.2) is not, and A decides."""
-    from lowrank.book import verdicts
-    from lowrank.sgd import noise
-
-    a = verdicts.Regime("A", 7.0, 6.9, "test")
-    settle = verdicts.Regime("share kept", 0.4, 0.5, "test")
-    assert noise.furthest_from_done([a, settle]) is settle and not settle.reached
-    assert noise.furthest_from_done([a, verdicts.Regime("share kept", 0.6, 0.5, "test")]) is a
-    with pytest.raises(ValueError):
-        noise.furthest_from_done([])
-
-
 def test_gap_regime_blocks_only_a_shortfall_while_lambda0_still_falls():
     """lambda = 0 fell 3x over the window, the lambda > 0 runs 1.2x: the ratio grew by 2.5x, so a gap of 12
     (threshold 10) agrees on A alone; a gap of 8 waits for the denominator. A lambda > 0 run falling faster

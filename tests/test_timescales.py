@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from lowrank.core import regimes
 from lowrank.square import pages, timescales, training
 
 
@@ -381,7 +382,7 @@ def test_init_dependence_regimes_clock_the_claim_the_control_and_the_weight_deca
         assert c["reached"] == (value >= max(needed, 0.0))
     assert clocks[2]["value"] < clocks[0]["value"]  # without weight decay rho relaxes more slowly (rate 2 eta M)
     assert clocks[-1]["value"] == pytest.approx(200 * eta * lam) and clocks[-1]["needed"] == 0.5
-    worst = timescales.furthest_from_done(clocks)
+    worst = regimes.furthest_from_done(clocks)
     shares = [c["value"] / c["needed"] if c["needed"] > 0 else math.inf for c in clocks]
     assert worst is clocks[int(np.argmin(shares))] and worst["role"] == "weight decay"  # 0.1 of 0.5
     with pytest.raises(ValueError):  # the control's runs are needed
@@ -391,4 +392,4 @@ def test_init_dependence_regimes_clock_the_claim_the_control_and_the_weight_deca
         timescales.init_dependence_regimes({(0.5, 1.0): hist[lam, 1.0], **hist}, lam=lam, rho_lr=eta,
                                            steps_per_epoch=spe, steps=200, tolerance=tol)
     with pytest.raises(ValueError):
-        timescales.furthest_from_done([])
+        regimes.furthest_from_done([])

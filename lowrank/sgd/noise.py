@@ -7,7 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-__all__ = ["log_slope", "moving_table", "in_regime", "collapse_or_moving_share", "gap_to_lambda0", "lambda0_retained", "furthest_from_done"]
+from lowrank.core.regimes import furthest_from_done
+
+__all__ = ["log_slope", "moving_table", "in_regime", "collapse_or_moving_share", "gap_to_lambda0", "lambda0_retained",
+           "ratio_growing", "gap_regime"]
 
 
 def log_slope(epochs, values) -> float:
@@ -133,19 +136,6 @@ def lambda0_retained(moving: pd.DataFrame) -> tuple[float, str]:
     kept = 1.0 / denominators["d_fall"].astype(float)
     i = kept.idxmin()
     return float(kept[i]), str(denominators.loc[i, "loss"])
-
-
-def furthest_from_done(regimes):
-    """Of several clocks a claim needs (objects with `value` and `needed`, e.g. `verdicts.Regime`), the
-    one furthest from done: the smallest value / needed (as notebooks/square/rho_dynamics.md combines
-    its clocks). A claim is in its regime only when every clock is."""
-    regimes = list(regimes)
-    if not regimes:
-        raise ValueError("furthest_from_done needs at least one regime")
-    for r in regimes:
-        if not r.needed > 0:
-            raise ValueError(f"a regime's needed value must be positive, got {r.needed}")
-    return min(regimes, key=lambda r: r.value / r.needed)
 
 
 def ratio_growing(moving: pd.DataFrame) -> bool:

@@ -33,7 +33,7 @@ per run at which the residual of the relaxation alone keeps the final log-spread
 are further from their equilibria may be kept apart by that residual, whatever weight decay does), and
 `init_dependence_regimes` gives the clocks of the runs with weight decay (the claim), of those without it (the
 control: their relaxation, at the rate 2 eta M, must be done too, or a spread they keep says only that they
-were short), and the weight-decay time; `furthest_from_done` picks the one that decides.
+were short), and the weight-decay time; `lowrank.core.regimes.furthest_from_done` picks the one that decides.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ __all__ = ["steps_per_epoch", "rho_relaxation_steps", "relaxations_needed", "wei
            "accumulated_weight_decay", "rho_relaxation_regime", "weight_decay_regime",
            "relaxation_rate", "logged_rho_relaxations", "initial_distance", "rho_relaxation_regime_logged",
            "equilibrium_tracking_lag", "log_spread", "kept_log_spread", "spread_relaxation_tolerance",
-           "init_dependence_regimes", "furthest_from_done"]
+           "init_dependence_regimes"]
 
 
 def _nonneg(value, name):
@@ -281,11 +281,3 @@ def init_dependence_regimes(histories: dict, *, lam: float, rho_lr: float, steps
                                    origin="one e-folding of ρ under the penalty λρ² alone, (1 − 2ηλ)^steps ≤ 1/e, "
                                           "i.e. steps × η × λ ≥ 1/2") | {"role": "weight decay"})
     return [r | {"reached": r["value"] >= r["needed"]} for r in out]
-
-
-def furthest_from_done(regimes) -> dict:
-    """The regime with the smallest share `value / needed` done (a need of 0 is done whatever the value)."""
-    regimes = list(regimes)
-    if not regimes:
-        raise ValueError("no regime to choose from")
-    return min(regimes, key=lambda r: math.inf if r["needed"] <= 0 else r["value"] / r["needed"])
