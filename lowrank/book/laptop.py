@@ -58,11 +58,14 @@ class SizedPage:
     dataset_key: str = "dataset"  # the parameter naming the data set whose training-set size counts the steps
     also: tuple = ()  # further SizedPage(s) of the same page, each setting its own epochs_key (e.g. a second data set)
     groups: Callable[[str, dict], list] | None = None  # (name, params) -> costs.training_seconds groups; default _rank_groups
+    eps_key: str = "eps"  # the parameter holding the rank threshold whose regime ln(1/eps) the sizing reaches
+    fixed: tuple = ()  # (parameter, value, why) the laptop file sets apart from the run length (the paper's, where ci differs)
 
 
 def _noise_grid(p: dict, dataset_key: str = "dataset") -> list[dict]:
-    """SGD noise's runs with weight decay (the lambda = 0 run needs no regime): one slice per lambda, each
-    entering the statistics only at A >= ln(1/eps) (notebooks/sgd/sgd_noise.md), so every one must reach it."""
+    """SGD noise's runs with weight decay: one slice per lambda, each entering the statistics only at
+    A >= ln(1/eps) (notebooks/sgd/sgd_noise.md), so every one must reach it. The lambda = 0 runs' clock (their
+    d levelling off, gap_to_lambda0's) is read from the trained runs: no length is known for it beforehand."""
     return [{"batch_size": p["batch_size"], "lr": p["lr"], "weight_decay": wd, "momentum": p["momentum"], "seed": p["seed"]}
             for wd in p["weight_decays"] if wd > 0]
 
@@ -72,6 +75,40 @@ def _noise_groups(name: str, params: dict) -> list:
     members = len(params["weight_decays"])
     return [(params["model"], params[key], params["batch_size"], members, params[epochs])
             for key, epochs in (("dataset", "epochs"), ("second_dataset", "second_epochs")) for _ in params["losses"]]
+
+
+def _architectures_grid(p: dict) -> list[dict]:
+    """The MLP and RES-BN sweeps of sgd/architectures (as its grid cell builds them), each run labelled
+    with the slice of its statistic: each learning rate's B trend (the two batch-size figures) and each
+    batch size's lambda trend (the MLP lambda figure)."""
+    from lowrank.sgd import ranks
+
+    seeds = list(range(p["seed"], p["seed"] + p["seeds"]))
+
+    def label(runs, what, key):
+        return [{**g, "slice": f"{what} at {key} {g[key]:g}"} for g in runs]
+
+    def grid(batch_sizes, lrs, weight_decays):
+        return ranks.experiment_grid(batch_sizes=batch_sizes, lrs=lrs, weight_decays=weight_decays,
+                                     momenta=[p["mlp_momentum"]], seeds=seeds)
+
+    return (label(grid(p["mlp_batch_sizes"], p["res_bn_lrs"], [p["mlp_weight_decay"], 0.0]), f"{p['res_bn_model']} B trend", "lr")
+            + label(grid(p["mlp_batch_sizes"], p["mlp_lrs"], [p["mlp_weight_decay"], 0.0]), f"{p['mlp_model']} B trend", "lr")
+            + label(grid(p["mlp_wd_batch_sizes"], [p["mlp_wd_lr"]], p["mlp_weight_decays"]), f"{p['mlp_model']} λ trend",
+                    "batch_size"))
+
+
+def _architectures_groups(name: str, params: dict) -> list:
+    """sgd/architectures trains each network's runs at one batch size together: the MLP and RES-BN sweeps
+    for `mlp_epochs`, the convolutional and transformer sweeps (not sized: beyond the budget) for `epochs`."""
+    runs = _architectures_grid(params)
+    groups = []
+    for model in (params["res_bn_model"], params["mlp_model"]):
+        mine = {tuple(sorted((k, v) for k, v in g.items() if k != "slice")) for g in runs
+                if g["slice"].startswith(model + " ")}
+        for B in sorted({dict(g)["batch_size"] for g in mine}):
+            groups.append((model, params["dataset"], B, sum(dict(g)["batch_size"] == B for g in mine), params["mlp_epochs"]))
+    return groups
 
 
 SIZED_PAGES = {
@@ -89,12 +126,19 @@ SIZED_PAGES = {
         also=(SizedPage(_noise_grid, ("weight_decay",), "every lambda > 0 run on the second data set",
                         epochs_key="second_epochs", dataset_key="second_dataset"),),
         groups=_noise_groups),
+    "sgd/architectures": SizedPage(
+        _architectures_grid, ("slice",), "each MLP and RES-BN trend (its largest lambda, or its smallest B)",
+        epochs_key="mlp_epochs", eps_key="mlp_eps", groups=_architectures_groups,
+        fixed=(("mlp_weight_decays", [0.0, 1e-4, 2e-4, 4e-4, 8e-4, 6e-3],
+                "the MLP lambda figure's grid (paper l.549, l.1523); the ci grid is ten times the paper's, and at its largest "
+                "lambda (the largest per-step decay mu lambda / (1 - beta) of the page) every run collapses and is left out"),)),
 }
 
 
-# Pages whose claims are about convolutional and transformer networks on CIFAR-10: no laptop size reaches
-# their regime within PAGE_BUDGET_S (one epoch of the smallest is longer), so their laptop column reads
-# "needs a larger scale" with the training cost of the paper's sweeps that decide them.
+# Pages with claims about convolutional and transformer networks on CIFAR-10: no laptop size reaches their
+# regime within PAGE_BUDGET_S (one epoch of the smallest is longer), so those claims read "needs a larger
+# scale" with the training cost of the paper's sweeps that decide them (a page's MLP claims may still be
+# sized above: sgd/architectures).
 LARGER_SCALE = {
     "sgd/architectures": ("sweeps/sgd_architectures_paper.yaml",),
     "sgd/generalization": ("sweeps/sgd_fig_gen_1_paper.yaml", "sweeps/sgd_fig_gen_2_paper.yaml"),
@@ -163,12 +207,12 @@ def _n_train(dataset: str) -> int:
     return int(datasets.load(dataset).x_train.shape[0])
 
 
-def regime_needed(params: dict) -> float:
+def regime_needed(params: dict, eps_key: str = "eps") -> float:
     """The accumulated weight decay a sized page's claims need: `lowrank.sgd.ranks.regime_from_bound`
-    at the page's rank threshold `params["eps"]` (ln(1/eps), paper l.1143-1144), as its verdicts judge it."""
+    at the page's rank threshold `params[eps_key]` (ln(1/eps), paper l.1143-1144), as its verdicts judge it."""
     from lowrank.sgd import ranks
 
-    return ranks.regime_from_bound(params["eps"])
+    return ranks.regime_from_bound(params[eps_key])
 
 
 def _stages(name: str) -> list[SizedPage]:
@@ -180,7 +224,7 @@ def _stage_epochs(name: str, page: SizedPage, params: dict):
     from lowrank.sgd import ranks
 
     table = ranks.epochs_to_regime(page.grid(params), n_train=_n_train(params[page.dataset_key]),
-                                   target=regime_needed(params), slices=list(page.slices),
+                                   target=regime_needed(params, page.eps_key), slices=list(page.slices),
                                    milestones=params.get("milestones", ()), lr_decay=params.get("lr_decay", 0.1))
     if not table["reachable"].all():
         raise ValueError(f"{name}: a slice has no run with weight decay, so no run length reaches the regime")
@@ -203,10 +247,14 @@ def regime_lengths(name: str, params: dict) -> dict:
 def _sized_run(name: str) -> tuple[dict, object, float | None]:
     """(the laptop parameters, the per-slice table, the estimated training seconds) of page `name`:
     its ci defaults with the run length `regime_epochs` computes."""
-    params = rules.resolve_parameters(name, scale="ci", memory=False)
+    params = {**rules.resolve_parameters(name, scale="ci", memory=False), **{k: v for k, v, _ in _sized(name).fixed}}
     lengths = regime_lengths(name, params)
     sized = {**params, **{key: e for key, (e, _) in lengths.items()}, "scale": "laptop"}
     return sized, {key: t for key, (_, t) in lengths.items()}, page_seconds(name, sized)
+
+
+def _slice_text(key: str, value) -> str:
+    return value if key == "slice" else f"{key} {value:g}"
 
 
 def laptop_text(name: str) -> str:
@@ -217,16 +265,19 @@ def laptop_text(name: str) -> str:
     sized, tables, seconds = _sized_run(name)
     lines = ["# Laptop scale, sized from the mechanism before training (python -m lowrank.book.laptop --write; never by hand):"]
     for page in _stages(name):
-        per_slice = ", ".join(f"{' '.join(f'{k} {row[k]:g}' for k in page.slices)}: {int(row['epochs'])}"
+        per_slice = ", ".join(f"{' '.join(_slice_text(k, row[k]) for k in page.slices)}: {int(row['epochs'])}"
                               for _, row in tables[page.epochs_key].iterrows())
         lines += [f"# {page.epochs_key}: the run length at which the accumulated weight decay A = sum_t mu_t lambda / (1 - beta) "
                   f"of {page.why} ({sized[page.dataset_key]})",
-                  f"# reaches ln(1/eps) = {regime_needed(sized):.3g} (eps {sized['eps']:g}; Theorem 3.2's bound, paper l.1143-1144). "
+                  f"# reaches ln(1/eps) = {regime_needed(sized, page.eps_key):.3g} (eps {sized[page.eps_key]:g}; Theorem 3.2's bound, paper l.1143-1144). "
                   f"Epochs per slice: {per_slice}."]
     seeds = f"{sized['seeds']} seeds pooled" if "seeds" in sized else f"seed {sized['seed']}"
-    lines += [f"# The ci defaults otherwise ({sized['model']} on {sized['dataset']}, {seeds}). "
+    models = sized["model"] if "model" in sized else f"{sized['mlp_model']} and {sized['res_bn_model']}"
+    lines += [f"# The ci defaults otherwise ({models} on {sized['dataset']}, {seeds}). "
               f"Estimated training: {costs.format_seconds(seconds)} (bench/epoch_seconds.csv; page budget {PAGE_BUDGET_S:.0f} s).",
               "scale: laptop", *(f"{page.epochs_key}: {sized[page.epochs_key]}" for page in _stages(name))]
+    for key, value, why in _sized(name).fixed:
+        lines += [f"# {key}: {why}", f"{key}: {yaml.safe_dump(value, default_flow_style=True).strip()}"]
     return "\n".join(lines) + "\n"
 
 
