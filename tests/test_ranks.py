@@ -1,5 +1,7 @@
 """Part II's experiment tables: layer averages and the rank-versus-hyperparameter trend."""
 
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -531,45 +533,41 @@ def test_fitted_decay_regime_ignores_excluded_runs():
     assert none.value == 20.0 and none.reached and "planned" in none.quantity
 
 
-def test_lambda0_retained_reads_the_denominators_fall_by_hand():
-    """d = exp(a e) over epochs 0..20, window [t/2, t] = 10..20: the lambda = 0 run keeps
-    exp(10 a) of its d over the window (by hand: ce a = -0.1 keeps e^-1 = 0.368, mse a = -0.02 keeps
-    e^-0.2 = 0.819). Both losses have a live lambda > 0 run: the smallest share is ce's, below
-    1 / settle_factor = 0.5 (still falling: the ratio grows with the run). When every ce lambda > 0
-    run collapsed, ce's lambda = 0 run is no denominator and mse's share decides (above 0.5)."""
+def _trend_table(d_fall, log_d_slope, d_over_zero, collapsed=(False,) * 4):
+    return pd.DataFrame({"loss": ["ce", "ce", "mse", "mse"], "weight_decay": [0.0, 1e-3, 0.0, 1e-3],
+                         "collapsed": list(collapsed), "d_fall": d_fall, "log_d_slope": log_d_slope,
+                         "d_over_zero": d_over_zero})
+
+
+def test_ratio_trends_read_each_live_ratio_against_its_own_loss_by_hand():
+    """ce: lambda = 0 fell 3x, lambda > 0 1.2x, so the ratio grew 2.5x; mse: 2x against 2.5x, it shrank 0.8x.
+    The log-slopes per epoch subtract (-0.05 - -0.2 = 0.15)."""
     from lowrank.sgd import noise
 
-    rows = []
-    for run, (loss, wd, a, norm_end) in enumerate([("ce", 0.0, -0.1, 1.0), ("ce", 0.1, 0.0, 0.5),
-                                                     ("mse", 0.0, -0.02, 1.0), ("mse", 0.1, 0.0, 0.5)]):
-        for e in range(21):
-            rows.append({"run": run, "epoch": e, "loss": loss, "weight_decay": wd, "dist": np.exp(a * e),
-                         "weight_norm": 1.0 + (norm_end - 1.0) * e / 20})
-    t = noise.moving_table(pd.DataFrame(rows), collapse_tol=1e-2, settle_factor=2.0)
-    share, loss = noise.lambda0_retained(t)
-    assert share == pytest.approx(np.exp(-1.0)) and loss == "ce" and share < 1 / 2.0
-    ce_collapsed = t.assign(collapsed=(t["loss"] == "ce") & (t["weight_decay"] > 0))
-    share, loss = noise.lambda0_retained(ce_collapsed)
-    assert share == pytest.approx(np.exp(-0.2)) and loss == "mse" and share > 1 / 2.0
-    # every lambda > 0 run collapsed: no ratio is read, every lambda = 0 run counts
-    assert noise.lambda0_retained(t.assign(collapsed=t["weight_decay"] > 0))[0] == pytest.approx(np.exp(-1.0))
-    with pytest.raises(ValueError, match="lambda = 0"):
-        noise.lambda0_retained(t[t["weight_decay"] > 0])
+    moving = _trend_table([3.0, 1.2, 2.0, 2.5], [-0.2, -0.05, -0.1, -0.12], [1.0, 12.0, 1.0, 8.0])
+    t = noise.ratio_trends(moving)
+    assert t["loss"].tolist() == ["ce", "mse"]
+    assert t["growth"].tolist() == pytest.approx([2.5, 0.8])
+    assert t["log_ratio_slope"].tolist() == pytest.approx([0.15, -0.02])
+    with pytest.raises(ValueError, match="one lambda = 0 run"):
+        noise.ratio_trends(moving[moving["loss"] == "ce"].assign(loss=["ce", "mse"]))
 
 
-def test_gap_regime_blocks_only_a_shortfall_while_lambda0_still_falls():
-    """lambda = 0 fell 3x over the window, the lambda > 0 runs 1.2x: the ratio grew by 2.5x, so a gap of 12
-    (threshold 10) agrees on A alone; a gap of 8 waits for the denominator. A lambda > 0 run falling faster
-    than its denominator (ratio shrinking) or a gap below threshold never skips the lambda = 0 clock."""
-    from lowrank.book import verdicts
+def test_gap_clock_decides_both_ways_and_waits_only_when_the_trend_crosses_the_threshold():
+    """Threshold 10. A gap of 12 whose ratios all grew: an agreement that stays (clock reached). A gap of 8
+    (mse) whose ratio shrank 0.8x: a shortfall that stays (reached: it can disagree). A gap of 8 whose ratio
+    grew 2.5x at log-slope 0.15 per epoch: it waits, ln(10/8)/0.15 = 1.49 -> 2 more epochs."""
     from lowrank.sgd import noise
 
-    moving = pd.DataFrame({"loss": ["ce", "ce", "mse", "mse"], "weight_decay": [0.0, 1e-3, 0.0, 1e-3],
-                           "collapsed": [False, False, False, False], "d_fall": [3.0, 1.2, 2.5, 1.1]})
-    a, settle = verdicts.Regime("A", 7.0, 6.9, "test"), verdicts.Regime("share kept", 1 / 3, 0.5, "test")
-    assert noise.ratio_growing(moving)
-    assert noise.gap_regime(moving, 12.0, 10.0, a, settle) is a
-    assert noise.gap_regime(moving, 8.0, 10.0, a, settle) is settle
-    shrinking = moving.assign(d_fall=[3.0, 1.2, 2.5, 2.6])  # mse's lambda > 0 run fell more than its denominator
-    assert not noise.ratio_growing(shrinking) and noise.gap_regime(shrinking, 12.0, 10.0, a, settle) is settle
-    assert not noise.ratio_growing(moving.assign(collapsed=[False, True, False, True]))  # nothing live
+    agree = noise.gap_clock(_trend_table([3.0, 1.2, 2.5, 1.1], [-0.2, -0.05, -0.1, -0.01], [1.0, 12.0, 1.0, 15.0]), 12.0, 10.0)
+    assert agree["value"] == pytest.approx(min(2.5, 2.5 / 1.1)) and agree["value"] >= agree["needed"] == 1.0
+    assert agree["epochs_to_threshold"] is None
+    short_flat = noise.gap_clock(_trend_table([3.0, 1.2, 2.0, 2.5], [-0.2, -0.05, -0.1, -0.12], [1.0, 12.0, 1.0, 8.0]), 8.0, 10.0)
+    assert short_flat["value"] == pytest.approx(1 / 0.8) and short_flat["value"] >= 1.0
+    short_growing = noise.gap_clock(_trend_table([3.0, 1.2, 2.0, 1.9], [-0.2, -0.05, -0.1, -0.09], [1.0, 8.0, 1.0, 9.0]), 8.0, 10.0)
+    assert short_growing["value"] == pytest.approx(1 / 2.5) and short_growing["value"] < 1.0
+    assert short_growing["epochs_to_threshold"] == math.ceil(math.log(10 / 8) / 0.15)
+    with pytest.raises(ValueError, match="no live"):
+        noise.gap_clock(_trend_table([3.0, 1.2, 2.0, 1.9], [-0.2, -0.05, -0.1, -0.09], [1.0, 8.0, 1.0, 9.0],
+                                     collapsed=(False, True, False, True)), float("nan"), 10.0)
+

@@ -4,13 +4,14 @@ proposition). The per-run classification the page reads: collapsed, still moving
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
-from lowrank.core.regimes import furthest_from_done
 
-__all__ = ["log_slope", "moving_table", "in_regime", "collapse_or_moving_share", "gap_to_lambda0", "lambda0_retained",
-           "ratio_growing", "gap_regime"]
+__all__ = ["log_slope", "moving_table", "in_regime", "collapse_or_moving_share", "gap_to_lambda0",
+           "ratio_trends", "gap_clock"]
 
 
 def log_slope(epochs, values) -> float:
@@ -113,47 +114,49 @@ def gap_to_lambda0(moving: pd.DataFrame, avg: pd.DataFrame) -> tuple[float, floa
     return float(alive["d_over_zero"].min()), float(ratio_first.min())
 
 
-def lambda0_retained(moving: pd.DataFrame) -> tuple[float, str]:
-    """The regime of the ratio `gap_to_lambda0` reads on its denominator: whether the lambda = 0 run's d
-    has settled at its floor (the paper's "almost convergence", l.545), so that the ratio no longer
-    grows with the run's length.
-
-    For each lambda = 0 run that is a denominator of the statistic (its loss has a lambda > 0 run that
-    did not collapse; every lambda = 0 run when none has), the share of its d kept over the window of
-    `moving_table`, d(t) / d(window_start t) by the fitted line: 1 / `d_fall`. Returns the smallest
-    share and the loss of that run. It is at least 1 / settle_factor exactly when the run's d fell by
-    at most `settle_factor` over the window: the criterion by which `moving_table` calls a run moving
-    rather than settling, here asking that the denominator has stopped falling.
-    """
-    for c in ("weight_decay", "collapsed", "d_fall", "loss"):
+def ratio_trends(moving: pd.DataFrame) -> pd.DataFrame:
+    """How each ratio `gap_to_lambda0` takes moved over the window of `moving_table`: one row per live
+    (not collapsed) lambda > 0 run with its `loss`, `weight_decay`, `d_over_zero`, `growth` (the factor by
+    which its ratio to the lambda = 0 run of the same loss grew over the window, by the fitted lines:
+    that run's `d_fall` over its own) and `log_ratio_slope` (the ratio's log-slope per epoch)."""
+    for c in ("weight_decay", "collapsed", "d_fall", "loss", "log_d_slope", "d_over_zero"):
         if c not in moving.columns:
             raise ValueError(f"moving has no column {c!r}")
-    zero = moving[moving["weight_decay"] == 0]
-    if zero.empty:
-        raise ValueError("moving needs a lambda = 0 run")
-    live = set(moving.loc[(moving["weight_decay"] > 0) & ~moving["collapsed"], "loss"])
-    denominators = zero[zero["loss"].isin(live)] if live else zero
-    kept = 1.0 / denominators["d_fall"].astype(float)
-    i = kept.idxmin()
-    return float(kept[i]), str(denominators.loc[i, "loss"])
-
-
-def ratio_growing(moving: pd.DataFrame) -> bool:
-    """Whether every ratio `gap_to_lambda0` takes grew over the window: each live (not collapsed) lambda > 0
-    run's d fell by less than the d of the lambda = 0 run with the same loss (`d_fall`, by the fitted line).
-    Then a gap that already reaches its threshold stays there while the lambda = 0 run keeps falling, so
-    a denominator that has not levelled off blocks only a shortfall ("disagrees"), not an agreement."""
-    zero = moving[moving["weight_decay"] == 0].set_index("loss")["d_fall"]
+    zero = moving[moving["weight_decay"] == 0].set_index("loss")
     live = moving[(moving["weight_decay"] > 0) & ~moving["collapsed"]]
-    return bool(len(live)) and bool((live["d_fall"].to_numpy() < live["loss"].map(zero).to_numpy()).all())
+    if zero.empty or zero.index.duplicated().any() or not live["loss"].isin(zero.index).all():
+        raise ValueError("every live lambda > 0 run needs one lambda = 0 run with its loss")
+    return live[["loss", "weight_decay", "d_over_zero"]].assign(
+        growth=live["loss"].map(zero["d_fall"]).to_numpy() / live["d_fall"].to_numpy(),
+        log_ratio_slope=live["log_d_slope"].to_numpy() - live["loss"].map(zero["log_d_slope"]).to_numpy())
 
 
-def gap_regime(moving: pd.DataFrame, gap: float, threshold: float, decay_regime, lambda0_regime):
-    """The regime `gap_to_lambda0` is judged by: the lambda > 0 runs' `decay_regime` alone when the gap
-    reaches `threshold` and is still growing (`ratio_growing`: longer runs only widen it); otherwise the
-    clock furthest from done of it and `lambda0_regime` (`lambda0_retained`'s), since a shortfall says
-    "disagrees" only once the denominator has levelled off."""
-    if gap >= threshold and ratio_growing(moving):
-        return decay_regime
-    return furthest_from_done([decay_regime, lambda0_regime])
+def gap_clock(moving: pd.DataFrame, gap: float, threshold: float) -> dict:
+    """The second clock of `gap_to_lambda0`: whether the ratio's trend over the window still runs towards
+    the other side of `threshold`, so that a longer run could change the outcome.
 
+    At or above the threshold the agreement is final when no live ratio shrank over the window (`value`
+    the smallest `growth`, needing 1); below it the shortfall is final when the ratio of the run that
+    sets the gap did not grow (`value` one over its `growth`, needing 1). Otherwise the outcome waits for
+    a longer run, and `epochs_to_threshold` says how many more epochs the window's log-linear trend
+    takes to reach the threshold (None when it does not run that way). Returns the Regime fields
+    (`quantity`, `value`, `needed`, `origin`) and `epochs_to_threshold`; every live run collapsed: ValueError."""
+    trends = ratio_trends(moving)
+    if trends.empty:
+        raise ValueError("no live lambda > 0 run: the gap measures nothing")
+    origin = ("a ratio is decided once its trend over the window no longer runs towards the other side of the "
+              "threshold (the window and its fitted lines are moving_table's, fixed in advance)")
+    setter = trends.loc[trends["d_over_zero"].idxmin()]
+    if gap >= threshold:
+        slowest = trends.loc[trends["growth"].idxmin()]
+        value, quantity, towards = float(slowest["growth"]), (
+            "smallest factor by which a live λ > 0 run's ratio to λ = 0 grew over the window (a gap at the "
+            "threshold that does not shrink stays there)"), slowest
+    else:
+        value, quantity, towards = 1.0 / float(setter["growth"]), (
+            "factor by which the ratio of the run that sets the gap shrank over the window (a shortfall that "
+            "does not grow stays one)"), setter
+    slope, target = float(towards["log_ratio_slope"]), math.log(threshold / float(towards["d_over_zero"]))
+    runs_towards = slope != 0 and target / slope > 0
+    return {"quantity": quantity, "value": value, "needed": 1.0, "origin": origin,
+            "epochs_to_threshold": math.ceil(target / slope) if value < 1.0 and runs_towards else None}
