@@ -181,6 +181,42 @@ def test_target_direction_share_against_monte_carlo():
         gd.target_direction_share(10, 1)
 
 
+def test_target_span_share_against_monte_carlo():
+    """|cos(X^T y, P_X omega)|, with P_X omega computed from a QR factor of X^T (numpy's own generator and
+    linear algebra): its root mean square over draws meets the leading-order span share within 0.02
+    where n/d is not small; from n = d on P_X omega = omega and the span share is the share itself."""
+    rng = np.random.default_rng(1)
+    for n, d, noise in ((150, 200, 0.1), (100, 200, 0.3)):
+        cos = []
+        for _ in range(300):
+            X = rng.standard_normal((n, d))
+            w = rng.standard_normal(d)
+            w /= np.linalg.norm(w)
+            v = X.T @ (1 / (1 + np.exp(-X @ w)) + noise * rng.standard_normal(n))
+            Q = np.linalg.qr(X.T)[0]
+            p = Q @ (Q.T @ w)
+            cos.append(abs(v @ p) / (np.linalg.norm(v) * np.linalg.norm(p)))
+        assert math.sqrt(np.mean(np.square(cos))) == pytest.approx(gd.target_span_share(n, d, noise_std=noise),
+                                                                    abs=0.02)
+    for n in (200, 500, 5000):
+        assert gd.target_span_share(n, 200, noise_std=0.1) == gd.target_direction_share(n, 200, noise_std=0.1)
+    assert gd.target_span_share(1, 200, noise_std=0.1) == 1.0  # one input: one direction, shared
+
+
+def test_omega_alternative_degenerate_reads_the_closed_form():
+    """At the ci sizes (n/d = 0.75) X^T y's span share is below 0.9: a reason naming the level and the
+    samples needed; with n beyond samples_for_target_share it is aligned and there is no reason."""
+    level = gd.target_span_share(150, 200, noise_std=0.1)
+    need = gd.samples_for_target_share(200, 0.9, noise_std=0.1)
+    reason = mf_vs_ntk.omega_alternative_degenerate(150, 200, 0.9, noise_std=0.1)
+    assert level < 0.9 and f"{level:.3f}" in reason and f"n = {need} " in reason and "0.9" in reason
+    assert mf_vs_ntk.omega_alternative_degenerate(need, 200, 0.9, noise_std=0.1) is None
+    assert mf_vs_ntk.omega_alternative_degenerate(need - 1, 200, 0.9, noise_std=0.1) is not None
+    assert mf_vs_ntk.omega_alternative_degenerate(150, 200, 0.3, noise_std=0.1) is None  # 0.36 >= 0.3
+    with pytest.raises(ValueError, match="threshold"):
+        mf_vs_ntk.omega_alternative_degenerate(150, 200, 1.0)
+
+
 def test_spike_size_runs_and_the_spike_free_control_against_autograd():
     n, d, m, steps = 16, 7, 9, 2
     nus = [0.0, 0.5]

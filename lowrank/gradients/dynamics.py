@@ -68,6 +68,7 @@ __all__ = [
     "random_alignment_quantile",
     "target_direction_share",
     "samples_for_target_share",
+    "target_span_share",
     "margin_over_rest",
 ]
 
@@ -821,6 +822,21 @@ def target_direction_share(n: int, d: int, *, noise_std: float = 0.0, link: str 
     A = n * c**2 + var_gy
     B = (d - 1) * e_y2
     return float(math.sqrt(A / (A + B)))
+
+
+def target_span_share(n: int, d: int, *, noise_std: float = 0.0, link: str = "sigmoid") -> float:
+    """The |cos| between `X^T y` and `P_X omega` (omega's projection onto the span of the n inputs), to
+    leading order: what the alternative "u1 along X^T y" can reach on the statistic judged with `P_X omega`.
+
+    `X^T y` lies in that span, so `cos(X^T y, P_X omega) = cos(X^T y, omega) / ||P_X omega||` exactly;
+    for isotropic Gaussian rows `||P_X omega||^2` is Beta(n/2, (d-n)/2) when n < d, about `n/d`, and 1 when
+    n >= d. The share returned is `target_direction_share(n, d) * sqrt(d / min(n, d))`, capped at 1 (a
+    single input spans one direction, which both vectors share). It equals `target_direction_share`
+    from n = d on; below d it is the ratio of the typical sizes (slightly above the root mean square over
+    draws, by about 0.01 at n/d = 0.75).
+    """
+    share = target_direction_share(n, d, noise_std=noise_std, link=link)
+    return float(min(1.0, share * math.sqrt(d / min(n, d))))
 
 
 def samples_for_target_share(d: int, level: float, *, noise_std: float = 0.0, link: str = "sigmoid") -> int:

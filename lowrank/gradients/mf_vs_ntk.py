@@ -14,6 +14,8 @@ draws and stacks the results, so that the page computes a figure's quantity in o
   draw), beside its control, `initial_lead` on the spike-free inputs `X_B`;
 - `initial_leads` (Theorems 3.1-3.2: which side each spike size starts on) and `direction_switches`
   (`direction_switch` for every run) read the tables `spike_size_runs` returns.
+- `omega_alternative_degenerate` (Fig. 4's omega claim): why "not aligned with omega" cannot tell NTK
+  from ref. [28]'s alternative (u1 along `X^T y`) where that alternative is below the threshold too.
 
 Draw `k` of every figure uses the seed `seed + DRAW_SEED_STRIDE * k` (`single_index_draw` and
 `initial_alignments` derive their sub-seeds from it), so the draws are independent tasks: with
@@ -34,6 +36,8 @@ from lowrank.core.parallel import check_workers, map_tasks
 from lowrank.core.nets import gamma_m
 from lowrank.gradients.dynamics import (
     direction_switch,
+    samples_for_target_share,
+    target_span_share,
     initial_alignments_by_scaling,
     initial_lead,
     scaling_run,
@@ -54,6 +58,7 @@ __all__ = [
     "spike_size_runs",
     "initial_leads",
     "direction_switches",
+    "omega_alternative_degenerate",
 ]
 
 DRAW_SEED_STRIDE = 1000  # draw k uses seed + 1000 k: the sub-seeds seed .. seed + 4 of two draws never meet
@@ -285,3 +290,26 @@ def direction_switches(traces, *, by: Sequence[str] = ("nu", "repeat"), source: 
     by = list(by)
     return pd.DataFrame([{**dict(zip(by, key)), **direction_switch(g.sort_values("step"), source=source, target=target)}
                          for key, g in traces.groupby(by)])
+
+
+def omega_alternative_degenerate(n: int, d: int, threshold: float, *, noise_std: float = 0.0,
+                                 link: str = "sigmoid") -> str | None:
+    """Whether "u1 not aligned with P_X omega" (Fig. 4, NTK) can tell NTK from the paper's named alternative
+    (ref. [28]: u1 along `X^T y`, whose population limit `E[x y]` is along omega), and if not, why.
+
+    The alternative reaches at most about `target_span_share(n, d)` on that statistic. Below the
+    alignment `threshold` it is "not aligned" too, so the claim could only agree: the reason is returned
+    (the level, and the fewest samples, `samples_for_target_share(d, threshold)`, at which `X^T y` reaches
+    the threshold along omega itself). At or above it, None: the alternative can then be aligned, and
+    its own alignment (MF's u1, the `X^T y` form) is the claim's control.
+    """
+    if not 0 < threshold < 1:
+        raise ValueError(f"threshold must be in (0, 1), got {threshold}")
+    level = target_span_share(n, d, noise_std=noise_std, link=link)
+    if level >= threshold:
+        return None
+    need = samples_for_target_share(d, threshold, noise_std=noise_std, link=link)
+    return (f"the alternative (u1 along X_B^T y, ref. [28]) is not aligned either at n = {n}, d = {d}: X_B^T y's "
+            f"share along P_X omega is {level:.3f} (leading order, target_span_share), below {threshold:g}; "
+            f"X_B^T y reaches {threshold:g} along omega only from n = {need} samples at d = {d} "
+            f"(samples_for_target_share), so 'not aligned' cannot tell NTK from it")
