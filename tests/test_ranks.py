@@ -553,21 +553,29 @@ def test_ratio_trends_read_each_live_ratio_against_its_own_loss_by_hand():
         noise.ratio_trends(moving[moving["loss"] == "ce"].assign(loss=["ce", "mse"]))
 
 
-def test_gap_clock_decides_both_ways_and_waits_only_when_the_trend_crosses_the_threshold():
-    """Threshold 10. A gap of 12 whose ratios all grew: an agreement that stays (clock reached). A gap of 8
-    (mse) whose ratio shrank 0.8x: a shortfall that stays (reached: it can disagree). A gap of 8 whose ratio
-    grew 2.5x at log-slope 0.15 per epoch: it waits, ln(10/8)/0.15 = 1.49 -> 2 more epochs."""
+def test_gap_clock_projects_each_ratio_to_the_horizon_as_a_power_of_the_epoch():
+    """Threshold 10, a run of 40 epochs, horizon 2000 (x50), window [t/2, t] (q = log2 growth).
+    - gap 12, ratios grew 2.5x (q 1.32) and 2.27x: projected far above 10, an agreement that stays;
+    - gap 8 (mse) whose ratio shrank 0.8x (q -0.32): 8 x 50^-0.32 = 2.3 stays below, the shortfall is final;
+    - gap 8 (ce) growing 1.05x (q 0.0704): 8 x 50^0.0704 = 10.5 crosses: it waits (value below 1);
+    - a run already as long as the horizon is not projected; nothing live: None."""
     from lowrank.sgd import noise
 
-    agree = noise.gap_clock(_trend_table([3.0, 1.2, 2.5, 1.1], [-0.2, -0.05, -0.1, -0.01], [1.0, 12.0, 1.0, 15.0]), 12.0, 10.0)
-    assert agree["value"] == pytest.approx(min(2.5, 2.5 / 1.1)) and agree["value"] >= agree["needed"] == 1.0
-    assert agree["epochs_to_threshold"] is None
-    short_flat = noise.gap_clock(_trend_table([3.0, 1.2, 2.0, 2.5], [-0.2, -0.05, -0.1, -0.12], [1.0, 12.0, 1.0, 8.0]), 8.0, 10.0)
-    assert short_flat["value"] == pytest.approx(1 / 0.8) and short_flat["value"] >= 1.0
-    short_growing = noise.gap_clock(_trend_table([3.0, 1.2, 2.0, 1.9], [-0.2, -0.05, -0.1, -0.09], [1.0, 8.0, 1.0, 9.0]), 8.0, 10.0)
-    assert short_growing["value"] == pytest.approx(1 / 2.5) and short_growing["value"] < 1.0
-    assert short_growing["epochs_to_threshold"] == math.ceil(math.log(10 / 8) / 0.15)
-    with pytest.raises(ValueError, match="no live"):
-        noise.gap_clock(_trend_table([3.0, 1.2, 2.0, 1.9], [-0.2, -0.05, -0.1, -0.09], [1.0, 8.0, 1.0, 9.0],
-                                     collapsed=(False, True, False, True)), float("nan"), 10.0)
-
+    kw = dict(last_epoch=40, horizon=2000)
+    agree = noise.gap_clock(_trend_table([3.0, 1.2, 2.5, 1.1], [-0.2, -0.05, -0.1, -0.01], [1.0, 12.0, 1.0, 15.0]), 12.0, 10.0, **kw)
+    assert agree["projected_gap"] == pytest.approx(min(12.0 * 50 ** np.log2(2.5), 15.0 * 50 ** np.log2(2.5 / 1.1)))
+    assert agree["value"] >= agree["needed"] == 1.0
+    shrink = noise.gap_clock(_trend_table([3.0, 1.2, 2.0, 2.5], [-0.2, -0.05, -0.1, -0.12], [1.0, 12.0, 1.0, 8.0]), 8.0, 10.0, **kw)
+    assert shrink["projected_gap"] == pytest.approx(8.0 * 50 ** np.log2(0.8)) and shrink["value"] == pytest.approx(10 / shrink["projected_gap"])
+    assert shrink["value"] >= 1.0
+    slow = noise.gap_clock(_trend_table([2.1, 2.0, 2.0, 1.0], [-0.2, -0.19, -0.1, -0.05], [1.0, 8.0, 1.0, 9.0]), 8.0, 10.0, **kw)
+    assert slow["projected_gap"] == pytest.approx(min(8.0 * 50 ** np.log2(1.05), 9.0 * 50 ** np.log2(2.0)))
+    assert slow["projected_gap"] > 10 and slow["value"] < 1.0
+    long_run = noise.gap_clock(_trend_table([2.1, 2.0, 2.0, 1.0], [-0.2, -0.19, -0.1, -0.05], [1.0, 8.0, 1.0, 9.0]), 8.0, 10.0,
+                               last_epoch=2000, horizon=2000)
+    assert long_run["projected_gap"] == pytest.approx(8.0) and long_run["value"] == pytest.approx(10 / 8)
+    assert noise.gap_clock(_trend_table([3.0, 1.2, 2.0, 1.9], [-0.2, -0.05, -0.1, -0.09], [1.0, 8.0, 1.0, 9.0],
+                                        collapsed=(False, True, False, True)), float("nan"), 10.0, **kw) is None
+    with pytest.raises(ValueError):
+        noise.gap_clock(_trend_table([3.0, 1.2, 2.0, 1.9], [-0.2, -0.05, -0.1, -0.09], [1.0, 8.0, 1.0, 9.0]), 8.0, 10.0,
+                        last_epoch=0, horizon=2000)

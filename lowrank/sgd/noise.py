@@ -131,32 +131,35 @@ def ratio_trends(moving: pd.DataFrame) -> pd.DataFrame:
         log_ratio_slope=live["log_d_slope"].to_numpy() - live["loss"].map(zero["log_d_slope"]).to_numpy())
 
 
-def gap_clock(moving: pd.DataFrame, gap: float, threshold: float) -> dict:
-    """The second clock of `gap_to_lambda0`: whether the ratio's trend over the window still runs towards
-    the other side of `threshold`, so that a longer run could change the outcome.
+def gap_clock(moving: pd.DataFrame, gap: float, threshold: float, *, last_epoch: int, horizon: int,
+              window_start: float = 0.5) -> dict | None:
+    """The second clock of `gap_to_lambda0`: whether a run as long as `horizon` epochs (the paper's) could
+    still move the gap to the other side of `threshold`, at each ratio's trend over the window.
 
-    At or above the threshold the agreement is final when no live ratio shrank over the window (`value`
-    the smallest `growth`, needing 1); below it the shortfall is final when the ratio of the run that
-    sets the gap did not grow (`value` one over its `growth`, needing 1). Otherwise the outcome waits for
-    a longer run, and `epochs_to_threshold` says how many more epochs the window's log-linear trend
-    takes to reach the threshold (None when it does not run that way). Returns the Regime fields
-    (`quantity`, `value`, `needed`, `origin`) and `epochs_to_threshold`; every live run collapsed: ValueError."""
+    Each live ratio's trend (`ratio_trends`, the log-slope fitted over [window_start t, t]) is read as a
+    power of the epoch, r(T) = r(t) (T / t)^q with q = log(growth) / log(1 / window_start): the slower of
+    the two simple readings (a log-linear trend in the epoch would run further). The projected gap at
+    `horizon` is the smallest projected ratio (no projection when the run is already as long). At or above
+    the threshold the agreement is final when the projected gap stays there (`value` = projected / threshold);
+    below it the shortfall is final when it stays below (`value` = threshold / projected); `needed` 1 either
+    way. Returns the Regime fields (`quantity`, `value`, `needed`, `origin`), `projected_gap`, and
+    `exponents` (q per run); None when no lambda > 0 run is live (the gap measures nothing)."""
+    if not 0 < window_start < 1:
+        raise ValueError(f"window_start must be in (0, 1), got {window_start!r}")
+    if not last_epoch > 0 or not horizon > 0:
+        raise ValueError(f"last_epoch and horizon must be positive, got {last_epoch!r}, {horizon!r}")
     trends = ratio_trends(moving)
     if trends.empty:
-        raise ValueError("no live lambda > 0 run: the gap measures nothing")
-    origin = ("a ratio is decided once its trend over the window no longer runs towards the other side of the "
-              "threshold (the window and its fitted lines are moving_table's, fixed in advance)")
-    setter = trends.loc[trends["d_over_zero"].idxmin()]
-    if gap >= threshold:
-        slowest = trends.loc[trends["growth"].idxmin()]
-        value, quantity, towards = float(slowest["growth"]), (
-            "smallest factor by which a live λ > 0 run's ratio to λ = 0 grew over the window (a gap at the "
-            "threshold that does not shrink stays there)"), slowest
-    else:
-        value, quantity, towards = 1.0 / float(setter["growth"]), (
-            "factor by which the ratio of the run that sets the gap shrank over the window (a shortfall that "
-            "does not grow stays one)"), setter
-    slope, target = float(towards["log_ratio_slope"]), math.log(threshold / float(towards["d_over_zero"]))
-    runs_towards = slope != 0 and target / slope > 0
-    return {"quantity": quantity, "value": value, "needed": 1.0, "origin": origin,
-            "epochs_to_threshold": math.ceil(target / slope) if value < 1.0 and runs_towards else None}
+        return None
+    q = np.log(trends["growth"].to_numpy(float)) / math.log(1 / window_start)
+    stretch = max(horizon / last_epoch, 1.0)
+    projected = float(np.min(trends["d_over_zero"].to_numpy(float) * stretch ** q))
+    at = gap >= threshold
+    origin = (f"the gap is decided when, at each ratio's trend over the window read as a power of the epoch, a run of "
+              f"the paper's {horizon} epochs would leave it on the same side of the threshold (the window and its fitted "
+              "lines are moving_table's, fixed in advance)")
+    quantity = (f"projected gap at epoch {horizon} over the threshold (an agreement stays)" if at else
+                f"threshold over the projected gap at epoch {horizon} (a shortfall stays)")
+    return {"quantity": quantity, "value": projected / threshold if at else threshold / max(projected, 1e-300), "needed": 1.0,
+            "origin": origin, "projected_gap": projected,
+            "exponents": {f"{r.loss}, {r.weight_decay:g}": round(float(e), 4) for r, e in zip(trends.itertuples(), q)}}
