@@ -263,6 +263,43 @@ def test_tracking_lag_matches_a_simulated_moving_equilibrium():
     assert timescales.equilibrium_tracking_lag(frozen, lam=0.0, rho_lr=eta, steps_per_epoch=1) == math.inf
 
 
+def test_tracking_regime_is_the_lag_against_the_tolerance_by_hand():
+    """The tracking clock is reached exactly when the lag is within the tolerance, whatever the e-foldings: a run
+    that relaxed for 6 e-foldings at M = 0.01 (tolerance 0.1 needs log(1 / 0.1) = 2.3 from a distance 1) while
+    rho_eq grew by a factor 1.1 over its last 10 steps: drift log(1.1) / 10 = 0.00953 per step, rate
+    -log(1 - 2 * 0.5 * 0.01) = 0.01005, lag 0.948 > 0.1."""
+    import pandas as pd
+
+    M, eta, tol = 1e-2, 0.5, 0.1
+    h = pd.DataFrame({"epoch": [0, 590, 600], "M": [M] * 3, "rho": [2.0, 1.0, 1.0], "rho_eq": [1.0, 1.0, 1.1]})
+    h["rho_over_rho_eq"] = h.rho / h.rho_eq
+    relax = timescales.rho_relaxation_regime_logged(h, lam=0.0, rho_lr=eta, steps_per_epoch=1, tolerance=tol,
+                                                    need_from="initial")
+    assert relax["value"] == pytest.approx(600 * -math.log(0.99)) and relax["needed"] == pytest.approx(math.log(10))
+    assert relax["value"] >= relax["needed"]  # enough e-foldings ...
+    r = timescales.equilibrium_tracking_regime(h, lam=0.0, rho_lr=eta, steps_per_epoch=1, tolerance=tol, label="x")
+    drift, rate = math.log(1.1) / 10, -math.log(1 - 2 * eta * M)
+    assert r["value"] == pytest.approx(rate, rel=1e-12) and r["needed"] == pytest.approx(drift / tol, rel=1e-12)
+    assert r["details"]["tracking_lag"] == pytest.approx(drift / rate, rel=1e-12) == pytest.approx(0.9483, abs=1e-4)
+    assert r["value"] < r["needed"]  # ... and still too far behind: the tracking clock is not reached
+    assert regimes.furthest_from_done([relax, r]) is r
+    assert regimes.share_done(r) == pytest.approx(tol / (drift / rate), rel=1e-12)
+    # a tolerance of the lag or more is reached; the clock agrees with equilibrium_tracking_lag
+    lag = timescales.equilibrium_tracking_lag(h, lam=0.0, rho_lr=eta, steps_per_epoch=1)
+    for t in (0.5 * lag, 0.999 * lag, 1.001 * lag, 2 * lag):
+        c = timescales.equilibrium_tracking_regime(h, lam=0.0, rho_lr=eta, steps_per_epoch=1, tolerance=t)
+        assert (c["value"] >= c["needed"]) == (lag <= t)
+    # an equilibrium that stands still needs 0 (done); rho that does not relax (M = 0, lambda = 0) has rate 0
+    still = timescales.equilibrium_tracking_regime(h.assign(rho_eq=1.0), lam=0.0, rho_lr=eta, steps_per_epoch=1,
+                                                   tolerance=tol)
+    assert still["needed"] == 0 and regimes.share_done(still) == math.inf
+    frozen = timescales.equilibrium_tracking_regime(h.assign(M=0.0), lam=0.0, rho_lr=eta, steps_per_epoch=1,
+                                                    tolerance=tol)
+    assert frozen["value"] == 0 and frozen["value"] < frozen["needed"] and frozen["details"]["tracking_lag"] == math.inf
+    with pytest.raises(ValueError):
+        timescales.equilibrium_tracking_regime(h, lam=0.0, rho_lr=eta, steps_per_epoch=1, tolerance=0.0)
+
+
 def test_initial_margins_are_the_untrained_networks_and_match_its_row():
     S = pages.page_setup("digits", [1, 2], arch="mlp", arch_kwargs={"widths": [16]}, max_train=60, max_test=20,
                          input_shape=[64], seed=0, num_outputs=1, epochs=1, lr=0.1, batch_size=0, nc=False,
@@ -370,17 +407,30 @@ def test_init_dependence_regimes_clock_the_claim_the_control_and_the_weight_deca
             (0.0, 1.0): _history(epochs, M, [1.0, 2.0, 2.2], [0.5, 2.2, 2.2]),
             (0.0, 30.0): _history(epochs, M, [30.0, 9.0, 5.0], [0.5, 3.0, 2.5])}
     clocks = timescales.init_dependence_regimes(hist, lam=lam, rho_lr=eta, steps_per_epoch=spe, steps=200, tolerance=tol)
-    assert [c["role"] for c in clocks] == ["claim", "claim", "control", "control", "weight decay"]
+    assert [(c["role"], c["clock"]) for c in clocks] == [("claim", "relaxation"), ("claim", "tracking")] * 2 + [
+        ("control", "relaxation"), ("control", "tracking")] * 2 + [("weight decay", "weight decay")]
+    relax = [c for c in clocks if c["clock"] == "relaxation"]
+    track = [c for c in clocks if c["clock"] == "tracking"]
 
     def by_hand(lam_k, rho0, eq_end):  # e-foldings: the smaller M of each logged interval, rate -log|1 - 2 eta (M + lam)|
         value = sum(100 * -math.log(abs(1 - 2 * eta * (m + lam_k))) for m in (1e-3, 1e-2))
         return value, math.log(abs(rho0 / eq_end - 1) / tol)
 
-    for c, (lam_k, rho0, eq_end) in zip(clocks, [(lam, 1.0, 2.0), (lam, 30.0, 2.0), (0.0, 1.0, 2.2), (0.0, 30.0, 2.5)]):
+    runs = [(lam, 1.0, 2.0), (lam, 30.0, 2.0), (0.0, 1.0, 2.2), (0.0, 30.0, 2.5)]
+    for c, (lam_k, rho0, eq_end) in zip(relax, runs):
         value, needed = by_hand(lam_k, rho0, eq_end)
         assert c["value"] == pytest.approx(value, rel=1e-12) and c["needed"] == pytest.approx(max(needed, 0.0))
         assert c["reached"] == (value >= max(needed, 0.0))
-    assert clocks[2]["value"] < clocks[0]["value"]  # without weight decay rho relaxes more slowly (rate 2 eta M)
+    # tracking, by hand over the last interval (100 steps at M = 1e-2): rate -log(1 - 2 eta (M + lam)) per step against
+    # the drift |log(rho_eq,200 / rho_eq,100)| / 100 over the tolerance; the claim's equilibria and the control's
+    # from rho0 = 1 stand still (need 0, done); the control from rho0 = 30 drifts from 3.0 to 2.5: lag 0.18 > 0.1
+    for c, (lam_k, _, _), (eq_prev, eq_end) in zip(track, runs, [(2.0, 2.0), (2.0, 2.0), (2.2, 2.2), (3.0, 2.5)]):
+        rate, drift = -math.log(1 - 2 * eta * (1e-2 + lam_k)), abs(math.log(eq_end / eq_prev)) / 100
+        assert c["value"] == pytest.approx(rate, rel=1e-12) and c["needed"] == pytest.approx(drift / tol, rel=1e-12)
+        assert c["reached"] == (drift / rate <= tol)
+    assert [c["reached"] for c in track] == [True, True, True, False]
+    assert math.log(3.0 / 2.5) / 100 / -math.log(0.99) == pytest.approx(0.1814, abs=1e-4)
+    assert relax[2]["value"] < relax[0]["value"]  # without weight decay rho relaxes more slowly (rate 2 eta M)
     assert clocks[-1]["value"] == pytest.approx(200 * eta * lam) and clocks[-1]["needed"] == 0.5
     worst = regimes.furthest_from_done(clocks)
     shares = [c["value"] / c["needed"] if c["needed"] > 0 else math.inf for c in clocks]

@@ -118,7 +118,9 @@ def rho_dynamics_size(params: dict) -> dict:
       a larger scale" if the run length sized here falls short of it.
     The control's runs (lambda = 0) relax at the rate 2 eta M, which has no bound before training (M of an
     untrained network is tiny): they are not sized here; the page reads their relaxation from the logged M
-    (`timescales.init_dependence_regimes`) and says "needs a larger scale" when it falls short.
+    (`timescales.init_dependence_regimes`) and says "needs a larger scale" when it falls short. Nor is any run's
+    tracking lag behind its moving equilibrium (the drift of rho_eq at the end, known only from the trajectory;
+    `timescales.equilibrium_tracking_regime`), read on the page to the same tolerance.
     Returns {"epochs", "log_every", "per_need": [(what, epochs)], "runs"}, eta the paper's single step size at its
     smallest over the schedule."""
     lam = max(params["lams"])

@@ -33,7 +33,9 @@ per run at which the residual of the relaxation alone keeps the final log-spread
 are further from their equilibria may be kept apart by that residual, whatever weight decay does), and
 `init_dependence_regimes` gives the clocks of the runs with weight decay (the claim), of those without it (the
 control: their relaxation, at the rate 2 eta M, must be done too, or a spread they keep says only that they
-were short), and the weight-decay time; `lowrank.core.regimes.furthest_from_done` picks the one that decides.
+were short), each run's relaxation towards the equilibrium it ends at and its tracking lag behind that moving
+equilibrium (`equilibrium_tracking_regime`), both to the same tolerance, and the weight-decay time;
+`lowrank.core.regimes.furthest_from_done` picks the one that decides.
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ import numpy as np
 __all__ = ["steps_per_epoch", "rho_relaxation_steps", "relaxations_needed", "weight_decay_steps",
            "accumulated_weight_decay", "rho_relaxation_regime", "weight_decay_regime",
            "relaxation_rate", "logged_rho_relaxations", "initial_distance", "rho_relaxation_regime_logged",
-           "equilibrium_tracking_lag", "log_spread", "kept_log_spread", "spread_relaxation_tolerance",
-           "init_dependence_regimes"]
+           "equilibrium_tracking_lag", "equilibrium_tracking_regime", "log_spread", "kept_log_spread",
+           "spread_relaxation_tolerance", "init_dependence_regimes"]
 
 
 def _nonneg(value, name):
@@ -199,11 +201,9 @@ def rho_relaxation_regime_logged(history, *, lam: float, rho_lr: float, steps_pe
                         "final_abs_rho_over_rho_eq_minus_1": abs(float(last.rho_over_rho_eq) - 1)}}
 
 
-def equilibrium_tracking_lag(history, *, lam: float, rho_lr: float, steps_per_epoch: int) -> float:
-    """The relative distance by which rho trails its moving equilibrium at the end of a run: the drift of
-    `log rho_eq` per step over the last logged interval over the relaxation rate there (`relaxation_rate` at
-    the smaller end of `M`), `|d log rho_eq / d step| / r`; infinite when rho does not relax. `history` has
-    the columns `epoch`, `M`, `rho_eq` (at least two rows)."""
+def _tracking_rates(history, *, lam: float, rho_lr: float, steps_per_epoch: int) -> tuple[float, float]:
+    """(drift, rate) over the last logged interval of `history`: `|log(rho_eq,T / rho_eq,T-1)|` per step and
+    `relaxation_rate` at the smaller end of `M` (e-foldings per step)."""
     h = history.sort_values("epoch")
     if len(h) < 2:
         raise ValueError("the history needs at least two logged rows")
@@ -212,10 +212,39 @@ def equilibrium_tracking_lag(history, *, lam: float, rho_lr: float, steps_per_ep
     prev, last = h.iloc[-2], h.iloc[-1]
     steps = (float(last.epoch) - float(prev.epoch)) * steps_per_epoch
     drift = abs(math.log(float(last.rho_eq) / float(prev.rho_eq))) / steps
-    rate = relaxation_rate(min(float(prev.M), float(last.M)), lam, rho_lr)
+    return drift, relaxation_rate(min(float(prev.M), float(last.M)), lam, rho_lr)
+
+
+def equilibrium_tracking_lag(history, *, lam: float, rho_lr: float, steps_per_epoch: int) -> float:
+    """The relative distance by which rho trails its moving equilibrium at the end of a run: the drift of
+    `log rho_eq` per step over the last logged interval over the relaxation rate there (`relaxation_rate` at
+    the smaller end of `M`), `|d log rho_eq / d step| / r`; infinite when rho does not relax. `history` has
+    the columns `epoch`, `M`, `rho_eq` (at least two rows)."""
+    drift, rate = _tracking_rates(history, lam=lam, rho_lr=rho_lr, steps_per_epoch=steps_per_epoch)
     if rate == 0:
         return math.inf
     return drift / rate
+
+
+def equilibrium_tracking_regime(history, *, lam: float, rho_lr: float, steps_per_epoch: int, tolerance: float,
+                                label: str = "") -> dict:
+    """The regime of "rho keeps up with its moving equilibrium" of one run: the relaxation rate at the end
+    (e-foldings per step over the last logged interval, `relaxation_rate` at its smaller `M`) against the rate
+    that keeps the tracking lag within `tolerance`, the drift of `log rho_eq` per step there over `tolerance`.
+    Reached exactly when `equilibrium_tracking_lag(history, ...) <= tolerance` (a need of 0, an equilibrium that
+    no longer moves, is done). Fields of `lowrank.book.verdicts.Regime`, plus `details` (the lag, the drift)."""
+    t = _nonneg(tolerance, "tolerance")
+    if not t > 0:
+        raise ValueError(f"tolerance must be positive, got {tolerance!r}")
+    drift, rate = _tracking_rates(history, lam=lam, rho_lr=rho_lr, steps_per_epoch=steps_per_epoch)
+    at = f" ({label})" if label else ""
+    lag = math.inf if rate == 0 else drift / rate
+    return {"quantity": f"e-foldings per step of ρ's relaxation at the end of the run{at}, against the drift of its "
+                        f"equilibrium (tracking lag drift / rate = {lag:.3g}; λ = {lam:g}, step size {rho_lr:g}; Eq. 6)",
+            "value": rate, "needed": drift / t,
+            "origin": f"the drift of log ρ_eq per step over the last logged interval ({drift:.3g}) over the tolerance "
+                      f"{t:.3g}: a first-order lag settles drift / rate behind its target",
+            "details": {"label": label, "tracking_lag": lag, "drift_per_step": drift, "rate_per_step": rate}}
 
 
 def log_spread(values) -> float:
@@ -254,15 +283,20 @@ def spread_relaxation_tolerance(share: float, initial_log_spread: float) -> floa
 def init_dependence_regimes(histories: dict, *, lam: float, rho_lr: float, steps_per_epoch: int, steps: int,
                             tolerance: float) -> list[dict]:
     """The clocks of "with weight decay the final rho forgets the initialisation; without it, not" from the runs:
-    `histories` maps `(lam_k, rho_0)` to a logged history for `lam_k` in {`lam`, 0}. Returns regime dicts
-    (`lowrank.book.verdicts.Regime` fields, plus `role` and `reached`):
+    `histories` maps `(lam_k, rho_0)` to a logged history for `lam_k` in {`lam`, 0}. Every run must end within
+    `tolerance` of the equilibrium its trajectory ends at, which takes two clocks per run (both to `tolerance`):
 
-    - `role="claim"`: each run with weight decay `lam`, `rho_relaxation_regime_logged` to `tolerance` from the
-      equilibrium its trajectory ends at (rate 2 eta (M + lam));
-    - `role="control"`: the same for each run without weight decay (rate 2 eta M): the control's runs must have
-      relaxed too, or the spread they keep says only that they were short;
-    - `role="weight decay"`: the weight-decay time, `steps * eta * lam >= 1/2` (one e-folding of rho under the
-      penalty `lam rho^2` alone, `(1 - 2 eta lam)^steps <= 1/e`).
+    - `clock="relaxation"`: `rho_relaxation_regime_logged` from rho_0's distance to that equilibrium (the
+      e-foldings of the relaxation towards a fixed target);
+    - `clock="tracking"`: `equilibrium_tracking_regime`, the lag by which rho trails an equilibrium that is
+      still moving at the end (M grows during training), at most `tolerance`: enough e-foldings do not bound it.
+
+    `role="claim"` for the runs with weight decay `lam` (rate 2 eta (M + lam)), `role="control"` for those without
+    (rate 2 eta M: the control's runs must have relaxed too, or the spread they keep says only that they were
+    short); and `role="weight decay"`, `clock="weight decay"`: the weight-decay time, `steps * eta * lam >= 1/2`
+    (one e-folding of rho under the penalty `lam rho^2` alone, `(1 - 2 eta lam)^steps <= 1/e`). Returns regime
+    dicts (`lowrank.book.verdicts.Regime` fields, plus `role`, `clock`, `label` and `reached`), in the order of
+    `histories`, relaxation before tracking, the weight-decay time last.
     """
     if not lam > 0:
         raise ValueError(f"lam must be the positive weight decay of the claim's runs, got {lam!r}")
@@ -271,13 +305,18 @@ def init_dependence_regimes(histories: dict, *, lam: float, rho_lr: float, steps
         if lam_k not in (lam, 0.0):
             raise ValueError(f"histories hold lambda {lam_k!r}: only {lam!r} (the claim) and 0 (the control)")
         role = "claim" if lam_k > 0 else "control"
-        r = rho_relaxation_regime_logged(h, lam=lam_k, rho_lr=rho_lr, steps_per_epoch=steps_per_epoch,
-                                         tolerance=tolerance, label=f"{role}: λ = {lam_k:g}, ρ₀ = {r0:g}",
-                                         need_from="final")
-        out.append({k: r[k] for k in ("quantity", "value", "needed", "origin")} | {"role": role})
+        label = f"{role}: λ = {lam_k:g}, ρ₀ = {r0:g}"
+        relax = rho_relaxation_regime_logged(h, lam=lam_k, rho_lr=rho_lr, steps_per_epoch=steps_per_epoch,
+                                             tolerance=tolerance, label=label, need_from="final")
+        track = equilibrium_tracking_regime(h, lam=lam_k, rho_lr=rho_lr, steps_per_epoch=steps_per_epoch,
+                                            tolerance=tolerance, label=label)
+        for clock, r in (("relaxation", relax), ("tracking", track)):
+            out.append({k: r[k] for k in ("quantity", "value", "needed", "origin")}
+                       | {"role": role, "clock": clock, "label": label})
     if not {"claim", "control"} <= {r["role"] for r in out}:
         raise ValueError("init_dependence_regimes needs runs with weight decay (the claim) and without (the control)")
     out.append(weight_decay_regime(steps=steps, lam=lam, rho_lr=rho_lr, needed=0.5,
                                    origin="one e-folding of ρ under the penalty λρ² alone, (1 − 2ηλ)^steps ≤ 1/e, "
-                                          "i.e. steps × η × λ ≥ 1/2") | {"role": "weight decay"})
+                                          "i.e. steps × η × λ ≥ 1/2")
+               | {"role": "weight decay", "clock": "weight decay", "label": "weight decay"})
     return [r | {"reached": r["value"] >= r["needed"]} for r in out]
