@@ -215,7 +215,9 @@ def test_pages_beyond_the_laptop_budget_read_needs_a_larger_scale_with_their_cos
         text = laptop.larger_scale_text(name, timings)
         assert text.startswith("needs a larger scale") and f"{cost['cpu_seconds'] / 3600:,.0f} CPU-hours" in text
         assert "unknown CPU-hours (one thread) and unknown GPU-hours" in laptop.larger_scale_text(name, {})
-        if name in laptop.SIZED_PAGES:  # its MLP claims are sized; the conv / transformer claims stay beyond
+        if name in laptop.SIZED_PAGES:  # its MLP claims are sized; the conv / transformer claims stay beyond,
+            note = ledger._beyond_budget_note(name)  # their cost beside the page's stored laptop outcomes
+            assert "beyond the budget" in note and "CPU-hours" in note and "GPU-hours" in note
             continue
         assert not notebooks.scale_params_path(name, "laptop").is_file(), "a page beyond the budget has no laptop file"
         title, short, outcome = ledger._laptop_not_run(name)

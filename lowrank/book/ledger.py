@@ -488,6 +488,19 @@ def _laptop_not_run(name: str) -> tuple[str, str, str | None]:
     return "no laptop file: not sized for the laptop scale yet", "no laptop file", None
 
 
+def _beyond_budget_note(name: str) -> str:
+    """For a page with a stored laptop result whose other claims are beyond the laptop budget
+    (`lowrank.book.laptop.LARGER_SCALE`): the cost of the paper sweeps that decide those, as a small line."""
+    from lowrank.book import laptop
+
+    cost = laptop.larger_scale_cost(name)
+    if cost is None:
+        return ""
+    hours = lambda s: "unknown" if s is None else f"{s / 3600:,.0f}"
+    return (f'<br><small title="{_e(laptop.larger_scale_text(name))}">beyond the budget: {hours(cost["cpu_seconds"])} '
+            f'CPU-hours, {hours(cost["gpu_seconds"])} GPU-hours</small>')
+
+
 def matrix_html(rows: list[dict], part: str, base: str) -> str:
     """A part's pages by scale: the outcomes of each page's verdicts at ci, laptop and paper scale as
     badges (a stale stored result marked), a link to each page."""
@@ -503,7 +516,8 @@ def matrix_html(rows: list[dict], part: str, base: str) -> str:
             found = [r[scale] for r in mine if r.get(scale)]
             stale = next((r for r in mine if r.get(f"{scale}_stale")), None)
             if found:
-                cells.append(_count_cell(found) + (_stale_badge(stale[f"{scale}_stale_reason"]) if stale else ""))
+                beyond = _beyond_budget_note(name) if scale == "laptop" else ""
+                cells.append(_count_cell(found) + (_stale_badge(stale[f"{scale}_stale_reason"]) if stale else "") + beyond)
                 continue
             title, short, outcome = _laptop_not_run(name) if scale == "laptop" else \
                 (not_run_reason(name), not_run_reason(name, short=True), None)
