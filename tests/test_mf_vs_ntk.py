@@ -292,3 +292,21 @@ def test_tables_do_not_depend_on_the_number_of_workers():
     for bad in (0, 1.5, True):
         with pytest.raises(ValueError, match="workers"):
             mf_vs_ntk.initial_alignment_table(n, d, m, repeats=1, workers=bad)
+
+
+def test_two_sample_p_is_scipys_exact_permutation_test():
+    """Against scipy.stats.permutation_test (independent samples, difference of means, exact): three draws
+    on each side, all observed above the null, give the smallest p, 1 / C(6, 3) = 0.05."""
+    import numpy as np
+    from scipy import stats
+
+    from lowrank.gradients import mf_vs_ntk
+
+    rng = np.random.default_rng(3)
+    for obs, nul in [([8.5, 9.0, 8.1], [3.0, 4.5, 3.8]), (rng.normal(1, 1, 4), rng.normal(0, 1, 5)), ([1.0, 2.0], [2.0, 1.0, 1.5])]:
+        want = stats.permutation_test((obs, nul), lambda x, y: np.mean(x) - np.mean(y), permutation_type="independent",
+                                      alternative="greater", n_resamples=np.inf).pvalue
+        assert mf_vs_ntk.two_sample_p(obs, nul) == pytest.approx(want)
+    assert mf_vs_ntk.two_sample_p([8.5, 9.0, 8.1], [3.0, 4.5, 3.8]) == pytest.approx(1 / 20)
+    with pytest.raises(ValueError):
+        mf_vs_ntk.two_sample_p([], [1.0])

@@ -48,6 +48,7 @@ from lowrank.gradients.dynamics import (
 )
 
 __all__ = [
+    "two_sample_p",
     "DRAW_SEED_STRIDE",
     "RELABEL_SEED_OFFSET",
     "draw_seed",
@@ -313,3 +314,22 @@ def omega_alternative_degenerate(n: int, d: int, threshold: float, *, noise_std:
             f"share along P_X omega is {level:.3f} (leading order, target_span_share), below {threshold:g}; "
             f"X_B^T y reaches {threshold:g} along omega only from n = {need} samples at d = {d} "
             f"(samples_for_target_share), so 'not aligned' cannot tell NTK from it")
+
+
+def two_sample_p(observed: Sequence[float], null: Sequence[float]) -> float:
+    """The exact one-sided permutation p-value that the values `observed` (one per draw) are larger than
+    `null` (one per draw of the null), by the difference of means: the share of the C(n + m, n) splits
+    of the pooled values whose difference is at least the observed one (the observed split counts, so
+    p >= 1 / C(n + m, n)). Compares like with like: per-draw values on both sides."""
+    import numpy as np
+
+    obs, nul = np.asarray(observed, float).ravel(), np.asarray(null, float).ravel()
+    if obs.size == 0 or nul.size == 0 or not (np.all(np.isfinite(obs)) and np.all(np.isfinite(nul))):
+        raise ValueError("two_sample_p needs finite values on both sides")
+    pooled, n = np.concatenate([obs, nul]), obs.size
+    total = pooled.sum()
+    stat = lambda s: s / n - (total - s) / nul.size  # difference of means for a split whose first part sums to s
+    target = stat(obs.sum()) - 1e-12 * max(1.0, abs(stat(obs.sum())))  # ties count as extreme
+    sums = np.array([pooled[list(c)].sum() for c in itertools.combinations(range(pooled.size), n)])
+    return float(np.mean(stat(sums) >= target))
+
