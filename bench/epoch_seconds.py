@@ -65,7 +65,7 @@ def _rank_ensembles(p: dict, grid: list[dict]):
     """A rank page's training: (dataset, B, members, train(epochs)) per batch size, as the page trains it."""
     for B in sorted({g["batch_size"] for g in grid}):
         group = [g for g in grid if g["batch_size"] == B]
-        yield p["dataset"], B, len(group), lambda epochs, group=group: ranks.rank_sweep(
+        yield p["model"], p["dataset"], B, len(group), lambda epochs, group=group: ranks.rank_sweep(
             model=p["model"], dataset=p["dataset"], grid=group, epochs=epochs, cnn_width=p.get("cnn_width", 1.0),
             eps=p["eps"], extra_eps=(p["coarse_eps"],), loss="ce", layers=ranks.authors_layers, progress=False,
             milestones=p["milestones"], lr_decay=p["lr_decay"])
@@ -80,11 +80,24 @@ def _noise_ensembles(p: dict, grid: list[dict]):
     for key in ("dataset", "second_dataset"):
         data = datasets.load(p[key])
         make = lambda data=data: mlp.from_name(p["model"], int(data.x_train[0].numel()), data.num_classes)  # noqa: E731
-        yield p[key], p["batch_size"], len(runs), lambda epochs, make=make, data=data: train.train_ensemble(
+        yield p["model"], p[key], p["batch_size"], len(runs), lambda epochs, make=make, data=data: train.train_ensemble(
             make, data, runs, batch_size=p["batch_size"], epochs=epochs, loss=p["losses"][0], eps=p["eps"], progress=False)
 
 
-ENSEMBLES = {"sgd/sgd_noise": _noise_ensembles}  # the others are rank pages
+def _architectures_ensembles(p: dict, grid: list[dict]):
+    """sgd/architectures' MLP and RES-BN sweeps (the sized part of the page): each network's runs at one batch
+    size trained together, as the page trains them."""
+    for model in (p["res_bn_model"], p["mlp_model"]):
+        mine = list({tuple(sorted((k, v) for k, v in g.items() if k != "slice")): {k: v for k, v in g.items() if k != "slice"}
+                     for g in grid if g["slice"].startswith(model + " ")}.values())
+        for B in sorted({g["batch_size"] for g in mine}):
+            group = [g for g in mine if g["batch_size"] == B]
+            yield model, p["dataset"], B, len(group), lambda epochs, model=model, group=group: ranks.rank_sweep(
+                model=model, dataset=p["dataset"], grid=group, epochs=epochs, eps=p["mlp_eps"], extra_eps=(1e-2,),
+                loss="ce", layers=ranks.authors_layers, progress=False, milestones=p["milestones"], lr_decay=p["lr_decay"])
+
+
+ENSEMBLES = {"sgd/sgd_noise": _noise_ensembles, "sgd/architectures": _architectures_ensembles}  # the others are rank pages
 
 
 def measure_pages(threads: int, only=None) -> list[dict]:
@@ -93,7 +106,7 @@ def measure_pages(threads: int, only=None) -> list[dict]:
     rows = []
     for name in only or laptop.SIZED_PAGES:
         p = rules.resolve_parameters(name, scale="laptop" if (REPO / "params" / "laptop" / f"{name}.yaml").is_file() else "ci")
-        for dataset, B, members, fit in ENSEMBLES.get(name, _rank_ensembles)(p, laptop.page_grid(name, p)):
+        for model, dataset, B, members, fit in ENSEMBLES.get(name, _rank_ensembles)(p, laptop.page_grid(name, p)):
             walls = {}
             for epochs in (1, 3):
                 t = _clock()
@@ -101,7 +114,7 @@ def measure_pages(threads: int, only=None) -> list[dict]:
                 walls[epochs] = _clock() - t
             seconds = max((walls[3] - walls[1]) / 2, 0.0)
             kind, where, load = _where(threads)
-            rows.append({"model": p["model"], "dataset": dataset, "batch_size": B, "members": members,
+            rows.append({"model": model, "dataset": dataset, "batch_size": B, "members": members,
                          "device": kind, "seconds_per_epoch": round(seconds, 4), "measured_on": where, "load": load,
                          "method": f"{name}: its ensemble at B = {B}, (3 epochs - 1 epoch) / 2"})
             print(rows[-1], flush=True)

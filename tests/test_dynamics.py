@@ -284,7 +284,8 @@ def test_scaling_comparison_uses_one_initialisation_and_each_step():
 
 def test_initial_alignments_mf_residue_is_minus_target():
     out = gd.initial_alignments(60, 80, 100, scaling="mf", seed=3)
-    assert set(out) == {"align_Xy", "align_Xr", "align_omega", "align_random", "s1_over_s2", "r_y_corr"}
+    assert set(out) == {"align_Xy", "align_Xr", "align_omega", "align_omega_span", "omega_span_norm", "align_random",
+                        "s1_over_s2", "r_y_corr"}
     assert out["r_y_corr"] > 0.95
     assert out["align_Xr"] > 0.9
     assert out == gd.initial_alignments(60, 80, 100, scaling="mf", seed=3)
