@@ -154,19 +154,28 @@ def test_relabelled_control_at_the_last_snapshot_and_without_label_noise():
     assert quiet.relabelled[["mean_principal_angle", "max_principal_angle", "mean_neuron_angle"]].eq(0.0).all().all()
 
 
+def _rms_target_cos(rng, n, d, noise, *, in_span, draws=300):
+    """Root mean square over draws of |cos(X^T y, omega)| (or with P_X omega, from a QR factor of X^T) for a
+    sigmoid single-index target, simulated with numpy's own generator and linear algebra."""
+    cos = []
+    for _ in range(draws):
+        X = rng.standard_normal((n, d))
+        w = rng.standard_normal(d)
+        w /= np.linalg.norm(w)
+        v = X.T @ (1 / (1 + np.exp(-X @ w)) + noise * rng.standard_normal(n))
+        if in_span:
+            Q = np.linalg.qr(X.T)[0]
+            w = Q @ (Q.T @ w)
+        cos.append(abs(v @ w) / (np.linalg.norm(v) * np.linalg.norm(w)))
+    return math.sqrt(np.mean(np.square(cos)))
+
+
 def test_target_direction_share_against_monte_carlo():
     """|cos(X^T y, omega)| for a sigmoid single-index target, simulated with numpy's own generator: its
     root mean square over draws meets the leading-order share; it tends to 1 only as n/d grows."""
     rng = np.random.default_rng(0)
     for n, d, noise in ((150, 200, 0.1), (2000, 50, 0.3)):
-        cos = []
-        for _ in range(300):
-            X = rng.standard_normal((n, d))
-            w = rng.standard_normal(d)
-            w /= np.linalg.norm(w)
-            v = X.T @ (1 / (1 + np.exp(-X @ w)) + noise * rng.standard_normal(n))
-            cos.append(abs(v @ w) / np.linalg.norm(v))
-        assert math.sqrt(np.mean(np.square(cos))) == pytest.approx(gd.target_direction_share(n, d, noise_std=noise),
+        assert _rms_target_cos(rng, n, d, noise, in_span=False) == pytest.approx(gd.target_direction_share(n, d, noise_std=noise),
                                                                     abs=0.01)
     shares = [gd.target_direction_share(k * 200, 200, noise_std=0.1) for k in (1, 10, 100, 1000)]
     assert shares == sorted(shares) and shares[0] < 0.5 and shares[-1] > 0.99
@@ -187,16 +196,7 @@ def test_target_span_share_against_monte_carlo():
     where n/d is not small; from n = d on P_X omega = omega and the span share is the share itself."""
     rng = np.random.default_rng(1)
     for n, d, noise in ((150, 200, 0.1), (100, 200, 0.3)):
-        cos = []
-        for _ in range(300):
-            X = rng.standard_normal((n, d))
-            w = rng.standard_normal(d)
-            w /= np.linalg.norm(w)
-            v = X.T @ (1 / (1 + np.exp(-X @ w)) + noise * rng.standard_normal(n))
-            Q = np.linalg.qr(X.T)[0]
-            p = Q @ (Q.T @ w)
-            cos.append(abs(v @ p) / (np.linalg.norm(v) * np.linalg.norm(p)))
-        assert math.sqrt(np.mean(np.square(cos))) == pytest.approx(gd.target_span_share(n, d, noise_std=noise),
+        assert _rms_target_cos(rng, n, d, noise, in_span=True) == pytest.approx(gd.target_span_share(n, d, noise_std=noise),
                                                                     abs=0.02)
     for n in (200, 500, 5000):
         assert gd.target_span_share(n, 200, noise_std=0.1) == gd.target_direction_share(n, 200, noise_std=0.1)

@@ -471,6 +471,10 @@ def _stale_badge(reason: str | None) -> str:
     return f' <span class="outcome-badge outcome-none stale-badge" title="{_e(why)}">stale</span>'
 
 
+def _hours(seconds) -> str:
+    return "unknown" if seconds is None else f"{seconds / 3600:,.0f}"
+
+
 def _laptop_not_run(name: str) -> tuple[str, str, str | None]:
     """(title, short, outcome) of a page without a laptop result: its laptop file has not run, or its
     claims need a larger scale (`lowrank.book.laptop.LARGER_SCALE`: outcome LARGER_SCALE, with the cost
@@ -482,9 +486,8 @@ def _laptop_not_run(name: str) -> tuple[str, str, str | None]:
         return "its laptop file has not run yet (`make laptop`)", "not run yet", None
     cost = laptop.larger_scale_cost(name)
     if cost is not None:
-        hours = lambda s: "unknown" if s is None else f"{s / 3600:,.0f}"
-        return (laptop.larger_scale_text(name), f"{hours(cost['cpu_seconds'])} CPU-hours, "
-                f"{hours(cost['gpu_seconds'])} GPU-hours", LARGER_SCALE)
+            return (laptop.larger_scale_text(name), f"{_hours(cost['cpu_seconds'])} CPU-hours, "
+                f"{_hours(cost['gpu_seconds'])} GPU-hours", LARGER_SCALE)
     return "no laptop file: not sized for the laptop scale yet", "no laptop file", None
 
 
@@ -496,9 +499,8 @@ def _beyond_budget_note(name: str) -> str:
     cost = laptop.larger_scale_cost(name)
     if cost is None:
         return ""
-    hours = lambda s: "unknown" if s is None else f"{s / 3600:,.0f}"
-    return (f'<br><small title="{_e(laptop.larger_scale_text(name))}">beyond the budget: {hours(cost["cpu_seconds"])} '
-            f'CPU-hours, {hours(cost["gpu_seconds"])} GPU-hours</small>')
+    return (f'<br><small title="{_e(laptop.larger_scale_text(name))}">beyond the budget: {_hours(cost["cpu_seconds"])} '
+            f'CPU-hours, {_hours(cost["gpu_seconds"])} GPU-hours</small>')
 
 
 def matrix_html(rows: list[dict], part: str, base: str) -> str:
