@@ -44,13 +44,15 @@ def test_the_square_laptop_files_hold_the_computed_run_length_and_known_paramete
 
     from lowrank.book import notebooks, rules
 
-    for name, (size, _) in sizing.SIZED_PAGES.items():
+    for name, page in sizing.SIZED_PAGES.items():
         path = notebooks.scale_params_path(name, "laptop")
         data = yaml.safe_load(path.read_text())
         assert data["scale"] == "laptop" and set(data) <= set(rules.parameter_specs(name))
-        ci = rules.resolve_parameters(name, scale="ci", memory=False)
-        sized = size(sizing.with_fixed(name, ci))
-        assert data["epochs"] == sized["epochs"] == max(e for _, e in sized["per_need"])
+        sized = sizing.sized_settings(name, rules.resolve_parameters(name, scale="ci", memory=False))
+        assert {k: data[k] for k in sized["set"]} == sized["set"]
+        assert {k: data[k] for k in page.fixed} == {k: v for k, (v, _) in page.fixed.items()}
+        for key in {arm.epochs_key for arm in sized["arms"]}:  # each run length is its slowest clock's
+            assert data[key] == max(e for k, _, e in sized["per_need"] if k == key)
 
 
 def test_the_relaxation_bound_holds_exactly_up_to_one_over_eta_minus_two_lambda():
@@ -98,16 +100,27 @@ def test_rho_dynamics_relaxation_need_is_tied_to_the_claims_threshold():
     from lowrank.book import rules
 
     ci = sizing.with_fixed("square/rho_dynamics", rules.resolve_parameters("square/rho_dynamics", scale="ci", memory=False))
-    S = sizing._setup(ci)
+    S = sizing.page_setup_of(ci)
     lam, eta = max(ci["lams"]), min(ci["lr"], ci["min_lr"])
     d0 = math.log(max(ci["rho_inits"]) / min(ci["rho_inits"]))
     epochs = {}
     for share in (ci["spread_share_max"], 0.5 * ci["spread_share_max"]):
         sized = sizing.rho_dynamics_size({**ci, "spread_share_max": share})
         tol = math.tanh(share * d0 / 2)
-        for r0, (what, e) in zip(ci["rho_inits"], sized["per_need"][1:]):
+        for r0, (_, what, e) in zip(ci["rho_inits"], sized["per_need"][1:]):
             e0 = abs(S.initial_row(rho_init=r0, seed=ci["seed"], lam=lam)["rho_over_rho_eq"] - 1)
             need = max(0.0, math.log(e0 / tol))
             assert e == sizing.epochs_to_relax(need, lam=lam, rho_lr=eta, steps_per_epoch=S.steps(1)), what
-        epochs[share] = sized["epochs"]
+        epochs[share] = sized["set"]["epochs"]
     assert epochs[0.5 * ci["spread_share_max"]] > epochs[ci["spread_share_max"]]  # a stricter bar needs longer runs
+
+
+def test_the_laptop_estimate_is_each_arms_runs_times_its_length_times_its_epoch_time():
+    from lowrank.book import rules
+
+    name = "square/rho_dynamics"
+    ci = rules.resolve_parameters(name, scale="ci", memory=False)
+    sized = sizing.sized_settings(name, ci)
+    text, seconds = sizing.laptop_text(name, ci, 600.0, seconds_per_epoch=lambda params, arm: 1e-3)
+    assert seconds == pytest.approx(sum(arm.runs * sized["set"][arm.epochs_key] * 1e-3 for arm in sized["arms"]))
+    assert f"= {seconds:.0f} s (page budget 600 s)" in text and text.startswith("# Laptop scale")

@@ -292,8 +292,7 @@ def write(names=None) -> list[str]:
     texts, total = {}, 0.0
     for name in names:
         if name in square_sizing.SIZED_PAGES:
-            params = square_sizing.with_fixed(name, rules.resolve_parameters(name, scale="ci", memory=False))
-            texts[name], seconds = square_sizing.laptop_text(name, params, square_sizing.measure_epoch_seconds(params),
+            texts[name], seconds = square_sizing.laptop_text(name, rules.resolve_parameters(name, scale="ci", memory=False),
                                                              PAGE_BUDGET_S)
             if seconds > PAGE_BUDGET_S:
                 raise ValueError(f"{name}: estimated at {seconds:.0f} s of training, over the laptop budget of "
@@ -334,9 +333,7 @@ def check() -> list[str]:
             continue
         stored = rules.load_yaml_mapping(notebooks.scale_params_path(name, "laptop"))
         if name in square_sizing.SIZED_PAGES:
-            size, _ = square_sizing.SIZED_PAGES[name]
-            ci = rules.resolve_parameters(name, scale="ci", memory=False)
-            want = {"epochs": size(square_sizing.with_fixed(name, ci))["epochs"]}
+            want = square_sizing.sized_settings(name, rules.resolve_parameters(name, scale="ci", memory=False))["set"]
         else:
             params = rules.resolve_parameters(name, scale="laptop", memory=False)
             want = {key: length for key, (length, _) in regime_lengths(name, params).items()}

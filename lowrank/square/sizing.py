@@ -25,11 +25,15 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
+from typing import Callable
+
 
 from lowrank.square import timescales
 
-__all__ = ["relaxation_bound_holds", "margin_bound", "epochs_to_relax", "epochs_to_weight_decay", "SIZED_PAGES",
-           "rho_dynamics_size", "measure_epoch_seconds", "with_fixed", "laptop_text"]
+__all__ = ["relaxation_bound_holds", "margin_bound", "epochs_to_relax", "epochs_to_weight_decay", "page_setup_of", "Arm",
+           "SizedSquarePage", "SIZED_PAGES", "rho_dynamics_size", "measure_epoch_seconds", "with_fixed", "sized_settings",
+           "laptop_text"]
 
 
 def relaxation_bound_holds(M: float, *, lam: float, rho_lr: float) -> bool:
@@ -81,19 +85,44 @@ def epochs_to_weight_decay(needed: float, *, lam: float, rho_lr: float, steps_pe
     return math.ceil(needed / (steps_per_epoch * rho_lr * lam) - 1e-12)
 
 
-def _setup(params: dict):
+def page_setup_of(params: dict):
+    """The `lowrank.square.pages.PageSetup` of a Part III page from its parameters (every page names its task and
+    training options alike; `num_samples` and `num_outputs` only where the page has them)."""
     from lowrank.square import pages
 
     p = params
+    optional = {k: p[k] for k in ("num_samples", "num_outputs") if k in p}
     return pages.page_setup(p["dataset"], p["classes"], arch=p["arch"], arch_kwargs=p["arch_kwargs"],
                             data_root=p["data_root"], max_train=p["max_train"], max_test=p["max_test"],
-                            input_shape=p["input_shape"], seed=p["seed"], num_outputs=p["num_outputs"],
-                            epochs=p["epochs"], lr=p["lr"], batch_size=p["batch_size"], momentum=p["momentum"],
-                            schedule=p["schedule"], min_lr=p["min_lr"], log_every=p["log_every"], nc=False,
-                            dtype=p["dtype"])
+                            input_shape=p["input_shape"], seed=p["seed"], epochs=p["epochs"], lr=p["lr"],
+                            batch_size=p["batch_size"], momentum=p["momentum"], schedule=p["schedule"],
+                            min_lr=p["min_lr"], log_every=p.get("log_every", p["epochs"]), nc=False, dtype=p["dtype"],
+                            **optional)
 
 
-# the laptop settings of rho_dynamics that are not sized (each with its reason, written into the file)
+@dataclass(frozen=True)
+class Arm:
+    """One set of runs of a page that share a run length: `runs` runs of `epochs_key` epochs, each costing what one
+    run trained with `train` (keyword overrides of `PageSetup.train`: lam, rho_lr, batch_size, lr, ...) costs per
+    epoch here."""
+    epochs_key: str
+    runs: int
+    train: dict
+
+
+@dataclass(frozen=True)
+class SizedSquarePage:
+    """How a Part III page is sized: `size(params)` (its ci defaults with `fixed`) returns
+    {"set": {parameter: value} (the run lengths it computes, and what follows from them, e.g. log_every),
+    "per_need": [(epochs_key, what, epochs)] (each clock's run length, in words; a run length is its clocks'
+    largest), "arms": [Arm]}; `fixed` holds
+    {parameter: (value, why)} the laptop file sets apart from the run lengths (the paper's, where ci differs);
+    `header` the file's opening lines: what the page mirrors here and how that differs from the paper."""
+    size: Callable[[dict], dict]
+    fixed: dict
+    header: tuple
+
+
 RHO_DYNAMICS_FIXED = {
     "rho_lr_variant": (0.0, "no variant: the verdicts use the paper's single step size (rho_lr = lr, Eq. 6 with one "
                             "eta); the ci variant only lets rho follow the tiny margins within the ci budget"),
@@ -129,56 +158,72 @@ def rho_dynamics_size(params: dict) -> dict:
     eta = params["rho_lr"] or (min(params["lr"], params["min_lr"]) if params["schedule"] == "cosine" else params["lr"])
     eta_max = params["rho_lr"] or (max(params["lr"], params["min_lr"]) if params["schedule"] == "cosine" else params["lr"])
     M_max = margin_bound(params["arch"])
-    S = _setup(params)
+    S = page_setup_of(params)
     spe = S.steps(1)
-    per_need = [("weight-decay time steps × η × λ ≥ 1/2", epochs_to_weight_decay(0.5, lam=lam, rho_lr=eta,
+    per_need = [("epochs", "weight-decay time steps × η × λ ≥ 1/2", epochs_to_weight_decay(0.5, lam=lam, rho_lr=eta,
                                                                                   steps_per_epoch=spe))]
     tolerance = timescales.spread_relaxation_tolerance(params["spread_share_max"],
                                                        timescales.log_spread(params["rho_inits"]))
     for r0 in params["rho_inits"]:
         row = S.initial_row(rho_init=r0, seed=params["seed"], lam=lam)
         need = timescales.relaxations_needed(abs(row["rho_over_rho_eq"] - 1), tolerance)
-        per_need.append((f"relaxation of ρ₀ = {r0:g} ({need:.3g} e-foldings)",
+        per_need.append(("epochs", f"relaxation of ρ₀ = {r0:g} ({need:.3g} e-foldings)",
                          epochs_to_relax(need, lam=lam, rho_lr=eta, steps_per_epoch=spe, M_max=M_max,
                                          max_rho_lr=eta_max)))
-    epochs = max(e for _, e in per_need)
-    runs = len(params["lams"]) * len(params["rho_inits"])
-    return {"epochs": epochs, "log_every": max(1, epochs // 200), "per_need": per_need, "runs": runs}
+    epochs = max(e for _, _, e in per_need)
+    arm = Arm("epochs", len(params["lams"]) * len(params["rho_inits"]),
+              {"rho_init": params["rho_inits"][0], "lam": lam, "rho_lr": params["rho_lr"] or params["lr"]})
+    return {"set": {"epochs": epochs, "log_every": max(1, epochs // 200)}, "per_need": per_need, "arms": [arm]}
 
 
-SIZED_PAGES = {"square/rho_dynamics": (rho_dynamics_size, RHO_DYNAMICS_FIXED)}
+SIZED_PAGES = {
+    "square/rho_dynamics": SizedSquarePage(rho_dynamics_size, RHO_DYNAMICS_FIXED, (
+        "Fig. 3 of Xu et al. (2023) on digits 1 vs 2 with the ci network, full-batch gradient descent (the paper: SGD, B = 128,",
+        "CIFAR-10, the 6-layer CNN; lowrank.square.sizing says why). Each clock below is a bound that holds for any margins",
+        "M <= 1/eta - 2 lambda (the relaxation rate at M = 0 is the weight decay's, Eq. 6; the MLP's margins have",
+        "M <= max ||x||^2 = 1, checked at the largest step). The relaxation tolerance is tied to init_dependence_wd's threshold",
+        "(timescales.spread_relaxation_tolerance); the lambda = 0 control relaxes at 2 eta M, which has no bound before",
+        "training: the page reads it from the logged M.")),
+}
 
 
-def measure_epoch_seconds(params: dict, epochs: int = 200) -> float:
-    """Seconds per epoch of one run of page `name`'s network, full batch as the page trains it, measured here."""
-    S = _setup({**params, "epochs": epochs, "log_every": epochs})
+def measure_epoch_seconds(params: dict, arm: Arm, epochs: int = 200) -> float:
+    """Seconds per epoch of one run of `arm` (the page's network at `params`, `arm.train`'s overrides), measured here."""
+    S = page_setup_of({**params, "epochs": epochs, "log_every": epochs})
+    train = {"rho_init": 1.0, "seed": params["seed"], **arm.train}
     t0 = time.perf_counter()
-    S.train(rho_init=params["rho_inits"][0], seed=params["seed"], lam=0.001, rho_lr=params["rho_lr"] or params["lr"],
-            desc=None)
+    S.train(**train, epochs=epochs, log_every=epochs, desc=None, progress=False)
     return (time.perf_counter() - t0) / epochs
 
 
 def with_fixed(name: str, params: dict) -> dict:
-    """`params` (a page's ci defaults) with the page's fixed laptop settings (`SIZED_PAGES[name][1]`)."""
-    return {**params, **{k: v for k, (v, _) in SIZED_PAGES[name][1].items()}}
+    """`params` (a page's ci defaults) with the page's fixed laptop settings (`SIZED_PAGES[name].fixed`)."""
+    return {**params, **{k: v for k, (v, _) in SIZED_PAGES[name].fixed.items()}}
 
 
-def laptop_text(name: str, params: dict, seconds_per_epoch: float, budget_s: float) -> tuple[str, float]:
-    """(the laptop file of `name` at its ci defaults `params`, its estimated training seconds)."""
-    size, fixed = SIZED_PAGES[name]
-    sized = size(with_fixed(name, params))
-    estimate = seconds_per_epoch * sized["epochs"] * sized["runs"]
+def sized_settings(name: str, params: dict) -> dict:
+    """What page `name`'s sizing computes at `params` (its ci defaults): `SIZED_PAGES[name].size` with the fixed
+    settings applied."""
+    return SIZED_PAGES[name].size(with_fixed(name, params))
+
+
+def laptop_text(name: str, params: dict, budget_s: float, seconds_per_epoch=measure_epoch_seconds) -> tuple[str, float]:
+    """(the laptop file of `name` at its ci defaults `params`, its estimated training seconds): each arm's runs ×
+    its run length × `seconds_per_epoch(params, arm)` (measured here, one run)."""
+    page = SIZED_PAGES[name]
+    full = with_fixed(name, params)
+    sized = page.size(full)
+    costs = [(arm, sized["set"][arm.epochs_key], seconds_per_epoch({**full, **sized["set"]}, arm)) for arm in sized["arms"]]
+    estimate = sum(arm.runs * epochs * spe for arm, epochs, spe in costs)
+    keys = dict.fromkeys(key for key, _, _ in sized["per_need"])
     lines = ["# Laptop scale, sized from the mechanism before training (python -m lowrank.book.laptop --write; never by hand):",
-             "# Fig. 3 of Xu et al. (2023) on digits 1 vs 2 with the ci network, full-batch gradient descent (the paper: SGD, B = 128,",
-             "# CIFAR-10, the 6-layer CNN; lowrank.square.sizing says why).",
-             "# epochs: the largest of " + "; ".join(f"{what}: {e}" for what, e in sized["per_need"]) + ",",
-             "# each a bound that holds for any margins M <= 1/eta - 2 lambda (the relaxation rate at M = 0 is the weight decay's, Eq. 6;",
-             "# the MLP's margins have M <= max ||x||^2 = 1, checked at the largest step). The relaxation tolerance is tied to",
-             "# init_dependence_wd's threshold (timescales.spread_relaxation_tolerance); the lambda = 0 control relaxes at 2 eta M,",
-             "# which has no bound before training: the page reads it from the logged M.",
-             f"# Estimated training: {sized['runs']} runs × {sized['epochs']} epochs × {seconds_per_epoch * 1e3:.3g} ms "
-             f"(measured here, one run) = {estimate:.0f} s (page budget {budget_s:.0f} s). The ci defaults otherwise.",
-             "scale: laptop", f"epochs: {sized['epochs']}", f"log_every: {sized['log_every']}  # about 200 logged states per run"]
-    for key, (value, why) in fixed.items():
+             *(f"# {line}" for line in page.header),
+             *(f"# {key}: the largest of " + "; ".join(f"{what}: {e}" for k, what, e in sized["per_need"] if k == key) + "."
+               for key in keys),
+             "# Estimated training: " + " + ".join(f"{arm.runs} runs × {epochs} epochs × {spe * 1e3:.3g} ms"
+                                                  for arm, epochs, spe in costs)
+             + f" (measured here, one run) = {estimate:.0f} s (page budget {budget_s:.0f} s). The ci defaults otherwise.",
+             "scale: laptop", *(f"{k}: {v}" for k, v in sized["set"].items())]
+    for key, (value, why) in page.fixed.items():
         lines.append(f"{key}: {value}  # {why}")
     return "\n".join(lines) + "\n", estimate
