@@ -355,9 +355,9 @@ def bench_paper():
     start, end = text.index(PAPER_TABLE_START) + len(PAPER_TABLE_START), text.index(PAPER_TABLE_END)
     readme.write_text(text[:start] + "\n" + table + "\n" + text[end:])
     if part_one:
-        from lowrank.book import paper_build, rules
+        from lowrank.book import build, rules
 
-        runnable = [n for n in notebooks.list_notebooks() if n.startswith("gradients/") and paper_build.missing_data(
+        runnable = [n for n in notebooks.list_notebooks() if n.startswith("gradients/") and build.missing_data(
             n, rules.resolve_parameters(n, scale="paper")) is None]  # the others need a data set not fetched here
         total = sum(part_one)
         row(f"Part I at paper scale, {len(part_one)} stored notebooks together, seconds", f"{total:.0f}",

@@ -29,7 +29,7 @@ from urllib.parse import unquote, urljoin, urlparse
 import nbformat
 import pytest
 
-from lowrank.book import build, notebooks, pages, rules
+from lowrank.book import build, goldens, notebooks, pages, rules
 
 pytestmark = pytest.mark.book  # reads the built HTML book
 
@@ -64,7 +64,7 @@ def _notebook(page: str) -> str | None:
 
 
 def _glued(name: str) -> dict:
-    return notebooks.verdicts(nbformat.read(build.executed_path(name), as_version=4))
+    return goldens.notebook_verdicts(nbformat.read(build.executed_path(name), as_version=4))
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import math
 import pytest
 import yaml
 
-from lowrank.book import build, costs, laptop, notebooks, paper_build, paper_results as pr, rules
+from lowrank.book import build, costs, laptop, notebooks, paper_results as pr, rules
 from lowrank.core import datasets
 from lowrank.sgd import ranks
 
@@ -168,25 +168,25 @@ def test_build_at_laptop_scale_runs_only_what_is_stale(tmp_path, monkeypatch, ca
                                                 "measured": 1.2, "outcome": "agrees", "scale": "laptop"}}
 
     monkeypatch.setattr(notebooks, "execute", fake_execute)
-    monkeypatch.setattr(paper_build, "LAPTOP", tmp_path / "build")
+    monkeypatch.setattr(build, "LAPTOP", tmp_path / "build")
     monkeypatch.setattr(pr, "RESULTS", tmp_path / "results" / "paper")
-    ready, skipped = paper_build.execute_laptop([name, "gradients/decomposition"])
+    ready, skipped = build.execute_laptop([name, "gradients/decomposition"])
     epochs = rules.resolve_parameters(name, scale="laptop")["epochs"]
     assert ready == [name] and skipped == {"gradients/decomposition": "no laptop file"}
-    assert calls == [(name, epochs, paper_build.LAPTOP_CELL_TIMEOUT)]
+    assert calls == [(name, epochs, build.LAPTOP_CELL_TIMEOUT)]
     stored = tmp_path / "results" / "laptop" / name
     assert sorted(p.relative_to(stored).as_posix() for p in stored.rglob("*") if p.is_file()) == [
         "figures/curves.csv", "provenance.json", "verdicts.json"]
     r = pr.stored_result(name, scale="laptop")
     assert r["stale"] is False and r["provenance"]["scale"] == "laptop" and r["provenance"]["wall_s"] >= 0
     assert r["provenance"]["code_files"][f"notebooks/{name}.md"] and r["provenance"]["git"]["commit"]
-    assert paper_build.execute_laptop([name])[0] == [name] and len(calls) == 1, "a current result was executed again"
+    assert build.execute_laptop([name])[0] == [name] and len(calls) == 1, "a current result was executed again"
     edited = tmp_path / "laptop.yaml"
     edited.write_text(notebooks.scale_params_path(name, "laptop").read_text() + "seeds: 4\n")
     real = notebooks.scale_params_path
     monkeypatch.setattr(notebooks, "scale_params_path", lambda n, s: edited if s == "laptop" else real(n, s))
     assert pr.stored_result(name, scale="laptop")["stale_reason"] == "parameters changed since the run: seeds"
-    paper_build.execute_laptop([name])
+    build.execute_laptop([name])
     assert len(calls) == 2
     out = capsys.readouterr().out
     assert "no stored result" in out and "current (stored" in out and "stale: parameters changed since the run: seeds" in out
@@ -194,7 +194,7 @@ def test_build_at_laptop_scale_runs_only_what_is_stale(tmp_path, monkeypatch, ca
 
 def test_the_build_command_takes_the_laptop_scale(monkeypatch):
     seen = []
-    monkeypatch.setattr(paper_build, "laptop_main", lambda only, force=False: seen.append((only, force)))
+    monkeypatch.setattr(build, "laptop_main", lambda only, force=False: seen.append((only, force)))
     build.main(["--scale", "laptop", "--only", "sgd/rank_vs_weight_decay", "--force"])
     assert seen == [(["sgd/rank_vs_weight_decay"], True)]
 
@@ -204,25 +204,26 @@ def test_pages_beyond_the_laptop_budget_read_needs_a_larger_scale_with_their_cos
     CPU epoch and 0.5 s per GPU epoch, add up to the printed CPU- and GPU-hours; unmeasured is unknown."""
     from lowrank.book import ledger, sweeps
 
-    for name, specs in laptop.LARGER_SCALE.items():
+    for name, specs in sweeps.PAGE_SWEEPS.items():
         points = [p for s in specs for p in sweeps.load_spec(notebooks.REPO_ROOT / s).points]
         assert points and all(p["model"] in ("ResNet-18", "VGG-16", "ViT") for p in points), name
         timings = {(p["model"], p["dataset"], p["batch_size"], 1, dev): (secs, "test")
                    for p in points for dev, secs in (("cpu", 10.0), ("cuda", 0.5))}
-        cost = laptop.larger_scale_cost(name, timings)
+        cost = sweeps.larger_scale_cost(name, timings)
         assert cost["cpu_seconds"] == pytest.approx(sum(10.0 * p["epochs"] for p in points))
         assert cost["gpu_seconds"] == pytest.approx(sum(0.5 * p["epochs"] for p in points))
-        text = laptop.larger_scale_text(name, timings)
+        text = sweeps.larger_scale_text(name, timings)
         assert text.startswith("needs a larger scale") and f"{cost['cpu_seconds'] / 3600:,.0f} CPU-hours" in text
-        assert "unknown CPU-hours (one thread) and unknown GPU-hours" in laptop.larger_scale_text(name, {})
+        assert "unknown CPU-hours (one thread) and unknown GPU-hours" in sweeps.larger_scale_text(name, {})
         if name in laptop.SIZED_PAGES:  # its MLP claims are sized; the conv / transformer claims stay beyond,
-            note = ledger._beyond_budget_note(name)  # their cost beside the page's stored laptop outcomes
+            note = ledger._beyond_budget_note(cost)  # their cost beside the page's stored laptop outcomes
             assert "beyond the budget" in note and "CPU-hours" in note and "GPU-hours" in note
             continue
         assert not notebooks.scale_params_path(name, "laptop").is_file(), "a page beyond the budget has no laptop file"
-        title, short, outcome = ledger._laptop_not_run(name)
+        title, short, outcome = ledger._laptop_not_run(name, cost)
         assert outcome == "needs a larger scale" and "CPU-hours" in short and "GPU-hours" in short
-    assert laptop.larger_scale_cost("sgd/rank_vs_weight_decay") is None
+    assert sweeps.larger_scale_cost("sgd/rank_vs_weight_decay") is None
+    assert set(sweeps.larger_scale_costs()) == set(sweeps.PAGE_SWEEPS)
 
 
 @pytest.mark.slow  # starts a kernel and trains the page: about a minute on 2 cores
@@ -299,7 +300,7 @@ def test_a_rerun_that_moves_the_outcome_makes_it_unstable_and_keeps_the_first_ru
 
 
 def test_a_laptop_page_with_a_claim_near_its_threshold_is_run_again_at_the_next_seed(monkeypatch):
-    from lowrank.book import paper_build, runs
+    from lowrank.book import runs
 
     calls = []
 
@@ -309,10 +310,10 @@ def test_a_laptop_page_with_a_claim_near_its_threshold_is_run_again_at_the_next_
 
     monkeypatch.setattr(runs, "execute", fake_execute)
     found = {"near": _record(1.04, "agrees"), "far": _record(3.0, "agrees")}
-    out, prov = paper_build._rerun_near_threshold("sgd/rank_vs_weight_decay", {"seed": 7, "x": 1}, found, {"wall_s": 5.0})
+    out, prov = build._rerun_near_threshold("sgd/rank_vs_weight_decay", {"seed": 7, "x": 1}, found, {"wall_s": 5.0})
     assert calls == [{"seed": 8, "x": 1}], "the laptop file's own seed, shifted by one offset"
     assert out["near"]["outcome"] == "unstable" and out["far"] == found["far"]
     assert prov["wall_s"] == 7.0 and prov["near_threshold_rerun"]["claims"] == ["near"]
     calls.clear()
-    out, prov = paper_build._rerun_near_threshold("sgd/rank_vs_weight_decay", {"seed": 7}, {"far": found["far"]}, {"wall_s": 5.0})
+    out, prov = build._rerun_near_threshold("sgd/rank_vs_weight_decay", {"seed": 7}, {"far": found["far"]}, {"wall_s": 5.0})
     assert calls == [] and prov["near_threshold_rerun"] is None

@@ -69,16 +69,35 @@ def _module_name(path: Path, package_dir: Path = PACKAGE) -> str:
     return ".".join(path.relative_to(package_dir.parent).with_suffix("").parts).removesuffix(".__init__")
 
 
-def import_cycles(paths, package_dir: Path = PACKAGE) -> list[list[str]]:
-    """Every import circle among the modules `paths` (imports inside functions included): the
-    strongly connected components of more than one module, by Tarjan's algorithm."""
+def import_graph(paths, package_dir: Path = PACKAGE) -> dict[str, list[str]]:
+    """`{module: [the modules of paths it imports]}` (imports inside functions included; a module's own packages,
+    whose `__init__` runs first, are not arrows)."""
     names = {_module_name(p, package_dir): p for p in paths}
 
     def own_packages(m):  # importing a module runs its packages' __init__ first: not an arrow back
         return {m.rsplit(".", k)[0] for k in range(1, m.count(".") + 1)}
 
-    graph = {m: sorted({n for n in imported_lowrank_modules(p, package_dir) if n in names and n != m}
-                       - own_packages(m)) for m, p in names.items()}
+    return {m: sorted({n for n in imported_lowrank_modules(p, package_dir) if n in names and n != m} - own_packages(m))
+            for m, p in names.items()}
+
+
+def floors(graph: dict[str, list[str]]) -> dict[str, int]:
+    """Each module's floor: 1 for one that imports none of the graph's modules, else one above the highest it
+    imports (the graph has no circle: `test_no_module_imports_itself_back`)."""
+    found = {}
+
+    def floor(m):
+        if m not in found:
+            found[m] = 1 + max((floor(n) for n in graph[m]), default=0)
+        return found[m]
+
+    return {m: floor(m) for m in graph}
+
+
+def import_cycles(paths, package_dir: Path = PACKAGE) -> list[list[str]]:
+    """Every import circle among the modules `paths` (imports inside functions included): the
+    strongly connected components of more than one module, by Tarjan's algorithm."""
+    graph = import_graph(paths, package_dir)
     index, low, stack, on, out = {}, {}, [], set(), []
 
     def visit(v):
@@ -111,8 +130,8 @@ def import_cycles(paths, package_dir: Path = PACKAGE) -> list[list[str]]:
 @pytest.mark.parametrize("sub", list(LAYER))
 def test_no_module_imports_itself_back(sub):
     """No import circle (imports inside functions included): inside `lowrank/book`, the build, the
-    paper-scale build, the run folders and the ledger meet in modules they all import (`keys`,
-    `pages`, `rules`), never in each other. (Between layers, `test_imports_run_one_way` forbids them.)"""
+    run folders and the ledger meet in modules they all import (`keys`, `pages`, `rules`), never in
+    each other. (Between layers, `test_imports_run_one_way` forbids them.)"""
     assert import_cycles([p for p in MODULES if subpackage(p) == sub]) == []
 
 
@@ -125,3 +144,21 @@ def test_the_circle_checker_sees_a_circle(tmp_path):
     (book / "d.py").write_text("from lowrank.book import a\n")
     paths = sorted(book.glob("*.py"))
     assert import_cycles(paths, tmp_path / "lowrank") == [["lowrank.book.a", "lowrank.book.b", "lowrank.book.c"]]
+
+
+def test_the_book_machinery_stands_on_at_most_six_floors():
+    """Issue 49: `lowrank/book` is at most six floors high (a module's floor is one above the highest it imports),
+    so that following a notebook through the build does not climb a tower; README's layout row lists them."""
+    graph = import_graph([p for p in MODULES if subpackage(p) == "book"])
+    height = floors(graph)
+    assert max(height.values()) <= 6, sorted(height.items(), key=lambda kv: -kv[1])[:8]
+
+
+def test_the_floor_counter_counts_a_chain(tmp_path):
+    book = tmp_path / "lowrank" / "book"
+    book.mkdir(parents=True)
+    for k in range(7):  # m0 <- m1 <- ... <- m6, the last import inside a function
+        (book / f"m{k}.py").write_text("" if k == 0 else
+                                       (f"def f():\n    from lowrank.book import m{k - 1}\n" if k == 6 else f"from lowrank.book import m{k - 1}\n"))
+    height = floors(import_graph(sorted(book.glob("*.py")), tmp_path / "lowrank"))
+    assert height == {f"lowrank.book.m{k}": k + 1 for k in range(7)}

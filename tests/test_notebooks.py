@@ -21,7 +21,7 @@ def test_every_notebook_is_in_the_book():
 @pytest.mark.parametrize("name", NAMES)
 def test_verdicts_match_golden(name, executed_notebooks):
     nb = nbformat.read(executed_notebooks[name], as_version=4)
-    found = notebooks.verdicts(nb)
+    found = goldens.notebook_verdicts(nb)
     assert found, f"{name} glued no verdict"
     golden = GOLDEN.get(name)
     assert golden is not None, f"{name} has no block in tests/golden_verdicts.yaml"
@@ -48,7 +48,7 @@ def test_verdict_names_are_unique_across_notebooks():
 @pytest.mark.parametrize("name", NAMES)
 def test_claims_with_passing_controls_are_uninformative(name, executed_notebooks):
     """No claim counts as agreement when one of its negative controls meets the same threshold."""
-    for v in notebooks.verdicts(nbformat.read(executed_notebooks[name], as_version=4)).values():
+    for v in goldens.notebook_verdicts(nbformat.read(executed_notebooks[name], as_version=4)).values():
         if v["kind"] == "claim":
             left = v["excluded"] and v["excluded"]["count"] < v["excluded"]["total"]
             if not v["controls"]:  # allowed only where every run was left out: nothing measured, nothing decided
@@ -111,5 +111,5 @@ def test_ledger_lists_every_claim_and_links_every_notebook(executed_notebooks):
         assert f'class="claim-id">{c["claim_id"]}<' in text, f"claim {c['claim_id']} has no ledger row"
     for name in NAMES:
         assert f"notebooks/{name}.html" in text, f"the ledger does not link {name}"
-        for v in notebooks.verdicts(nbformat.read(executed_notebooks[name], as_version=4)).values():
+        for v in goldens.notebook_verdicts(nbformat.read(executed_notebooks[name], as_version=4)).values():
             assert ledger.fmt(v["measured"]) in text and v["outcome"] in text, f"{name}: {v['name']} is not in the ledger"

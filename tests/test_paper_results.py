@@ -31,7 +31,7 @@ def _run_folder(tmp_path, params, verdicts=None):
 def test_store_and_read_back_with_provenance(tmp_path):
     params = pr.paper_parameters(NAME)
     assert params["scale"] == "paper"
-    stored = pr.store_run(_run_folder(tmp_path, params), root=tmp_path / "results")
+    stored = pr.store_run(runs.load_run(_run_folder(tmp_path, params)), root=tmp_path / "results")
     assert stored == tmp_path / "results" / NAME
     assert sorted(p.name for p in stored.iterdir()) == ["provenance.json", "verdicts.json"]
     r = pr.paper_results(NAME, root=tmp_path / "results")
@@ -46,7 +46,7 @@ def test_store_and_read_back_with_provenance(tmp_path):
 
 def test_a_result_whose_paper_file_changed_is_stale(tmp_path, monkeypatch):
     results = tmp_path / "results"
-    pr.store_run(_run_folder(tmp_path, pr.paper_parameters(NAME)), root=results)
+    pr.store_run(runs.load_run(_run_folder(tmp_path, pr.paper_parameters(NAME))), root=results)
     assert pr.paper_results(NAME, root=results)["stale"] is False
     paper = yaml.safe_load(notebooks.paper_params_path(NAME).read_text())
     paper["n"] = paper["n"] + 1
@@ -63,11 +63,11 @@ def test_a_result_whose_paper_file_changed_is_stale(tmp_path, monkeypatch):
 def test_only_paper_scale_runs_with_verdicts_are_stored(tmp_path):
     ci = rules.resolve_parameters(NAME, scale="ci")
     with pytest.raises(rules.ParameterError, match="a ci-scale run; only laptop and paper-scale runs are stored"):
-        pr.store_run(_run_folder(tmp_path, ci), root=tmp_path / "results")
+        pr.store_run(runs.load_run(_run_folder(tmp_path, ci)), root=tmp_path / "results")
     with pytest.raises(rules.ParameterError, match="not a paper-scale run: parameters .*'n'"):
-        pr.store_run(_run_folder(tmp_path / "n", {**ci, "scale": "paper"}), root=tmp_path / "results")
+        pr.store_run(runs.load_run(_run_folder(tmp_path / "n", {**ci, "scale": "paper"})), root=tmp_path / "results")
     with pytest.raises(rules.ParameterError, match="no verdicts"):
-        pr.store_run(_run_folder(tmp_path / "b", pr.paper_parameters(NAME), verdicts={}), root=tmp_path / "results")
+        pr.store_run(runs.load_run(_run_folder(tmp_path / "b", pr.paper_parameters(NAME), verdicts={})), root=tmp_path / "results")
     assert not (tmp_path / "results").exists()
 
 
@@ -95,7 +95,7 @@ def test_every_stored_result_is_complete(name):
 # ---- the paper-scale build (`python -m lowrank.book.build --scale paper`) ----------------------------
 
 def test_notebooks_without_their_data_are_skipped_with_the_fetch_command(tmp_path):
-    from lowrank.book import paper_build as pb
+    from lowrank.book import build as pb
 
     assert pb.required_data({"dataset": "cifar10", "data_root": "x"}) == ["cifar10"]
     assert pb.required_data({"datasets_used": ["mnist", "digits"], "dataset": "digits"}) == ["mnist"]
@@ -112,7 +112,7 @@ def test_notebooks_without_their_data_are_skipped_with_the_fetch_command(tmp_pat
 def test_paper_build_executes_stores_caches_and_skips(tmp_path, monkeypatch, capsys):
     """The build's bookkeeping with the kernel replaced by a stub (a real paper-scale execution takes
     minutes to hours): one notebook executed and stored, one skipped for its data, then a cache hit."""
-    from lowrank.book import paper_build as pb
+    from lowrank.book import build as pb
     from lowrank.book.verdicts import GLUE_PREFIX
 
     calls = []
@@ -136,7 +136,7 @@ def test_paper_build_executes_stores_caches_and_skips(tmp_path, monkeypatch, cap
 
     monkeypatch.setattr(notebooks, "execute", fake_execute)
     monkeypatch.setattr(pb, "HEARTBEAT_S", 0.1)
-    monkeypatch.setattr(pb, "EXECUTED", tmp_path / "executed")
+    monkeypatch.setattr(pb, "PAPER_EXECUTED", tmp_path / "executed")
     monkeypatch.setattr(pr, "RESULTS", tmp_path / "results")
     data = tmp_path / "no-data"
     real = rules.resolve_parameters
@@ -158,7 +158,7 @@ def test_paper_build_executes_stores_caches_and_skips(tmp_path, monkeypatch, cap
 
 
 def test_paper_toc_keeps_prose_and_the_executed_notebooks_only():
-    from lowrank.book import pages, paper_build as pb
+    from lowrank.book import build as pb, pages
 
     toc = pb.paper_toc([NAME])
     files = set()
@@ -267,7 +267,7 @@ def test_cost_line_reads_the_stored_wall_time_and_goes_back_to_unmeasured_when_s
     runs.write_manifest(folder)
     root = tmp_path / "results"
     assert "not measured" in pr.cost_line(NAME, root=root)
-    pr.store_run(folder, root=root)
+    pr.store_run(runs.load_run(folder), root=root)
     line = pr.cost_line(NAME, root=root)
     assert line.startswith(pr.COST_PREFIX) and "60 s on cpu (2 threads), 2 CPUs at load 3.5, 2026-11-30" in line
     paper_file = tmp_path / "paper.yaml"

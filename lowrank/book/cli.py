@@ -155,10 +155,10 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_goldens(args) -> int:
-    from lowrank.book import build, goldens
+    from lowrank.book import goldens, pages
 
     if args.action == "check":
-        return _goldens_check(args, build, goldens)
+        return _goldens_check(args, pages, goldens)
     seeds = goldens.parse_seeds(args.seeds)
     for name in args.names:
         notebooks.source_path(name)  # a clear error for a wrong name, before any work
@@ -173,14 +173,14 @@ def cmd_goldens(args) -> int:
                 stale += row["stale"]
                 print(f"  {row['verdict']}: {'STALE (' + row['why'] + ')' if row['stale'] else 'matches'}")
         else:
-            goldens.write_block(name, fresh, order=build.book_notebooks())
+            goldens.write_block(name, fresh, order=pages.book_notebooks())
             for key, e in fresh.items():
                 print(f"  {key}: {e['value']:.4g} ± {e['abs']:.2g} ({e['outcome']}: {e['outcomes']}; {e['spread']})")
     return 1 if stale else 0
 
 
-def _goldens_check(args, build, goldens) -> int:
-    names = args.names or build.book_notebooks()
+def _goldens_check(args, pages, goldens) -> int:
+    names = args.names or pages.book_notebooks()
     for name in names:
         notebooks.source_path(name)  # a clear error for a wrong name, before any work
     print(f"executing {len(names)} notebook(s) under {goldens.CPU_PATH_ENV}={args.cpu_path}, {args.jobs} at a time, "
@@ -193,12 +193,12 @@ def _goldens_check(args, build, goldens) -> int:
 
 
 def cmd_diff(args) -> int:
-    from lowrank.book import build, goldens
+    from lowrank.book import goldens, pages
     from lowrank.core import io
 
     # before any work: never over a file the tool did not write (its record, not the file's title, says so)
     out = io.check_replaceable(args.output, "diff output", ours=io.written_by_lowrank)
-    executed = {n: build.executed_path(n) for n in build.book_notebooks()}
+    executed = {n: pages.executed_path(n) for n in pages.book_notebooks()}
     missing = [n for n, p in executed.items() if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"not executed yet: {', '.join(missing)} (run `make book` first)")
@@ -258,7 +258,7 @@ def cmd_results(args) -> int:
 
     if args.action == "store":
         for folder in args.folders:
-            print(f"stored {pr.store_run(folder)}")
+            print(f"stored {pr.store_run(runs.load_run(folder))}")
         return 0
     for scale in pr.STORED_SCALES:
         if not pr.stored_names(scale=scale):

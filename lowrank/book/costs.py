@@ -21,12 +21,14 @@ from pathlib import Path
 
 from lowrank.book.notebooks import SOURCE_ROOT
 
-__all__ = ["EPOCH_SECONDS", "FIELDS", "read_timings", "epoch_seconds", "training_seconds", "sweep_seconds",
+__all__ = ["PAGE_BUDGET_S", "TIER_BUDGET_S", "EPOCH_SECONDS", "FIELDS", "read_timings", "epoch_seconds", "training_seconds", "sweep_seconds",
            "format_seconds", "UNKNOWN"]
 
 EPOCH_SECONDS = SOURCE_ROOT / "bench" / "epoch_seconds.csv"  # shipped with an installed copy too
 FIELDS = ["model", "dataset", "batch_size", "members", "device", "seconds_per_epoch", "measured_on"]
 UNKNOWN = "unknown"
+PAGE_BUDGET_S = 600.0  # a laptop page on 2 CPU cores (issue 43)
+TIER_BUDGET_S = 3600.0  # the whole laptop tier
 
 
 def read_timings(path=None) -> dict:

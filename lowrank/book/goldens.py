@@ -33,9 +33,9 @@ import yaml
 
 from lowrank.book import notebooks
 from lowrank.core import io
-from lowrank.book.verdicts import STABILITY_ENV, UNSTABLE, entry_mismatch, within
+from lowrank.book.verdicts import GLUE_PREFIX, STABILITY_ENV, UNSTABLE, entry_mismatch, within
 
-__all__ = ["GOLDEN", "TOLERANCE_RULE", "CPU_PATH_ENV", "load", "seed_overrides", "parse_seeds", "measure",
+__all__ = ["GOLDEN", "TOLERANCE_RULE", "CPU_PATH_ENV", "notebook_verdicts", "load", "seed_overrides", "parse_seeds", "measure",
            "entries_from_runs", "write_block", "within", "entry_mismatch", "block_mismatches", "recorded_block",
            "check_cpu_path", "compare_spread", "verdict_diff", "diff_markdown"]
 
@@ -55,6 +55,11 @@ HEADER = f"""\
 # edited by hand and a tolerance is never widened to make a failing check pass: re-measure instead.
 """
 
+
+
+def notebook_verdicts(nb) -> dict:
+    """`{verdict name: record dict}` glued in an executed notebook `nb` by `lowrank.book.verdicts.check` and `claim`."""
+    return {k[len(GLUE_PREFIX):]: v for k, v in notebooks.glued_values(nb).items() if k.startswith(GLUE_PREFIX)}
 
 def load(path: Path = GOLDEN) -> dict:
     """`{notebook: {verdict: entry}}` of the goldens file; a file that is not YAML, or not a mapping of
@@ -128,7 +133,7 @@ def _execute(name: str, k: int, cpu_path: str | None = None, stability: Path | N
             notebooks.execute(name, Path(tmp) / "out.ipynb", parameters=seed_overrides(name, k), figure_dir=Path(tmp))
             import nbformat
 
-            return notebooks.verdicts(nbformat.read(Path(tmp) / "out.ipynb", as_version=4))
+            return notebook_verdicts(nbformat.read(Path(tmp) / "out.ipynb", as_version=4))
     finally:  # called in this process too (tests): later kernels and workers must not inherit them
         for key, value in before.items():
             _set_env(key, value)
@@ -282,7 +287,7 @@ def verdict_diff(executed: dict[str, Path], golden: dict | None = None) -> list[
     golden = load() if golden is None else golden
     rows = []
     for name, path in executed.items():
-        found = notebooks.verdicts(nbformat.read(path, as_version=4)) if Path(path).is_file() else {}
+        found = notebook_verdicts(nbformat.read(path, as_version=4)) if Path(path).is_file() else {}
         want = golden.get(name, {})
         for key in list(want) + [k for k in found if k not in want]:
             g, v = want.get(key), found.get(key)

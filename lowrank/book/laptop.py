@@ -25,12 +25,11 @@ from typing import Callable
 import yaml
 
 from lowrank.book import notebooks, rules
+from lowrank.book.costs import PAGE_BUDGET_S, TIER_BUDGET_S
 
-__all__ = ["PAGE_BUDGET_S", "TIER_BUDGET_S", "SizedPage", "SIZED_PAGES", "LARGER_SCALE", "page_grid", "page_seconds",
-           "regime_needed", "regime_epochs", "regime_lengths", "laptop_text", "larger_scale_cost", "larger_scale_text", "write", "check", "main"]
+__all__ = ["SizedPage", "SIZED_PAGES", "page_grid", "page_seconds", "regime_needed", "regime_epochs", "regime_lengths",
+           "laptop_text", "write", "check", "main"]
 
-PAGE_BUDGET_S = 600.0  # a laptop page on 2 CPU cores (issue 43)
-TIER_BUDGET_S = 3600.0  # the whole laptop tier
 
 
 def _rank_grid(params: dict, *, batch_sizes, lrs, weight_decays) -> list[dict]:
@@ -134,48 +133,6 @@ SIZED_PAGES = {
                 "the MLP lambda figure's grid (paper l.549, l.1523); the ci grid is ten times the paper's, and at its largest "
                 "lambda (the largest per-step decay mu lambda / (1 - beta) of the page) every run collapses and is left out"),)),
 }
-
-
-# Pages with claims about convolutional and transformer networks on CIFAR-10: no laptop size reaches their
-# regime within PAGE_BUDGET_S (one epoch of the smallest is longer), so those claims read "needs a larger
-# scale" with the training cost of the paper's sweeps that decide them (a page's MLP claims may still be
-# sized above: sgd/architectures).
-LARGER_SCALE = {
-    "sgd/architectures": ("sweeps/sgd_architectures_paper.yaml",),
-    "sgd/generalization": ("sweeps/sgd_fig_gen_1_paper.yaml", "sweeps/sgd_fig_gen_2_paper.yaml"),
-}
-
-
-def larger_scale_cost(name: str, timings: dict | None = None) -> dict | None:
-    """The training cost of the paper sweeps behind a page of `LARGER_SCALE` (None for other pages):
-    `cpu_seconds` and `gpu_seconds` (`lowrank.book.costs.sweep_seconds`, points one by one, None when a
-    point is not measured), `unmeasured` (CPU), `specs`, `smallest_epoch_s` (the shortest measured CPU
-    epoch of any point: more than `PAGE_BUDGET_S` says no laptop run of these networks fits)."""
-    from lowrank.book import costs, sweeps
-
-    if name not in LARGER_SCALE:
-        return None
-    timings = costs.read_timings() if timings is None else timings
-    points = [p for spec in LARGER_SCALE[name] for p in sweeps.load_spec(notebooks.REPO_ROOT / spec).points]
-    cpu, unmeasured, _ = costs.sweep_seconds(points, "cpu", timings)
-    gpu, _, _ = costs.sweep_seconds(points, "cuda", timings)
-    epochs = [costs.epoch_seconds(p["model"], p["dataset"], p["batch_size"], 1, "cpu", timings) for p in points]
-    measured = [e for e in epochs if e is not None]
-    return {"cpu_seconds": cpu, "gpu_seconds": gpu, "unmeasured": unmeasured, "specs": list(LARGER_SCALE[name]),
-            "smallest_epoch_s": min(measured) if measured else None}
-
-
-def larger_scale_text(name: str, timings: dict | None = None) -> str:
-    """"needs a larger scale: ..." with the cost of `larger_scale_cost`, in CPU-hours and GPU-hours."""
-    c = larger_scale_cost(name, timings)
-    if c is None:
-        return ""
-    hours = lambda s: "unknown" if s is None else f"{s / 3600:,.0f}"
-    smallest = "" if c["smallest_epoch_s"] is None else \
-        f"; its shortest measured CPU epoch takes {c['smallest_epoch_s']:.0f} s, against a page budget of {PAGE_BUDGET_S:.0f} s"
-    return (f"needs a larger scale: the paper's sweeps ({', '.join(c['specs'])}) train for {hours(c['cpu_seconds'])} "
-            f"CPU-hours (one thread) and {hours(c['gpu_seconds'])} GPU-hours, from the epoch times measured in "
-            f"bench/epoch_seconds.csv{smallest}")
 
 
 def _sized(name: str) -> SizedPage:
@@ -352,8 +309,10 @@ def main(argv=None) -> int:
     if args.check:
         problems = check()
         print("\n".join(problems) or f"the laptop files match their computed run lengths")
-        for name in LARGER_SCALE:
-            print(f"{name}: {larger_scale_text(name)}")
+        from lowrank.book import sweeps
+
+        for name in sweeps.PAGE_SWEEPS:
+            print(f"{name}: {sweeps.larger_scale_text(name)}")
         return 1 if problems else 0
     for name in write(args.write or None):
         print(f"wrote {notebooks.scale_params_path(name, 'laptop')}")

@@ -29,7 +29,8 @@ import nbformat
 import yaml
 
 from lowrank.book import paper_results as _paper_results_module
-from lowrank.book.notebooks import REPO_ROOT, list_notebooks, verdicts
+from lowrank.book.goldens import notebook_verdicts
+from lowrank.book.notebooks import REPO_ROOT, list_notebooks
 from lowrank.book.verdicts import CHECK_OUTCOMES, CLAIM_OUTCOMES, LARGER_SCALE, UNSTABLE, stability_text
 
 __all__ = ["CLAIMS", "PARTS", "SCALES", "OUTCOME_STYLE", "MEANING", "ledger_rows", "ledger_counts", "counts_by_part",
@@ -60,11 +61,13 @@ def _stored_result(name: str, root: Path | None, scale: str) -> dict | None:
             "stale_reason": found["stale_reason"]}
 
 
-def ledger_rows(executed: dict[str, Path], results_root: Path | None = None, laptop_root: Path | None = None) -> list[dict]:
+def ledger_rows(executed: dict[str, Path], results_root: Path | None = None, laptop_root: Path | None = None,
+                larger_scale: dict | None = None) -> list[dict]:
     """One row per (claim, verdict); claims without a notebook yet get one row saying so. Each row has
     the ci verdict (`verdict`) and, when stored, the laptop and paper ones (`laptop`, `paper`, each with
     `<scale>_date`, `<scale>_stale` and `<scale>_stale_reason`); `results_root` / `laptop_root` replace
-    results/paper/ and results/laptop/.
+    results/paper/ and results/laptop/. `larger_scale`: `{page: cost}` of the pages whose claims are beyond the
+    laptop budget (`lowrank.book.sweeps.larger_scale_costs`), kept in each of their rows as `larger_scale`.
 
     A verdict whose claim id is not the notebook's row in claims.yaml is listed too (under its own
     id), so that the ledger counts every glued verdict.
@@ -79,11 +82,12 @@ def ledger_rows(executed: dict[str, Path], results_root: Path | None = None, lap
         name = c["notebook"]
         path = executed.get(name)
         if name not in existing or path is None or not Path(path).is_file():
-            rows.append({"claim_id": c["claim_id"], "notebook": name, "exists": name in existing, "verdict": None})
+            rows.append({"claim_id": c["claim_id"], "notebook": name, "exists": name in existing, "verdict": None,
+                         "larger_scale": (larger_scale or {}).get(name)})
             continue
         nb = nbformat.read(path, as_version=4)
         stored = {"paper": _stored_result(name, results_root, "paper"), "laptop": _stored_result(name, laptop_root, "laptop")}
-        found_all = verdicts(nb)
+        found_all = notebook_verdicts(nb)
         found = [v for v in found_all.values() if v["claim_id"] == c["claim_id"]]
         if c["claim_id"] == by_notebook[name][-1]:  # the notebook's last claims.yaml row takes the unlisted ones
             found += [v for v in found_all.values() if v["claim_id"] not in by_notebook[name]]
@@ -92,7 +96,8 @@ def ledger_rows(executed: dict[str, Path], results_root: Path | None = None, lap
                 if (name, v["name"]) in seen:
                     continue
                 seen.add((name, v["name"]))
-            row = {"claim_id": v["claim_id"] if v else c["claim_id"], "notebook": name, "exists": True, "verdict": v}
+            row = {"claim_id": v["claim_id"] if v else c["claim_id"], "notebook": name, "exists": True, "verdict": v,
+                   "larger_scale": (larger_scale or {}).get(name)}
             for scale, found in stored.items():
                 sv = found["verdicts"].get(v["name"]) if found and v else None
                 row |= {scale: sv, f"{scale}_date": found["date"] if sv else None,
@@ -475,31 +480,25 @@ def _hours(seconds) -> str:
     return "unknown" if seconds is None else f"{seconds / 3600:,.0f}"
 
 
-def _laptop_not_run(name: str) -> tuple[str, str, str | None]:
+def _laptop_not_run(name: str, cost: dict | None) -> tuple[str, str, str | None]:
     """(title, short, outcome) of a page without a laptop result: its laptop file has not run, or its
-    claims need a larger scale (`lowrank.book.laptop.LARGER_SCALE`: outcome LARGER_SCALE, with the cost
-    in CPU- and GPU-hours), or it has no laptop file yet."""
-    from lowrank.book import laptop
+    claims need a larger scale (`cost`, its `lowrank.book.sweeps.larger_scale_cost`: outcome LARGER_SCALE,
+    with the cost in CPU- and GPU-hours), or it has no laptop file yet."""
     from lowrank.book.notebooks import scale_params_path
 
     if scale_params_path(name, "laptop").is_file():
         return "its laptop file has not run yet (`make laptop`)", "not run yet", None
-    cost = laptop.larger_scale_cost(name)
     if cost is not None:
-            return (laptop.larger_scale_text(name), f"{_hours(cost['cpu_seconds'])} CPU-hours, "
-                f"{_hours(cost['gpu_seconds'])} GPU-hours", LARGER_SCALE)
+        return cost["text"], f"{_hours(cost['cpu_seconds'])} CPU-hours, {_hours(cost['gpu_seconds'])} GPU-hours", LARGER_SCALE
     return "no laptop file: not sized for the laptop scale yet", "no laptop file", None
 
 
-def _beyond_budget_note(name: str) -> str:
-    """For a page with a stored laptop result whose other claims are beyond the laptop budget
-    (`lowrank.book.laptop.LARGER_SCALE`): the cost of the paper sweeps that decide those, as a small line."""
-    from lowrank.book import laptop
-
-    cost = laptop.larger_scale_cost(name)
+def _beyond_budget_note(cost: dict | None) -> str:
+    """For a page with a stored laptop result whose other claims are beyond the laptop budget (`cost`, its
+    `lowrank.book.sweeps.larger_scale_cost`): the cost of the paper sweeps that decide those, as a small line."""
     if cost is None:
         return ""
-    return (f'<br><small title="{_e(laptop.larger_scale_text(name))}">beyond the budget: {_hours(cost["cpu_seconds"])} '
+    return (f'<br><small title="{_e(cost["text"])}">beyond the budget: {_hours(cost["cpu_seconds"])} '
             f'CPU-hours, {_hours(cost["gpu_seconds"])} GPU-hours</small>')
 
 
@@ -518,10 +517,10 @@ def matrix_html(rows: list[dict], part: str, base: str) -> str:
             found = [r[scale] for r in mine if r.get(scale)]
             stale = next((r for r in mine if r.get(f"{scale}_stale")), None)
             if found:
-                beyond = _beyond_budget_note(name) if scale == "laptop" else ""
+                beyond = _beyond_budget_note(mine[0].get("larger_scale")) if scale == "laptop" else ""
                 cells.append(_count_cell(found) + (_stale_badge(stale[f"{scale}_stale_reason"]) if stale else "") + beyond)
                 continue
-            title, short, outcome = _laptop_not_run(name) if scale == "laptop" else \
+            title, short, outcome = _laptop_not_run(name, mine[0].get("larger_scale")) if scale == "laptop" else \
                 (not_run_reason(name), not_run_reason(name, short=True), None)
             style = OUTCOME_STYLE[outcome] if outcome else "none"
             cells.append(f'<span class="outcome-badge outcome-{style}" title="{_e(title)}">{_e(outcome or "not run")}</span> '
@@ -730,11 +729,11 @@ def part_summary_html(rows: list[dict], part: str, base: str) -> str:
 
 def write_ledger(out: Path, executed: dict[str, Path], toc_files: set[str],
                  summary_out: Path | None = SUMMARY_INCLUDE, results_root: Path | None = None,
-                 laptop_root: Path | None = None) -> Path:
+                 laptop_root: Path | None = None, larger_scale: dict | None = None) -> Path:
     """Write the ledger page and, to include, the landing page's first screen (`landing_answers.md`
     next to `summary_out`) and summary (book/intro.md), and one per part for the parts' overviews
-    (`ledger_part_<I|II|III>.md`, book/<part>/index.md)."""
-    rows = ledger_rows(executed, results_root, laptop_root)
+    (`ledger_part_<I|II|III>.md`, book/<part>/index.md). `larger_scale` as `ledger_rows`'."""
+    rows = ledger_rows(executed, results_root, laptop_root, larger_scale)
     _write_if_changed(out, ledger_markdown(rows, toc_files))
     if summary_out is not None:
         _write_if_changed(summary_out.with_name(LANDING_INCLUDE), "\n".join(_raw(landing_html(rows, "../"))) + "\n")

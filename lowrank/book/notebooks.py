@@ -1,4 +1,4 @@
-"""The book's notebooks as objects: find them, read their parameters, execute them, read verdicts.
+"""The book's notebooks as objects: find them, read their parameters, execute them, read their glued values.
 
 A notebook is a MyST-markdown file `notebooks/<part>/<name>.md` (jupytext). Its cell tagged
 `parameters` holds the ci-scale defaults as `name: TYPE = literal` declarations; the laptop- and
@@ -37,7 +37,6 @@ __all__ = [
     "parameter_defaults_from_source",
     "execute",
     "glued_values",
-    "verdicts",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -436,9 +435,3 @@ def _parse_text(text: str):
     except (ValueError, SyntaxError):
         return text
 
-
-def verdicts(nb) -> dict:
-    """`{verdict name: record dict}` glued by `lowrank.book.verdicts.check` and `claim`."""
-    from lowrank.book.verdicts import GLUE_PREFIX
-
-    return {k[len(GLUE_PREFIX):]: v for k, v in glued_values(nb).items() if k.startswith(GLUE_PREFIX)}

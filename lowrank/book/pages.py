@@ -1,6 +1,6 @@
 """The book's pages: the table of contents, executed notebooks handed to jupyter-cache, the HTML.
 
-Shared by the ci build (`lowrank.book.build`) and the paper-scale build (`lowrank.book.paper_build`):
+Shared by the ci build and the laptop- and paper-scale builds (`lowrank.book.build`):
 where executed notebooks and figures live (`_build/`), which notebooks the book contains
 (`book_notebooks`, in `_toc.yml`'s order), `fill_jupyter_cache` (the executed outputs under the hash
 Jupyter Book looks up, so it renders without executing), `build_html` (Jupyter Book with warnings as

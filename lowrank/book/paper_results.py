@@ -26,7 +26,7 @@ import os
 import shutil
 from pathlib import Path
 
-from lowrank.book import notebooks, rules, runs
+from lowrank.book import notebooks, rules
 from lowrank.core.io import digest, replace_folder
 
 __all__ = ["RESULTS", "STORED_SCALES", "results_root", "result_dir", "scale_parameters", "paper_parameters", "parameter_hash",
@@ -141,14 +141,13 @@ def store(name: str, params: dict, verdicts: dict, provenance: dict, root: Path 
         raise
 
 
-def store_run(folder, root: Path | None = None) -> Path:
-    """Store the result of a finished run folder (`lowrank run NAME --scale laptop|paper`), its scale
-    read from its parameters."""
-    run = runs.load_run(folder)
-    prov = run["provenance"]
+def store_run(run: dict, root: Path | None = None) -> Path:
+    """Store the result of a finished run folder (`lowrank run NAME --scale laptop|paper`) as
+    `lowrank.book.runs.load_run` read it, its scale read from its parameters."""
+    folder, prov = run["folder"], run["provenance"]
     if "notebook" not in prov:  # a sweep's function run: no page, no verdicts to keep
-        raise runs.RunFolderError(f"{folder} is a run of {prov.get('function', 'a function')} (a sweep's), not of a "
-                                  f"notebook; `lowrank results store` keeps `lowrank run NAME --scale paper` folders")
+        raise notebooks.InputError(f"{folder} is a run of {prov.get('function', 'a function')} (a sweep's), not of a "
+                                   f"notebook; `lowrank results store` keeps `lowrank run NAME --scale paper` folders")
     scale = (prov.get("parameters") or {}).get("scale")
     if scale not in STORED_SCALES:
         raise rules.ParameterError(f"{folder}: a {scale}-scale run; only {' and '.join(STORED_SCALES)}-scale runs are "

@@ -766,3 +766,54 @@ def plan(spec: SweepSpec, timings=None) -> dict:
     return {"runs": len(spec.points), "grid": grid, "output": str(spec.output), "finished": finished,
             "estimated_seconds": seconds, "measured_on": sorted(where), "unmeasured": sorted(set(map(str, unmeasured))),
             "ensemble": spec.ensemble}
+
+
+# Pages with claims about convolutional and transformer networks on CIFAR-10: no laptop size reaches their
+# regime within the page budget (`lowrank.book.costs.PAGE_BUDGET_S`; one epoch of the smallest is longer), so
+# those claims read "needs a larger scale" with the training cost of the paper's sweeps that decide them (a
+# page's MLP claims may still be laptop-sized: sgd/architectures, `lowrank.book.laptop`).
+PAGE_SWEEPS = {
+    "sgd/architectures": ("sweeps/sgd_architectures_paper.yaml",),
+    "sgd/generalization": ("sweeps/sgd_fig_gen_1_paper.yaml", "sweeps/sgd_fig_gen_2_paper.yaml"),
+}
+
+
+def larger_scale_cost(name: str, timings: dict | None = None) -> dict | None:
+    """The training cost of the paper sweeps behind a page of `PAGE_SWEEPS` (None for other pages):
+    `cpu_seconds` and `gpu_seconds` (`lowrank.book.costs.sweep_seconds`, points one by one, None when a
+    point is not measured), `unmeasured` (CPU), `specs`, `smallest_epoch_s` (the shortest measured CPU
+    epoch of any point: more than `PAGE_BUDGET_S` says no laptop run of these networks fits), and `text`
+    (`larger_scale_text`)."""
+    from lowrank.book import costs
+
+    if name not in PAGE_SWEEPS:
+        return None
+    timings = costs.read_timings() if timings is None else timings
+    points = [p for spec in PAGE_SWEEPS[name] for p in load_spec(notebooks.REPO_ROOT / spec).points]
+    cpu, unmeasured, _ = costs.sweep_seconds(points, "cpu", timings)
+    gpu, _, _ = costs.sweep_seconds(points, "cuda", timings)
+    epochs = [costs.epoch_seconds(p["model"], p["dataset"], p["batch_size"], 1, "cpu", timings) for p in points]
+    measured = [e for e in epochs if e is not None]
+    cost = {"cpu_seconds": cpu, "gpu_seconds": gpu, "unmeasured": unmeasured, "specs": list(PAGE_SWEEPS[name]),
+            "smallest_epoch_s": min(measured) if measured else None}
+    hours = lambda s: "unknown" if s is None else f"{s / 3600:,.0f}"  # noqa: E731
+    smallest = "" if cost["smallest_epoch_s"] is None else \
+        (f"; its shortest measured CPU epoch takes {cost['smallest_epoch_s']:.0f} s, against a page budget of "
+         f"{costs.PAGE_BUDGET_S:.0f} s")
+    cost["text"] = (f"needs a larger scale: the paper's sweeps ({', '.join(cost['specs'])}) train for "
+                    f"{hours(cpu)} CPU-hours (one thread) and {hours(gpu)} GPU-hours, from the epoch times measured "
+                    f"in bench/epoch_seconds.csv{smallest}")
+    return cost
+
+
+def larger_scale_text(name: str, timings: dict | None = None) -> str:
+    """"needs a larger scale: ..." with the cost of `larger_scale_cost`, in CPU-hours and GPU-hours ("" for a page
+    outside `PAGE_SWEEPS`)."""
+    cost = larger_scale_cost(name, timings)
+    return "" if cost is None else cost["text"]
+
+
+def larger_scale_costs(timings: dict | None = None) -> dict:
+    """`{page: larger_scale_cost(page)}` for every page of `PAGE_SWEEPS` (what the ledger shows beside their laptop
+    cells)."""
+    return {name: larger_scale_cost(name, timings) for name in PAGE_SWEEPS}
