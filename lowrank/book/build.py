@@ -1,4 +1,4 @@
-"""Build the book: execute every notebook at ci scale (once, cached), then Jupyter Book.
+"""Build the book: every notebook at ci scale (once, cached), then Jupyter Book; and the laptop and paper scales.
 
     python -m lowrank.book.build [--jobs N] [--no-html] [--force]
     python -m lowrank.book.build --scale laptop [--only PART/NAME ...] [--force]   (`make laptop`)
