@@ -35,7 +35,7 @@ from lowrank.book import notebooks
 from lowrank.core import io
 from lowrank.book.verdicts import GLUE_PREFIX, STABILITY_ENV, UNSTABLE, entry_mismatch, within
 
-__all__ = ["GOLDEN", "TOLERANCE_RULE", "CPU_PATH_ENV", "notebook_verdicts", "load", "seed_overrides", "parse_seeds", "measure",
+__all__ = ["GOLDEN", "TOLERANCE_RULE", "CPU_PATH_ENV", "glued_verdicts", "notebook_verdicts", "load", "seed_overrides", "parse_seeds", "measure",
            "entries_from_runs", "write_block", "within", "entry_mismatch", "block_mismatches", "recorded_block",
            "check_cpu_path", "compare_spread", "verdict_diff", "diff_markdown"]
 
@@ -57,9 +57,15 @@ HEADER = f"""\
 
 
 
+def glued_verdicts(values: dict) -> dict:
+    """`{verdict name: record dict}` among a notebook's glued values (`lowrank.book.notebooks.glued_values`): those
+    glued by `lowrank.book.verdicts.check` and `claim`."""
+    return {k[len(GLUE_PREFIX):]: v for k, v in values.items() if k.startswith(GLUE_PREFIX)}
+
+
 def notebook_verdicts(nb) -> dict:
-    """`{verdict name: record dict}` glued in an executed notebook `nb` by `lowrank.book.verdicts.check` and `claim`."""
-    return {k[len(GLUE_PREFIX):]: v for k, v in notebooks.glued_values(nb).items() if k.startswith(GLUE_PREFIX)}
+    """`glued_verdicts` of an executed notebook `nb`."""
+    return glued_verdicts(notebooks.glued_values(nb))
 
 def load(path: Path = GOLDEN) -> dict:
     """`{notebook: {verdict: entry}}` of the goldens file; a file that is not YAML, or not a mapping of

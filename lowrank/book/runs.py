@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from lowrank.book import notebooks
+from lowrank.book.goldens import glued_verdicts
 from lowrank.book.keys import code_key
 from lowrank.book.rules import parameter_specs
 from lowrank.core import io
@@ -304,9 +305,9 @@ def run(name: str, params: dict, *, force: bool = False, runs_root: Path | None 
     reused unless `force`; one that does not match is run again (said on stderr). `progress` shows
     the executed cells with elapsed time on stderr.
     """
-    notebooks.check_name(name)
+    code = code_key(name)  # first: it checks the name too (notebooks.source_path)
     root = check_output_folder(runs_root if runs_root is not None else RUNS, "runs folder")
-    final = root / name / run_hash(name, params)
+    final = root / name / run_hash(name, params, code=code)
     check_output_folder(final.parent, "runs folder", min_free=MIN_FREE_BYTES)  # runs/<part>/<name> too
     notebooks.check_temporary_folder()
     clean_debris(final.parent)
@@ -321,7 +322,7 @@ def run(name: str, params: dict, *, force: bool = False, runs_root: Path | None 
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = io.make_work_folder(work_name(final))
     try:
-        _execute_into(tmp, name, params, final.name, progress)
+        _execute_into(tmp, name, params, final.name, progress, code)
         io.replace_folder(tmp, final, old=work_name(final, "old"))  # a rerun: the old folder is dropped
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -330,27 +331,26 @@ def run(name: str, params: dict, *, force: bool = False, runs_root: Path | None 
 
 
 def execute(name: str, params: dict, output: Path, figure_dir: Path, *, progress: bool = False,
-            **options) -> tuple[dict, dict]:
+            code: str | None = None, **options) -> tuple[dict, dict]:
     """Execute notebook `name` with `params` into `output` (its figures into `figure_dir`): the one
-    execution path of a result with provenance (run folders here, the paper-scale build). `options`
-    go to `lowrank.book.notebooks.execute` (`figure_url`, `timeout`).
+    execution path of a result with provenance (run folders here, the laptop- and paper-scale builds).
+    `options` go to `lowrank.book.notebooks.execute` (`figure_url`, `timeout`).
 
     Returns `(verdicts, provenance)`: the glued verdicts by name, and `lowrank.core.io.provenance`
-    with the notebook's code key."""
-    from lowrank.book.verdicts import GLUE_PREFIX
-
+    with the notebook's code key (`code`, default `code_key(name)` after the execution)."""
     if progress:
         options["progress"] = True
     started, load, t0 = io.now(), io.machine_load(), time.time()
     values = notebooks.execute(name, output, parameters=params, figure_dir=figure_dir, **options)
-    found = {k[len(GLUE_PREFIX):]: v for k, v in values.items() if k.startswith(GLUE_PREFIX)}
-    return found, io.provenance(started, load, time.time() - t0, code=code_key(name))
+    found = glued_verdicts(values)
+    return found, io.provenance(started, load, time.time() - t0, code=code_key(name) if code is None else code)
 
 
-def _execute_into(tmp: Path, name: str, params: dict, run_name: str, progress: bool = False) -> None:
+def _execute_into(tmp: Path, name: str, params: dict, run_name: str, progress: bool = False,
+                  code: str | None = None) -> None:
     """Execute the notebook into the fresh folder `tmp`: notebook, figures, verdicts, parameters,
     provenance, then the manifest of them all."""
-    found, provenance = execute(name, params, tmp / "notebook.ipynb", tmp / "figures", progress=progress)
+    found, provenance = execute(name, params, tmp / "notebook.ipynb", tmp / "figures", progress=progress, code=code)
     (tmp / "verdicts.json").write_text(json.dumps(found, indent=2, sort_keys=True))
     (tmp / "parameters.json").write_text(json.dumps(params, indent=2, sort_keys=True))
     provenance = {"notebook": name, "parameters": params, "hash": run_name, **provenance}
