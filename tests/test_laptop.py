@@ -83,7 +83,16 @@ def test_every_laptop_file_holds_the_run_length_computed_from_its_grid():
                                       slices=stage.slices, milestones=params.get("milestones", ()),
                                       lr_decay=params.get("lr_decay", 0.1))
             assert None not in by_hand.values(), "every slice of a sized grid has weight decay"
-            assert data[stage.epochs_key] == max(by_hand.values()), (name, stage.epochs_key)
+            if not stage.fill:
+                assert data[stage.epochs_key] == max(by_hand.values()), (name, stage.epochs_key)
+                continue
+            # stretched to the budget: the measured seconds per epoch of its ensembles (one per loss), by hand
+            unit = len(params["losses"]) * costs.epoch_seconds(params["model"], params[stage.dataset_key], params["batch_size"],
+                                                               len(params["weight_decays"]))
+            share = laptop.FILL_SHARE * costs.PAGE_BUDGET_S / sum(bool(s.fill) for s in (page, *page.also))
+            paper = rules.resolve_parameters(name, scale="paper", memory=False)[stage.epochs_key]
+            assert data[stage.epochs_key] == max(max(by_hand.values()), min(paper, int(share / unit))), (name, stage.epochs_key)
+            assert data[stage.epochs_key] > max(by_hand.values()), "the budget allows more than the regime's length"
 
 
 def test_a_hand_edited_run_length_is_reported(tmp_path, monkeypatch):
@@ -253,6 +262,9 @@ def test_the_cheapest_stored_laptop_page_reruns_to_its_stored_verdicts(tmp_path)
 
 
 def test_a_page_over_the_budget_is_refused_before_any_file_is_written(tmp_path, monkeypatch):
+    import shutil
+
+    shutil.copytree(notebooks.SOURCE_ROOT / "params" / "paper", tmp_path / "params" / "paper")  # the stretched pages' caps
     monkeypatch.setattr(notebooks, "SOURCE_ROOT", tmp_path)
     monkeypatch.setattr(laptop, "page_seconds", lambda name, params, **kw: 700.0)
     with pytest.raises(ValueError, match="over the laptop budget of 600 s: it needs a larger scale"):
@@ -317,3 +329,15 @@ def test_a_laptop_page_with_a_claim_near_its_threshold_is_run_again_at_the_next_
     calls.clear()
     out, prov = build._rerun_near_threshold("sgd/rank_vs_weight_decay", {"seed": 7}, {"far": found["far"]}, {"wall_s": 5.0})
     assert calls == [] and prov["near_threshold_rerun"] is None
+
+
+def test_a_stretched_run_length_lies_between_the_regimes_and_the_papers():
+    """sgd_noise's run lengths fill a share of the budget: at a made-up tiny epoch time they stop at the paper's
+    2000 epochs, at a huge one they keep the regime's length."""
+    name = "sgd/sgd_noise"
+    sized = laptop._sized_run(name)[0]
+    regime = {key: length for key, (length, _) in laptop.regime_lengths(name, sized).items()}
+    timings = costs.read_timings()
+    assert laptop.filled_lengths(name, sized, {k: (1e-6, "test") for k in timings}) == {"epochs": 2000, "second_epochs": 2000}
+    assert laptop.filled_lengths(name, {**sized, **regime}, {k: (1e3, "test") for k in timings}) == regime
+    assert laptop.filled_lengths("sgd/rank_vs_weight_decay", sized) == {}

@@ -59,6 +59,13 @@ class SizedPage:
     groups: Callable[[str, dict], list] | None = None  # (name, params) -> costs.training_seconds groups; default _rank_groups
     eps_key: str = "eps"  # the parameter holding the rank threshold whose regime ln(1/eps) the sizing reaches
     fixed: tuple = ()  # (parameter, value, why) the laptop file sets apart from the run length (the paper's, where ci differs)
+    fill: str = ""  # why this run length is stretched to the budget (`FILL_SHARE`): a claim whose clock is read only after training
+
+
+# A page whose claims have a clock readable only after training (sgd_noise's gap to lambda = 0) runs as long as the
+# budget allows, up to the paper's run length: its stretched run lengths share FILL_SHARE of the page budget equally.
+# A quarter: the estimate leaves out evaluation, and a claim near its threshold reruns the page (so twice the time).
+FILL_SHARE = 0.25
 
 
 def _noise_grid(p: dict, dataset_key: str = "dataset") -> list[dict]:
@@ -111,6 +118,9 @@ def _architectures_groups(name: str, params: dict) -> list:
     return groups
 
 
+_NOISE_FILL = ("gap_to_lambda0's second clock is read from the trained runs' trends (noise.gap_clock): no length "
+               "known before training reaches it, so the run is as long as the budget allows, up to the paper's (l.542)")
+
 SIZED_PAGES = {
     "sgd/rank_vs_weight_decay": SizedPage(
         lambda p: _rank_grid(p, batch_sizes=p["batch_sizes"], lrs=[p["lr"]], weight_decays=p["weight_decays"]),
@@ -123,8 +133,9 @@ SIZED_PAGES = {
         ("momentum", "batch_size"), "each batch size's mu trend (its largest mu)"),
     "sgd/sgd_noise": SizedPage(
         _noise_grid, ("weight_decay",), "every lambda > 0 run on the first data set (its smallest lambda)",
+        fill=_NOISE_FILL,
         also=(SizedPage(_noise_grid, ("weight_decay",), "every lambda > 0 run on the second data set",
-                        epochs_key="second_epochs", dataset_key="second_dataset"),),
+                        epochs_key="second_epochs", dataset_key="second_dataset", fill=_NOISE_FILL),),
         groups=_noise_groups),
     "sgd/architectures": SizedPage(
         _architectures_grid, ("slice",), "each MLP and RES-BN trend (its largest lambda, or its smallest B)",
@@ -202,13 +213,41 @@ def regime_lengths(name: str, params: dict) -> dict:
     return {page.epochs_key: _stage_epochs(name, page, params) for page in _stages(name)}
 
 
+def filled_lengths(name: str, sized: dict, timings: dict | None = None) -> dict:
+    """`{epochs_key: run length}` of the stages of page `name` marked `fill`, at the sized parameters `sized`: the
+    longest each can run within an equal share of `FILL_SHARE * PAGE_BUDGET_S` (its groups' measured seconds per
+    epoch, `page_seconds` with that stage's run length 1 and the others 0), at most the paper file's run length and
+    at least the regime's (`sized`). ValueError when a stage's groups are not measured."""
+    stages = [page for page in _stages(name) if page.fill]
+    if not stages:
+        return {}
+    paper = rules.resolve_parameters(name, scale="paper", memory=False)
+    keys = [page.epochs_key for page in _stages(name)]
+    out = {}
+    for page in stages:
+        unit = page_seconds(name, {**sized, **{k: int(k == page.epochs_key) for k in keys}}, timings=timings)
+        if unit is None:
+            raise ValueError(f"{name}: {page.epochs_key} is stretched to the budget, but its training is not measured "
+                             "(python bench/epoch_seconds.py --pages)")
+        fits = int(FILL_SHARE * PAGE_BUDGET_S / len(stages) / unit)
+        out[page.epochs_key] = max(sized[page.epochs_key], min(int(paper[page.epochs_key]), fits))
+    return out
+
+
 def _sized_run(name: str) -> tuple[dict, object, float | None]:
     """(the laptop parameters, the per-slice table, the estimated training seconds) of page `name`:
-    its ci defaults with the run length `regime_epochs` computes."""
+    its ci defaults with the run length `regime_epochs` computes (stretched to the budget where marked `fill`)."""
     params = {**rules.resolve_parameters(name, scale="ci", memory=False), **{k: v for k, v, _ in _sized(name).fixed}}
     lengths = regime_lengths(name, params)
     sized = {**params, **{key: e for key, (e, _) in lengths.items()}, "scale": "laptop"}
+    sized |= filled_lengths(name, sized)
     return sized, {key: t for key, (_, t) in lengths.items()}, page_seconds(name, sized)
+
+
+def sized_lengths(name: str) -> dict:
+    """`{epochs_key: run length}` the laptop file of sized page `name` holds (`_sized_run`)."""
+    sized = _sized_run(name)[0]
+    return {page.epochs_key: sized[page.epochs_key] for page in _stages(name)}
 
 
 def _slice_text(key: str, value) -> str:
@@ -229,6 +268,11 @@ def laptop_text(name: str) -> str:
                   f"of {page.why} ({sized[page.dataset_key]})",
                   f"# reaches ln(1/eps) = {regime_needed(sized, page.eps_key):.3g} (eps {sized[page.eps_key]:g}; Theorem 3.2's bound, paper l.1143-1144). "
                   f"Epochs per slice: {per_slice}."]
+        if page.fill:
+            share = FILL_SHARE * PAGE_BUDGET_S / sum(bool(p.fill) for p in _stages(name))
+            lines += [f"# {page.epochs_key} stretched to {sized[page.epochs_key]}: {page.fill}; the longest whose estimated "
+                      f"training fits {share:.0f} s (a {FILL_SHARE:g} share of the page budget, split over the stretched "
+                      f"run lengths), at most the paper file's."]
     seeds = f"{sized['seeds']} seeds pooled" if "seeds" in sized else f"seed {sized['seed']}"
     models = sized["model"] if "model" in sized else f"{sized['mlp_model']} and {sized['res_bn_model']}"
     lines += [f"# The ci defaults otherwise ({models} on {sized['dataset']}, {seeds}). "
@@ -292,8 +336,7 @@ def check() -> list[str]:
         if name in square_sizing.SIZED_PAGES:
             want = square_sizing.sized_settings(name, rules.resolve_parameters(name, scale="ci", memory=False))["set"]
         else:
-            params = rules.resolve_parameters(name, scale="laptop", memory=False)
-            want = {key: length for key, (length, _) in regime_lengths(name, params).items()}
+            want = sized_lengths(name)
         for key, length in want.items():
             if stored.get(key) != length:
                 problems.append(f"{name}: {key} {stored.get(key)} in the laptop file, {length} computed from its grid")
