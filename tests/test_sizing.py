@@ -124,3 +124,28 @@ def test_the_laptop_estimate_is_each_arms_runs_times_its_length_times_its_epoch_
     text, seconds = sizing.laptop_text(name, ci, 600.0, seconds_per_epoch=lambda params, arm: 1e-3)
     assert seconds == pytest.approx(sum(arm.runs * sized["set"][arm.epochs_key] * 1e-3 for arm in sized["arms"]))
     assert f"= {seconds:.0f} s (page budget 600 s)" in text and text.startswith("# Laptop scale")
+
+
+def test_quasi_interpolation_reaches_one_weight_decay_time_at_the_schedules_smallest_step():
+    """Counted one step at a time: the first epoch whose steps x 0.0299 x 1e-3 reach wd_times_needed, with the 288
+    digits in minibatches of 128 (3 steps per epoch); the page's own regime (the initial step) then reads reached."""
+    from lowrank.book import rules
+    from lowrank.square import timescales
+
+    name = "square/quasi_interpolation"
+    ci = sizing.with_fixed(name, rules.resolve_parameters(name, scale="ci", memory=False))
+    S = sizing.page_setup_of(ci)
+    assert len(S.data.x_train) == 288 and ci["batch_size"] == 128
+    spe = math.ceil(288 / 128)
+    for need in (ci["wd_times_needed"], 0.25):
+        sized = sizing.quasi_interpolation_size({**ci, "wd_times_needed": need})
+        accumulated, epochs = 0.0, 0
+        while accumulated < need * (1 - 1e-12):
+            epochs += 1
+            accumulated += spe * 0.0299 * ci["histogram_lam"]
+        assert sized["set"]["epochs"] == epochs
+        assert timescales.weight_decay_regime(steps=S.steps(epochs), lam=ci["histogram_lam"], rho_lr=ci["lr"],
+                                              needed=need)["value"] >= need
+        assert sized["set"]["margin_epochs"][-1] == epochs  # the end's margins are kept: the claims read them
+        (arm,) = sized["arms"]
+        assert arm.runs == 3 * (len(ci["lams"]) + 1)  # three initialisations, each lambda and the shuffled control
