@@ -33,7 +33,7 @@ from lowrank.square import timescales
 
 __all__ = ["relaxation_bound_holds", "margin_bound", "epochs_to_relax", "epochs_to_weight_decay", "page_setup_of", "Arm",
            "SizedSquarePage", "SIZED_PAGES", "rho_dynamics_size", "measure_epoch_seconds", "with_fixed", "sized_settings",
-           "laptop_text"]
+           "laptop_text", "low_rank_sgd_size"]
 
 
 def relaxation_bound_holds(M: float, *, lam: float, rho_lr: float) -> bool:
@@ -96,7 +96,7 @@ def page_setup_of(params: dict):
                             data_root=p["data_root"], max_train=p["max_train"], max_test=p["max_test"],
                             input_shape=p["input_shape"], seed=p["seed"], epochs=p["epochs"], lr=p["lr"],
                             batch_size=p["batch_size"], momentum=p["momentum"], schedule=p["schedule"],
-                            min_lr=p["min_lr"], log_every=p.get("log_every", p["epochs"]), nc=False, dtype=p["dtype"],
+                            min_lr=p.get("min_lr", 0.0), log_every=p.get("log_every", p["epochs"]), nc=False, dtype=p["dtype"],
                             **optional)
 
 
@@ -227,3 +227,53 @@ def laptop_text(name: str, params: dict, budget_s: float, seconds_per_epoch=meas
     for key, (value, why) in page.fixed.items():
         lines.append(f"{key}: {value}  # {why}")
     return "\n".join(lines) + "\n", estimate
+
+
+LOW_RANK_SGD_FIXED = {
+    "lr": (0.03, "the paper's learning rate 0.03 (Fig. 3, l.1044; Fig. 7, l.1048), one step size for rho and the V_k"),
+    "rho_lr": (0.0, "no variant: rho steps with lr, the paper's single step size (Eq. 6 with one eta); the ci variant "
+                    "(rho_lr 5) only reaches the weight-decay time within the ci budget"),
+}
+# Kept from ci, and why: lam = 1e-3 is the paper's already (Fig. 10, l.1051); the constant schedule; minibatches of 16
+# on digits' 288 training samples (the paper's B = 128 is 1.3 % of its N = 10^4, l.1051; 128 of 288 would be 44 %,
+# close to the full batch Lemma 8 excludes); the ci MLP (the paper's CNN needs CIFAR-10 and a GPU).
+LOW_RANK_SGD_LOGS = 50  # logged epochs per run (ci: 25), so the last quarter Eq. 53 reads holds about a dozen
+
+
+def low_rank_sgd_size(params: dict) -> dict:
+    """The laptop run lengths of square/low_rank_sgd at `params` (its ci defaults with `LOW_RANK_SGD_FIXED`):
+    - `epochs`: the SGD runs' weight-decay time, `steps * eta * lam >= wd_times_needed` (the page's regime,
+      `timescales.weight_decay_regime`, with eta the step rho takes: `rho_lr or lr`; the schedule is constant);
+    - `gd_epochs`: the full-batch control takes as many steps as the SGD run (the page's "about the same number
+      of steps"), which is also its own weight-decay time.
+    The SGD arm trains the main run, the lambda = 0 run and the `pool_seeds` runs (Eq. 53's correlation pools
+    `1 + len(pool_seeds)` seeds); the GD arm one run. Their per-epoch time is measured with the layer tracking
+    (ranks and update norms) the page trains with."""
+    if params["schedule"] != "constant":
+        raise ValueError("the weight-decay clock here assumes a constant step; the page's regime does too")
+    eta = params["rho_lr"] or params["lr"]
+    S = page_setup_of(params)
+    spe = S.steps(1, params["batch_size"])
+    epochs = epochs_to_weight_decay(params["wd_times_needed"], lam=params["lam"], rho_lr=eta, steps_per_epoch=spe)
+    gd_wd = epochs_to_weight_decay(params["wd_times_needed"], lam=params["lam"], rho_lr=eta, steps_per_epoch=1)
+    gd_epochs = max(epochs * spe, gd_wd)
+    per_need = [("epochs", f"SGD (B = {params['batch_size']}, {spe} steps per epoch) weight-decay time steps × η × λ ≥ "
+                           f"{params['wd_times_needed']:g}", epochs),
+                ("gd_epochs", "full-batch GD weight-decay time steps × η × λ ≥ "
+                              f"{params['wd_times_needed']:g}", gd_wd),
+                ("gd_epochs", "as many steps as the SGD run", epochs * spe)]
+    layers = {"track_layers": True, "eps": params["eps"], "lr": params["lr"], "rho_lr": params["rho_lr"],
+              "lam": params["lam"]}
+    arms = [Arm("epochs", 2 + len(params["pool_seeds"]), {**layers, "batch_size": params["batch_size"]}),
+            Arm("gd_epochs", 1, {**layers, "batch_size": 0})]
+    return {"set": {"epochs": epochs, "gd_epochs": gd_epochs, "log_every": max(1, epochs // LOW_RANK_SGD_LOGS)},
+            "per_need": per_need, "arms": arms}
+
+
+SIZED_PAGES["square/low_rank_sgd"] = SizedSquarePage(low_rank_sgd_size, LOW_RANK_SGD_FIXED, (
+    "Lemma 8 / Eq. 53 of Xu et al. (2023) on digits 1 vs 2 with the ci MLP (two hidden layers of 64), SGD with",
+    "minibatches of 16 (the paper: CIFAR-10, the 6-layer CNN, B = 128, a GPU; lowrank.square.sizing says why B stays 16),",
+    "lambda = 1e-3 (Fig. 10, l.1051) and the paper's single step size 0.03 for rho and the V_k (l.1044). The run",
+    "lengths are the page's regime: one weight-decay time 1/(eta lambda) of the SGD runs; full-batch GD takes as many",
+    f"steps. About {LOW_RANK_SGD_LOGS} logged epochs per run; the estimate below leaves out the logging (ranks at",
+    "each logged epoch), measured with one log per run."))
