@@ -124,3 +124,24 @@ def test_the_laptop_estimate_is_each_arms_runs_times_its_length_times_its_epoch_
     text, seconds = sizing.laptop_text(name, ci, 600.0, seconds_per_epoch=lambda params, arm: 1e-3)
     assert seconds == pytest.approx(sum(arm.runs * sized["set"][arm.epochs_key] * 1e-3 for arm in sized["arms"]))
     assert f"= {seconds:.0f} s (page budget 600 s)" in text and text.startswith("# Laptop scale")
+
+
+@pytest.mark.parametrize("name, n_key", [("square/low_rank_sgd", "batch_size"), ("square/neural_collapse", None)])
+def test_weight_decay_pages_are_sized_to_the_first_epoch_that_reaches_their_regime(name, n_key):
+    """The sized run length against the page's regime counted by hand: steps = epochs * ceil(N / B) (B = N for
+    full batch), steps * eta * lam >= wd_times_needed at the sized length and not one epoch earlier."""
+    from lowrank.book import rules
+
+    page = sizing.SIZED_PAGES.get(name) or sizing.NEURAL_COLLAPSE_PAGE  # the latter not yet registered
+    p = {**rules.resolve_parameters(name, scale="ci", memory=False), **{k: v for k, (v, _) in page.fixed.items()}}
+    sized = page.size(p)
+    classes = p.get("classes") or p["binary_classes"]  # neural_collapse: the binary task has the fewer samples
+    n = len(sizing.page_setup_of({**p, "classes": classes}).data.x_train)
+    bs = p[n_key] if n_key and p[n_key] else n
+    per_epoch = -(-n // bs)
+    eta = p["rho_lr"] or p["lr"]
+    epochs = sized["set"]["epochs"]
+    assert epochs * per_epoch * eta * p["lam"] >= p["wd_times_needed"] > (epochs - 1) * per_epoch * eta * p["lam"]
+    if name == "square/low_rank_sgd":  # full-batch GD takes as many steps as the SGD run
+        assert sized["set"]["gd_epochs"] == epochs * per_epoch
+        assert sized["arms"][0].runs == 2 + len(p["pool_seeds"])

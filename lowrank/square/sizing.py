@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 
@@ -33,7 +33,8 @@ from lowrank.square import timescales
 
 __all__ = ["relaxation_bound_holds", "margin_bound", "epochs_to_relax", "epochs_to_weight_decay", "page_setup_of", "Arm",
            "SizedSquarePage", "SIZED_PAGES", "rho_dynamics_size", "measure_epoch_seconds", "with_fixed", "sized_settings",
-           "laptop_text", "low_rank_sgd_size"]
+           "laptop_text", "low_rank_sgd_size", "neural_collapse_size",
+           "NEURAL_COLLAPSE_PAGE"]
 
 
 def relaxation_bound_holds(M: float, *, lam: float, rho_lr: float) -> bool:
@@ -104,10 +105,12 @@ def page_setup_of(params: dict):
 class Arm:
     """One set of runs of a page that share a run length: `runs` runs of `epochs_key` epochs, each costing what one
     run trained with `train` (keyword overrides of `PageSetup.train`: lam, rho_lr, batch_size, lr, ...) costs per
-    epoch here."""
+    epoch here. `setup`: page parameters the measured run differs in from the page's (e.g. `classes` where a page
+    names its tasks otherwise)."""
     epochs_key: str
     runs: int
     train: dict
+    setup: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -189,7 +192,7 @@ SIZED_PAGES = {
 
 def measure_epoch_seconds(params: dict, arm: Arm, epochs: int = 200) -> float:
     """Seconds per epoch of one run of `arm` (the page's network at `params`, `arm.train`'s overrides), measured here."""
-    S = page_setup_of({**params, "epochs": epochs, "log_every": epochs})
+    S = page_setup_of({**params, **arm.setup, "epochs": epochs, "log_every": epochs})
     train = {"rho_init": 1.0, "seed": params["seed"], **arm.train}
     t0 = time.perf_counter()
     S.train(**train, epochs=epochs, log_every=epochs, desc=None, progress=False)
@@ -277,3 +280,53 @@ SIZED_PAGES["square/low_rank_sgd"] = SizedSquarePage(low_rank_sgd_size, LOW_RANK
     "lengths are the page's regime: one weight-decay time 1/(eta lambda) of the SGD runs; full-batch GD takes as many",
     f"steps. About {LOW_RANK_SGD_LOGS} logged epochs per run; the estimate below leaves out the logging (ranks at",
     "each logged epoch), measured with one log per run."))
+
+
+NEURAL_COLLAPSE_FIXED = {
+    "lam": (5e-4, "Fig. 9 (l.1050): WD = 5 × 10^-4"),
+    "lr": (0.067, "Fig. 9 (l.1050): learning rate 0.067"),
+    "rho_lr": (10.0, "kept from ci, not the paper's single step (l.1050: one learning rate): with eta = 0.067 one "
+                     "weight-decay time is 1/(eta lambda) = 29,851 full-batch epochs for each of the page's 18 "
+                     "full-batch runs, and 9 to 19 times as many steps for the SGD arm, far above the page budget"),
+    "sgd_batch_size": (32, "kept from ci: Theorem 5 has batch size 1 (l.547), i.e. 288 to 581 steps per epoch here; "
+                           "B = 32 keeps 9 to 19 minibatches per epoch on digits"),
+}
+# Not the paper's, and why: digits (1 vs 2, and 0-3) with the ci MLP (the paper: CIFAR-10, the 6-layer CNN, a GPU);
+# a constant step (Fig. 9's "stepped" decay is not specified, l.1050).
+
+
+def neural_collapse_size(params: dict) -> dict:
+    """The laptop run length of square/neural_collapse at `params` (its ci defaults with `NEURAL_COLLAPSE_FIXED`):
+    the page's regime, one weight-decay time `steps * eta_rho * lam >= wd_times_needed` of its fewest-step runs (the
+    full-batch arms; eta_rho = `rho_lr or lr`, constant schedule); the SGD arm takes more steps per epoch. Whether a
+    run fits its training set (Lemma 7, Theorem 6: l.609) has no bound before training: the page reads it per run
+    and leaves out, counted, the runs that do not fit. Arms: per task, the full-batch trainings (true labels,
+    shuffled labels, lambda = 0) of every seed, counted as separate runs (the page stacks the further seeds', so
+    this overestimates), and the SGD run of every seed; each measured on the multiclass task, the dearer one."""
+    if params["schedule"] != "constant":
+        raise ValueError("the weight-decay clock here assumes a constant step; the page's regime does too")
+    eta = params["rho_lr"] or params["lr"]
+    tasks = [c for c in (params["binary_classes"], params["multiclass_classes"]) if c]
+    setups = [page_setup_of({**params, "classes": c}) for c in tasks]
+    spe = min(S.steps(1, params["batch_size"]) for S in setups)
+    sgd_spe = [S.steps(1, params["sgd_batch_size"]) for S in setups]
+    epochs = epochs_to_weight_decay(params["wd_times_needed"], lam=params["lam"], rho_lr=eta, steps_per_epoch=spe)
+    per_need = [("epochs", f"weight-decay time steps × η_ρ × λ ≥ {params['wd_times_needed']:g} of the full-batch runs "
+                           f"({spe} step per epoch; the SGD arm takes {' and '.join(map(str, sgd_spe))})", epochs)]
+    seeds = 1 + len(params["pool_seeds"])
+    train = {"lam": params["lam"], "lr": params["lr"], "rho_lr": params["rho_lr"], "nc": True, "nc_shuffled": True,
+             "nc_convention": params["nc_convention"]}
+    measured = {"classes": tasks[-1]}
+    arms = [Arm("epochs", 3 * len(tasks) * seeds, {**train, "batch_size": params["batch_size"]}, measured),
+            Arm("epochs", len(tasks) * seeds, {**train, "batch_size": params["sgd_batch_size"]}, measured)]
+    return {"set": {"epochs": epochs}, "per_need": per_need, "arms": arms}
+
+
+# Not yet in SIZED_PAGES: `--write` measured its estimate at 2764 s (24 runs × 200 epochs) on 2 cores under a load
+# average of about 12 (other sessions), over the page budget; register it and write the file on a quieter machine.
+NEURAL_COLLAPSE_PAGE = SizedSquarePage(neural_collapse_size, NEURAL_COLLAPSE_FIXED, (
+    "Fig. 9 of Xu et al. (2023) on digits (1 vs 2, and 0-3) with the ci MLP (two hidden layers of 128): the paper's",
+    "lambda = 5e-4 and learning rate 0.067 (l.1050), rho's own step size and the SGD arm's B = 32 kept from ci",
+    "(lowrank.square.sizing says why). The run length is the page's regime, one weight-decay time of its",
+    "full-batch runs. Whether a run fits its training set is not known before training: the page reads it per run",
+    "and leaves out, counted, the runs that do not fit (Lemma 7, Theorem 6, l.609)."))
