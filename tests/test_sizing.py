@@ -149,3 +149,24 @@ def test_quasi_interpolation_reaches_one_weight_decay_time_at_the_schedules_smal
         assert sized["set"]["margin_epochs"][-1] == epochs  # the end's margins are kept: the claims read them
         (arm,) = sized["arms"]
         assert arm.runs == 3 * (len(ci["lams"]) + 1)  # three initialisations, each lambda and the shuffled control
+
+
+@pytest.mark.parametrize("name, n_key", [("square/low_rank_sgd", "batch_size"), ("square/neural_collapse", None)])
+def test_weight_decay_pages_are_sized_to_the_first_epoch_that_reaches_their_regime(name, n_key):
+    """The sized run length against the page's regime counted by hand: steps = epochs * ceil(N / B) (B = N for
+    full batch), steps * eta * lam >= wd_times_needed at the sized length and not one epoch earlier."""
+    from lowrank.book import rules
+
+    page = sizing.SIZED_PAGES.get(name) or sizing.NEURAL_COLLAPSE_PAGE  # the latter not yet registered
+    p = {**rules.resolve_parameters(name, scale="ci", memory=False), **{k: v for k, (v, _) in page.fixed.items()}}
+    sized = page.size(p)
+    classes = p.get("classes") or p["binary_classes"]  # neural_collapse: the binary task has the fewer samples
+    n = len(sizing.page_setup_of({**p, "classes": classes}).data.x_train)
+    bs = p[n_key] if n_key and p[n_key] else n
+    per_epoch = -(-n // bs)
+    eta = p["rho_lr"] or p["lr"]
+    epochs = sized["set"]["epochs"]
+    assert epochs * per_epoch * eta * p["lam"] >= p["wd_times_needed"] > (epochs - 1) * per_epoch * eta * p["lam"]
+    if name == "square/low_rank_sgd":  # full-batch GD takes as many steps as the SGD run
+        assert sized["set"]["gd_epochs"] == epochs * per_epoch
+        assert sized["arms"][0].runs == 2 + len(p["pool_seeds"])
