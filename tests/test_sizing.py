@@ -121,8 +121,11 @@ def test_the_laptop_estimate_is_each_arms_runs_times_its_length_times_its_epoch_
     name = "square/rho_dynamics"
     ci = rules.resolve_parameters(name, scale="ci", memory=False)
     sized = sizing.sized_settings(name, ci)
-    text, seconds = sizing.laptop_text(name, ci, 600.0, seconds_per_epoch=lambda params, arm: 1e-3)
-    assert seconds == pytest.approx(sum(arm.runs * sized["set"][arm.epochs_key] * 1e-3 for arm in sized["arms"]))
+    text, seconds = sizing.laptop_text(name, ci, 600.0, seconds_per_epoch=lambda params, arm: 1e-3,
+                                       seconds_per_log=lambda params, arm: 0.5)
+    assert seconds == pytest.approx(sum(arm.runs * (sized["set"][arm.epochs_key] * 1e-3 + arm.logs * 0.5)
+                                        for arm in sized["arms"]))
+    assert sized["arms"][0].logs == sized["set"]["epochs"] // sized["set"]["log_every"]
     assert f"= {seconds:.0f} s (page budget 600 s)" in text and text.startswith("# Laptop scale")
 
 
@@ -157,7 +160,7 @@ def test_weight_decay_pages_are_sized_to_the_first_epoch_that_reaches_their_regi
     full batch), steps * eta * lam >= wd_times_needed at the sized length and not one epoch earlier."""
     from lowrank.book import rules
 
-    page = sizing.SIZED_PAGES.get(name) or sizing.NEURAL_COLLAPSE_PAGE  # the latter not yet registered
+    page = {"square/low_rank_sgd": sizing.LOW_RANK_SGD_PAGE, "square/neural_collapse": sizing.NEURAL_COLLAPSE_PAGE}[name]
     p = {**rules.resolve_parameters(name, scale="ci", memory=False), **{k: v for k, (v, _) in page.fixed.items()}}
     sized = page.size(p)
     classes = p.get("classes") or p["binary_classes"]  # neural_collapse: the binary task has the fewer samples

@@ -14,9 +14,10 @@ which every claim of the page reaches its regime, from a bound that holds whatev
 - weight decay: `steps * eta * lam` (`timescales.accumulated_weight_decay`) against the page's need.
 
 The estimated training time comes from a per-epoch time measured on this machine when the file is written
-(`measure_epoch_seconds`: the page's network trained for a few epochs), times the page's runs and epochs. A page
-whose estimate exceeds `lowrank.book.laptop.PAGE_BUDGET_S` is not written: its laptop column reads "needs a larger
-scale" with that estimate. `lowrank.book.laptop` writes and checks the files:
+(`measure_epoch_seconds`: the page's network trained for a few epochs; `measure_log_seconds`: one more logged state,
+which with the layers' ranks tracked can cost more than hundreds of epochs), times the page's runs, epochs and logged
+states. A page whose estimate exceeds `lowrank.book.costs.PAGE_BUDGET_S` is not written: its laptop column reads
+"needs a larger scale" with that estimate. `lowrank.book.laptop` writes and checks the files:
 
     python -m lowrank.book.laptop --write [square/NAME ...]
 """
@@ -33,7 +34,7 @@ from lowrank.square import timescales
 
 __all__ = ["relaxation_bound_holds", "margin_bound", "epochs_to_relax", "epochs_to_weight_decay", "page_setup_of", "Arm",
            "SizedSquarePage", "SIZED_PAGES", "rho_dynamics_size", "quasi_interpolation_size", "low_rank_sgd_size",
-           "neural_collapse_size", "NEURAL_COLLAPSE_PAGE", "measure_epoch_seconds", "with_fixed", "sized_settings",
+           "neural_collapse_size", "LOW_RANK_SGD_PAGE", "NEURAL_COLLAPSE_PAGE", "measure_epoch_seconds", "measure_log_seconds", "with_fixed", "sized_settings",
            "laptop_text"]
 
 
@@ -106,11 +107,13 @@ class Arm:
     """One set of runs of a page that share a run length: `runs` runs of `epochs_key` epochs, each costing what one
     run trained with `train` (keyword overrides of `PageSetup.train`: lam, rho_lr, batch_size, lr, ...) costs per
     epoch here. `setup`: page parameters the measured run differs in from the page's (e.g. `classes` where a page
-    names its tasks otherwise)."""
+    names its tasks otherwise). `logs`: the states each run logs (its history rows; with `track_layers` each costs
+    the ranks of every layer), each costing what one more logged state costs here (`measure_log_seconds`)."""
     epochs_key: str
     runs: int
     train: dict
     setup: dict = field(default_factory=dict)
+    logs: int = 1
 
 
 @dataclass(frozen=True)
@@ -174,9 +177,11 @@ def rho_dynamics_size(params: dict) -> dict:
                          epochs_to_relax(need, lam=lam, rho_lr=eta, steps_per_epoch=spe, M_max=M_max,
                                          max_rho_lr=eta_max)))
     epochs = max(e for _, _, e in per_need)
+    log_every = max(1, epochs // 200)
     arm = Arm("epochs", len(params["lams"]) * len(params["rho_inits"]),
-              {"rho_init": params["rho_inits"][0], "lam": lam, "rho_lr": params["rho_lr"] or params["lr"]})
-    return {"set": {"epochs": epochs, "log_every": max(1, epochs // 200)}, "per_need": per_need, "arms": [arm]}
+              {"rho_init": params["rho_inits"][0], "lam": lam, "rho_lr": params["rho_lr"] or params["lr"]},
+              logs=epochs // log_every)
+    return {"set": {"epochs": epochs, "log_every": log_every}, "per_need": per_need, "arms": [arm]}
 
 QUASI_INTERPOLATION_FIXED = {
     "lams": ([0.0, 0.001], "Figs. 8 and 10 (l.1049, l.1051): WD lambda = 0.001 and lambda = 0"),
@@ -210,8 +215,10 @@ def quasi_interpolation_size(params: dict) -> dict:
                            f"η = {eta:g}, {spe} steps per epoch)", epochs)]
     margin_epochs = [e for e in params["margin_epochs"] if e < epochs] + [epochs]
     runs = (1 + len(params["pool_seeds"])) * (len(params["lams"]) + 1)
-    arm = Arm("epochs", runs, {"rho_init": params["rho_init"], "lam": lam, "rho_lr": params["rho_lr"] or params["lr"]})
-    return {"set": {"epochs": epochs, "log_every": max(1, epochs // 200), "margin_epochs": margin_epochs},
+    log_every = max(1, epochs // 200)
+    arm = Arm("epochs", runs, {"rho_init": params["rho_init"], "lam": lam, "rho_lr": params["rho_lr"] or params["lr"]},
+              logs=epochs // log_every + len(margin_epochs))
+    return {"set": {"epochs": epochs, "log_every": log_every, "margin_epochs": margin_epochs},
             "per_need": per_need, "arms": [arm]}
 
 
@@ -240,6 +247,19 @@ def measure_epoch_seconds(params: dict, arm: Arm, epochs: int = 200) -> float:
     return (time.perf_counter() - t0) / epochs
 
 
+def measure_log_seconds(params: dict, arm: Arm, epochs: int = 4) -> float:
+    """Seconds one more logged state of a run of `arm` costs here: a run of `epochs` epochs logged twice as often,
+    minus the same run logged at its start and end only (never below 0)."""
+    S = page_setup_of({**params, **arm.setup, "epochs": epochs, "log_every": epochs})
+    train = {"rho_init": 1.0, "seed": params["seed"], **arm.train}
+    times = []
+    for every in (epochs, epochs // 2):
+        t0 = time.perf_counter()
+        S.train(**train, epochs=epochs, log_every=every, desc=None, progress=False)
+        times.append(time.perf_counter() - t0)
+    return max(0.0, times[1] - times[0])
+
+
 def with_fixed(name: str, params: dict) -> dict:
     """`params` (a page's ci defaults) with the page's fixed laptop settings (`SIZED_PAGES[name].fixed`)."""
     return {**params, **{k: v for k, (v, _) in SIZED_PAGES[name].fixed.items()}}
@@ -251,21 +271,24 @@ def sized_settings(name: str, params: dict) -> dict:
     return SIZED_PAGES[name].size(with_fixed(name, params))
 
 
-def laptop_text(name: str, params: dict, budget_s: float, seconds_per_epoch=measure_epoch_seconds) -> tuple[str, float]:
+def laptop_text(name: str, params: dict, budget_s: float, seconds_per_epoch=measure_epoch_seconds,
+                seconds_per_log=measure_log_seconds) -> tuple[str, float]:
     """(the laptop file of `name` at its ci defaults `params`, its estimated training seconds): each arm's runs ×
-    its run length × `seconds_per_epoch(params, arm)` (measured here, one run)."""
+    (its run length × `seconds_per_epoch(params, arm)` + its logged states × `seconds_per_log(params, arm)`),
+    measured here, one run each."""
     page = SIZED_PAGES[name]
     full = with_fixed(name, params)
     sized = page.size(full)
-    costs = [(arm, sized["set"][arm.epochs_key], seconds_per_epoch({**full, **sized["set"]}, arm)) for arm in sized["arms"]]
-    estimate = sum(arm.runs * epochs * spe for arm, epochs, spe in costs)
+    at = {**full, **sized["set"]}
+    costs = [(arm, sized["set"][arm.epochs_key], seconds_per_epoch(at, arm), seconds_per_log(at, arm)) for arm in sized["arms"]]
+    estimate = sum(arm.runs * (epochs * spe + arm.logs * spl) for arm, epochs, spe, spl in costs)
     keys = dict.fromkeys(key for key, _, _ in sized["per_need"])
     lines = ["# Laptop scale, sized from the mechanism before training (python -m lowrank.book.laptop --write; never by hand):",
              *(f"# {line}" for line in page.header),
              *(f"# {key}: the largest of " + "; ".join(f"{what}: {e}" for k, what, e in sized["per_need"] if k == key) + "."
                for key in keys),
-             "# Estimated training: " + " + ".join(f"{arm.runs} runs × {epochs} epochs × {spe * 1e3:.3g} ms"
-                                                  for arm, epochs, spe in costs)
+             "# Estimated training: " + " + ".join(f"{arm.runs} runs × ({epochs} epochs × {spe * 1e3:.3g} ms + {arm.logs} logged "
+                                                  f"states × {spl * 1e3:.3g} ms)" for arm, epochs, spe, spl in costs)
              + f" (measured here, one run) = {estimate:.0f} s (page budget {budget_s:.0f} s). The ci defaults otherwise.",
              "scale: laptop", *(f"{k}: {v}" for k, v in sized["set"].items())]
     for key, (value, why) in page.fixed.items():
@@ -308,13 +331,17 @@ def low_rank_sgd_size(params: dict) -> dict:
                 ("gd_epochs", "as many steps as the SGD run", epochs * spe)]
     layers = {"track_layers": True, "eps": params["eps"], "lr": params["lr"], "rho_lr": params["rho_lr"],
               "lam": params["lam"]}
-    arms = [Arm("epochs", 2 + len(params["pool_seeds"]), {**layers, "batch_size": params["batch_size"]}),
-            Arm("gd_epochs", 1, {**layers, "batch_size": 0})]
-    return {"set": {"epochs": epochs, "gd_epochs": gd_epochs, "log_every": max(1, epochs // LOW_RANK_SGD_LOGS)},
+    log_every = max(1, epochs // LOW_RANK_SGD_LOGS)
+    logs = epochs // log_every  # the GD run logs as often in steps (the page's log_every * gd_epochs // epochs)
+    arms = [Arm("epochs", 2 + len(params["pool_seeds"]), {**layers, "batch_size": params["batch_size"]}, logs=logs),
+            Arm("gd_epochs", 1, {**layers, "batch_size": 0}, logs=logs)]
+    return {"set": {"epochs": epochs, "gd_epochs": gd_epochs, "log_every": log_every},
             "per_need": per_need, "arms": arms}
 
 
-SIZED_PAGES["square/low_rank_sgd"] = SizedSquarePage(low_rank_sgd_size, LOW_RANK_SGD_FIXED, (
+# Not in SIZED_PAGES: `--write` estimated it at 4661 s (2026-12-04, 2 cores at a load average of about 8 from other
+# sessions), over the page budget: each of its 250 logged states ranks every layer, about 20 s each there.
+LOW_RANK_SGD_PAGE = SizedSquarePage(low_rank_sgd_size, LOW_RANK_SGD_FIXED, (
     "Lemma 8 / Eq. 53 of Xu et al. (2023) on digits 1 vs 2 with the ci MLP (two hidden layers of 64), SGD with",
     "minibatches of 16 (the paper: CIFAR-10, the 6-layer CNN, B = 128, a GPU; lowrank.square.sizing says why B stays 16),",
     "lambda = 1e-3 (Fig. 10, l.1051) and the paper's single step size 0.03 for rho and the V_k (l.1044). The run",
