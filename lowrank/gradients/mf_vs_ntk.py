@@ -48,7 +48,8 @@ from lowrank.gradients.dynamics import (
 )
 
 __all__ = [
-    "two_sample_p",
+    "paired_sign_flip_p",
+    "paired_sign_flip_floor",
     "DRAW_SEED_STRIDE",
     "RELABEL_SEED_OFFSET",
     "draw_seed",
@@ -316,20 +317,23 @@ def omega_alternative_degenerate(n: int, d: int, threshold: float, *, noise_std:
             f"(samples_for_target_share), so 'not aligned' cannot tell NTK from it")
 
 
-def two_sample_p(observed: Sequence[float], null: Sequence[float]) -> float:
-    """The exact one-sided permutation p-value that the values `observed` (one per draw) are larger than
-    `null` (one per draw of the null), by the difference of means: the share of the C(n + m, n) splits
-    of the pooled values whose difference is at least the observed one (the observed split counts, so
-    p >= 1 / C(n + m, n)). Compares like with like: per-draw values on both sides."""
+def paired_sign_flip_p(observed: Sequence[float], null: Sequence[float]) -> float:
+    """The exact one-sided sign-flip p-value that `observed` is larger than `null`, pair by pair: `observed[k]`
+    and `null[k]` share draw k (its W_0 and X), so the per-draw differences are symmetric about 0 under the null.
+    It is the share of the 2^n sign patterns of the differences whose sum is at least the observed one (the
+    observed pattern counts, so p >= 2^-n, reached when every difference is positive)."""
     import numpy as np
 
     obs, nul = np.asarray(observed, float).ravel(), np.asarray(null, float).ravel()
-    if obs.size == 0 or nul.size == 0 or not (np.all(np.isfinite(obs)) and np.all(np.isfinite(nul))):
-        raise ValueError("two_sample_p needs finite values on both sides")
-    pooled, n = np.concatenate([obs, nul]), obs.size
-    total = pooled.sum()
-    stat = lambda s: s / n - (total - s) / nul.size  # difference of means for a split whose first part sums to s
-    target = stat(obs.sum()) - 1e-12 * max(1.0, abs(stat(obs.sum())))  # ties count as extreme
-    sums = np.array([pooled[list(c)].sum() for c in itertools.combinations(range(pooled.size), n)])
-    return float(np.mean(stat(sums) >= target))
+    if obs.size == 0 or obs.size != nul.size or not (np.all(np.isfinite(obs)) and np.all(np.isfinite(nul))):
+        raise ValueError("paired_sign_flip_p needs finite values, one null per observed draw")
+    diff = obs - nul
+    signs = np.array(list(itertools.product((1.0, -1.0), repeat=diff.size)))  # 2^n x n: n is a handful of draws
+    sums, total = signs @ diff, diff.sum()
+    return float(np.mean(sums >= total - 1e-12 * max(1.0, abs(total))))  # ties count as extreme
 
+
+def paired_sign_flip_floor(draws: int) -> float:
+    """The least value `paired_sign_flip_p` can take with `draws` pairs: 2^-draws."""
+    _check_repeats(draws)
+    return 2.0 ** -draws
