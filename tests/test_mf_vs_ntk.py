@@ -294,6 +294,24 @@ def test_tables_do_not_depend_on_the_number_of_workers():
             mf_vs_ntk.initial_alignment_table(n, d, m, repeats=1, workers=bad)
 
 
+def test_final_weights_are_the_traced_runs_last_snapshot_to_the_bit():
+    """The control's untraced descent against `train_weight_normalized` (itself tested against autograd):
+    the same W at the last step, bit for bit, under both normalizations and product precisions."""
+    data, omega, y, W0, a = gd.single_index_draw(30, 40, 50, nu=0.0, seed=4)
+    for normalization, precision in (("wn", "float64"), ("wn", "float32"), ("projected", "float64")):
+        gamma = GAMMA["mf"](50)
+        run = gd.train_weight_normalized(data.X, y, W0, a, activation="sigmoid", gamma=gamma, lr=1 / gamma, steps=7,
+                                         X_B=data.X_B, snapshot_steps=[7], normalization=normalization,
+                                         product_precision=precision, top_k=1)
+        W = mf_vs_ntk.final_weights(data.X, y, W0, a, activation="sigmoid", gamma=gamma, lr=1 / gamma, steps=7,
+                                    normalization=normalization, product_precision=precision)
+        assert torch.equal(W, run.W[7]) and not torch.equal(W, W0)
+    start = gd.train_weight_normalized(data.X, y, W0, a, activation="sigmoid", gamma=1.0, steps=0, top_k=1).W[0]
+    assert torch.equal(mf_vs_ntk.final_weights(data.X, y, W0, a, activation="sigmoid", gamma=1.0, lr=1.0, steps=0), start)
+    with pytest.raises(FloatingPointError):
+        mf_vs_ntk.final_weights(data.X, y * 1e300, W0, a, activation="sigmoid", gamma=1.0, lr=1e300, steps=3)
+
+
 def test_paired_sign_flip_p_is_scipys_exact_paired_permutation_test():
     """Against scipy.stats.permutation_test on the paired data (permutation_type="samples" swaps the two values
     of a pair, i.e. flips the sign of its difference; exact), and a hand count: five pairs all above give the
