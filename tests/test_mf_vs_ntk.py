@@ -294,19 +294,40 @@ def test_tables_do_not_depend_on_the_number_of_workers():
             mf_vs_ntk.initial_alignment_table(n, d, m, repeats=1, workers=bad)
 
 
-def test_two_sample_p_is_scipys_exact_permutation_test():
-    """Against scipy.stats.permutation_test (independent samples, difference of means, exact): three draws
-    on each side, all observed above the null, give the smallest p, 1 / C(6, 3) = 0.05."""
-    import numpy as np
+def test_final_weights_are_the_traced_runs_last_snapshot_to_the_bit():
+    """The control's untraced descent against `train_weight_normalized` (itself tested against autograd):
+    the same W at the last step, bit for bit, under both normalizations and product precisions."""
+    data, omega, y, W0, a = gd.single_index_draw(30, 40, 50, nu=0.0, seed=4)
+    for normalization, precision in (("wn", "float64"), ("wn", "float32"), ("projected", "float64")):
+        gamma = GAMMA["mf"](50)
+        run = gd.train_weight_normalized(data.X, y, W0, a, activation="sigmoid", gamma=gamma, lr=1 / gamma, steps=7,
+                                         X_B=data.X_B, snapshot_steps=[7], normalization=normalization,
+                                         product_precision=precision, top_k=1)
+        W = mf_vs_ntk.final_weights(data.X, y, W0, a, activation="sigmoid", gamma=gamma, lr=1 / gamma, steps=7,
+                                    normalization=normalization, product_precision=precision)
+        assert torch.equal(W, run.W[7]) and not torch.equal(W, W0)
+    start = gd.train_weight_normalized(data.X, y, W0, a, activation="sigmoid", gamma=1.0, steps=0, top_k=1).W[0]
+    assert torch.equal(mf_vs_ntk.final_weights(data.X, y, W0, a, activation="sigmoid", gamma=1.0, lr=1.0, steps=0), start)
+    with pytest.raises(FloatingPointError):
+        mf_vs_ntk.final_weights(data.X, y * 1e300, W0, a, activation="sigmoid", gamma=1.0, lr=1e300, steps=3)
+
+
+def test_paired_sign_flip_p_is_scipys_exact_paired_permutation_test():
+    """Against scipy.stats.permutation_test on the paired data (permutation_type="samples" swaps the two values
+    of a pair, i.e. flips the sign of its difference; exact), and a hand count: five pairs all above give the
+    floor 2^-5; with one of three differences negative, 2 of the 8 sign patterns reach the observed sum."""
     from scipy import stats
 
-    from lowrank.gradients import mf_vs_ntk
-
     rng = np.random.default_rng(3)
-    for obs, nul in [([8.5, 9.0, 8.1], [3.0, 4.5, 3.8]), (rng.normal(1, 1, 4), rng.normal(0, 1, 5)), ([1.0, 2.0], [2.0, 1.0, 1.5])]:
-        want = stats.permutation_test((obs, nul), lambda x, y: np.mean(x) - np.mean(y), permutation_type="independent",
+    cases = [([8.5, 9.0, 8.1, 7.0, 9.9], [3.0, 4.5, 3.8, 6.9, 1.0]), (rng.normal(1, 1, 4), rng.normal(0, 1, 4)),
+             ([1.0, 2.0, 0.5], [2.0, 1.0, 1.5]), (rng.normal(0, 1, 6), rng.normal(0, 1, 6))]
+    for obs, nul in cases:
+        want = stats.permutation_test((obs, nul), lambda x, y: np.mean(x - y), permutation_type="samples",
                                       alternative="greater", n_resamples=np.inf).pvalue
-        assert mf_vs_ntk.two_sample_p(obs, nul) == pytest.approx(want)
-    assert mf_vs_ntk.two_sample_p([8.5, 9.0, 8.1], [3.0, 4.5, 3.8]) == pytest.approx(1 / 20)
-    with pytest.raises(ValueError):
-        mf_vs_ntk.two_sample_p([], [1.0])
+        assert mf_vs_ntk.paired_sign_flip_p(obs, nul) == pytest.approx(want)
+    assert mf_vs_ntk.paired_sign_flip_p(*cases[0]) == pytest.approx(1 / 32) == mf_vs_ntk.paired_sign_flip_floor(5)
+    # differences +3, +2, -1: sums of the sign patterns >= 4 are (+3, +2, -1) = 4 and (+3, +2, +1) = 6
+    assert mf_vs_ntk.paired_sign_flip_p([4.0, 3.0, 0.0], [1.0, 1.0, 1.0]) == pytest.approx(2 / 8)
+    for bad in (([], []), ([1.0, 2.0], [1.0]), ([np.nan], [0.0])):
+        with pytest.raises(ValueError):
+            mf_vs_ntk.paired_sign_flip_p(*bad)
