@@ -124,3 +124,33 @@ def test_the_laptop_estimate_is_each_arms_runs_times_its_length_times_its_epoch_
     text, seconds = sizing.laptop_text(name, ci, 600.0, seconds_per_epoch=lambda params, arm: 1e-3)
     assert seconds == pytest.approx(sum(arm.runs * sized["set"][arm.epochs_key] * 1e-3 for arm in sized["arms"]))
     assert f"= {seconds:.0f} s (page budget 600 s)" in text and text.startswith("# Laptop scale")
+
+
+def test_random_labels_run_lengths_are_each_figures_weight_decay_time_counted_step_by_step():
+    """Each figure's run length is the first epoch whose accumulated steps × eta × lam reaches wd_times_needed, eta
+    rho's step (rho_lr, or lr for the single step size), added up one step at a time."""
+    from lowrank.book import rules
+
+    name = "square/random_labels"
+    ci = rules.resolve_parameters(name, scale="ci", memory=False)
+
+    def epochs_by_hand(need, lam, eta):
+        total, epochs = 0.0, 0
+        while total < need * (1 - 1e-12):
+            total += eta * lam  # full-batch gradient descent: one step per epoch
+            epochs += 1
+        return epochs
+
+    for params in (ci, sizing.with_fixed(name, ci)):
+        sized = sizing.random_labels_size(params)
+        need = params["wd_times_needed"]
+        assert sized["set"]["epochs"] == epochs_by_hand(need, params["lam"], params["rho_lr"] or params["lr"])
+        assert sized["set"]["regression_epochs"] == epochs_by_hand(
+            need, params["regression_lam"], params["regression_rho_lr"] or params["regression_lr"])
+        runs = {arm.epochs_key: arm.runs for arm in sized["arms"]}  # the page's members: both arms of Fig. 4, all of Fig. 5
+        assert runs["epochs"] == 2 * len(params["random_fractions"]) * len(params["fraction_seeds"])
+        assert runs["regression_epochs"] == sum(len(params[k]) for k in ("regression_scales_wd", "regression_scales_no_wd")) \
+            * len(params["regression_seeds"])
+    laptop = sizing.with_fixed(name, ci)
+    assert laptop["lam"] == 1e-3 and not laptop["rho_lr"] and not laptop["regression_rho_lr"]  # the paper's, l.1045, l.639-642
+    assert len(laptop["fraction_seeds"]) >= 3 and len(laptop["regression_seeds"]) >= 3  # issue 43: 3 seeds pooled

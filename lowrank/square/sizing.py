@@ -33,7 +33,7 @@ from lowrank.square import timescales
 
 __all__ = ["relaxation_bound_holds", "margin_bound", "epochs_to_relax", "epochs_to_weight_decay", "page_setup_of", "Arm",
            "SizedSquarePage", "SIZED_PAGES", "rho_dynamics_size", "measure_epoch_seconds", "with_fixed", "sized_settings",
-           "laptop_text"]
+           "laptop_text", "RANDOM_LABELS_FIXED", "random_labels_size"]
 
 
 def relaxation_bound_holds(M: float, *, lam: float, rho_lr: float) -> bool:
@@ -176,6 +176,51 @@ def rho_dynamics_size(params: dict) -> dict:
     return {"set": {"epochs": epochs, "log_every": max(1, epochs // 200)}, "per_need": per_need, "arms": [arm]}
 
 
+RANDOM_LABELS_FIXED = {
+    "lam": (0.001, "Fig. 4 (l.1045): WD of 0.001 (ci: 1e-4)"),
+    "rho_lr": (0.0, "one step size for rho and the V_k (l.639-642, l.759: one eta); ci inflates rho's to 10"),
+    "regression_rho_lr": (0.0, "one step size for rho and the V_k (l.639-642, l.759); ci inflates rho's to 1"),
+    "lr": (0.1, "not the paper's 0.03 (Fig. 3, l.1044; Figs. 4-5, l.1045-1046, state none): with one step size a "
+                "weight-decay time 1/(eta lambda) at 0.03 is 33,334 epochs per figure, 3.3 times this file's, over the "
+                "600 s budget; 0.1 is ci's Fig. 5 step"),
+    "regression_seeds": ([0, 1, 2], "3 seeds per initialisation scale pooled in each per-scale mean (issue 43; the paper: "
+                                    "10 runs, l.1046)"),
+}
+# Not the paper's, and why: ci's task and network (MNIST-1D 3 vs 5, 100 training samples, a one-hidden-layer MLP of
+# width 256, full-batch gradient descent; the paper: CIFAR-10 classes 1 and 2, the 6-layer CNN, SGD, a GPU); 3 seeds
+# per point (the paper: 10); a constant step (Figs. 4-5 state no schedule; Fig. 3's cosine, l.1044, moves it 0.3 %).
+
+
+def random_labels_size(params: dict) -> dict:
+    """The laptop run lengths of square/random_labels at `params` (its ci defaults with `RANDOM_LABELS_FIXED`): each
+    figure's runs with weight decay last `wd_times_needed` weight-decay times, `steps * eta * lam >= wd_times_needed`
+    (the page's own regime, `timescales.weight_decay_regime`, computed before training), eta rho's step (`rho_lr`, 0:
+    the single step `lr`), at its smallest if the schedule is cosine:
+    - `epochs`: Fig. 4's random-label runs at `lam`;
+    - `regression_epochs`: Fig. 5's initialisation-scale runs at `regression_lam`.
+    With a constant step the weight decay accumulates at the same rate in every run, whatever it learns, so the regime
+    computed here is the one each run has. The lambda = 0 runs (each figure's control) have no weight-decay clock;
+    they run as long as their figure's runs with weight decay."""
+    S = page_setup_of(params)
+    spe = S.steps(1)
+
+    def smallest_step(lr, rho_lr):  # rho's step is the schedule's times rho_lr / lr (training.SquareConfig)
+        return (rho_lr or lr) * (params["min_lr"] / lr if params["schedule"] == "cosine" else 1.0)
+
+    need = params["wd_times_needed"]
+    per_need, arms = [], []
+    for key, fig, lam, lr, rho_lr, runs in (
+            ("epochs", "Fig. 4", params["lam"], params["lr"], params["rho_lr"],
+             2 * len(params["random_fractions"]) * len(params["fraction_seeds"])),
+            ("regression_epochs", "Fig. 5", params["regression_lam"], params["regression_lr"], params["regression_rho_lr"],
+             (len(params["regression_scales_wd"]) + len(params["regression_scales_no_wd"])) * len(params["regression_seeds"]))):
+        eta = smallest_step(lr, rho_lr)
+        per_need.append((key, f"{fig}: weight-decay time steps × η × λ ≥ {need:g} (η = {eta:g}, λ = {lam:g})",
+                         epochs_to_weight_decay(need, lam=lam, rho_lr=eta, steps_per_epoch=spe)))
+        arms.append(Arm(key, runs, {"lam": lam, "lr": lr, "rho_lr": rho_lr or lr}))
+    return {"set": {key: e for key, _, e in per_need}, "per_need": per_need, "arms": arms}
+
+
 SIZED_PAGES = {
     "square/rho_dynamics": SizedSquarePage(rho_dynamics_size, RHO_DYNAMICS_FIXED, (
         "Fig. 3 of Xu et al. (2023) on digits 1 vs 2 with the ci network, full-batch gradient descent (the paper: SGD, B = 128,",
@@ -184,6 +229,13 @@ SIZED_PAGES = {
         "M <= max ||x||^2 = 1, checked at the largest step). The relaxation tolerance is tied to init_dependence_wd's threshold",
         "(timescales.spread_relaxation_tolerance); the lambda = 0 control relaxes at 2 eta M, which has no bound before",
         "training: the page reads it from the logged M.")),
+    "square/random_labels": SizedSquarePage(random_labels_size, RANDOM_LABELS_FIXED, (
+        "Figs. 4-5 of Xu et al. (2023) on ci's task and network (MNIST-1D 3 vs 5, 100 training samples, a one-hidden-layer",
+        "MLP of width 256, full-batch gradient descent; the paper: CIFAR-10 classes 1 and 2, the 6-layer CNN, SGD, 10 runs",
+        "per point; lowrank.square.sizing says why) with the paper's lambda and one step size for rho and the V_k. Each",
+        "figure's runs with weight decay last the page's wd_times_needed weight-decay times 1/(eta lambda), the regime the",
+        "page computes before training (with a constant step every run accumulates the same). The lambda = 0 controls",
+        "run as long.")),
 }
 
 
