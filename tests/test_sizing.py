@@ -173,3 +173,90 @@ def test_weight_decay_pages_are_sized_to_the_first_epoch_that_reaches_their_regi
     if name == "square/low_rank_sgd":  # full-batch GD takes as many steps as the SGD run
         assert sized["set"]["gd_epochs"] == epochs * per_epoch
         assert sized["arms"][0].runs == 2 + len(p["pool_seeds"])
+
+
+def test_random_labels_run_lengths_are_each_figures_weight_decay_time_counted_step_by_step():
+    """Each figure's run length is the first epoch whose accumulated steps × eta × lam reaches wd_times_needed, eta
+    rho's step (rho_lr, or lr for the single step size), added up one step at a time."""
+    from lowrank.book import rules
+
+    name = "square/random_labels"
+    ci = rules.resolve_parameters(name, scale="ci", memory=False)
+
+    def epochs_by_hand(need, lam, eta):
+        total, epochs = 0.0, 0
+        while total < need * (1 - 1e-12):
+            total += eta * lam  # full-batch gradient descent: one step per epoch
+            epochs += 1
+        return epochs
+
+    for params in (ci, sizing.with_fixed(name, ci)):
+        sized = sizing.random_labels_size(params)
+        need = params["wd_times_needed"]
+        assert sized["set"]["epochs"] == epochs_by_hand(need, params["lam"], params["rho_lr"] or params["lr"])
+        assert sized["set"]["regression_epochs"] == epochs_by_hand(
+            need, params["regression_lam"], params["regression_rho_lr"] or params["regression_lr"])
+        runs = {arm.epochs_key: arm.runs for arm in sized["arms"]}  # the page's members: both arms of Fig. 4, all of Fig. 5
+        assert runs["epochs"] == 2 * len(params["random_fractions"]) * len(params["fraction_seeds"])
+        assert runs["regression_epochs"] == sum(len(params[k]) for k in ("regression_scales_wd", "regression_scales_no_wd")) \
+            * len(params["regression_seeds"])
+    laptop = sizing.with_fixed(name, ci)
+    assert laptop["lam"] == 1e-3 and not laptop["rho_lr"] and not laptop["regression_rho_lr"]  # the paper's, l.1045, l.639-642
+    assert len(laptop["fraction_seeds"]) >= 3 and len(laptop["regression_seeds"]) >= 3  # issue 43: 3 seeds pooled
+
+
+def test_disjoint_patch_margin_bound_holds_for_tree_cnns_and_refuses_overlapping_convs():
+    """Independent: each layer's operator norm by power iteration on the map itself (autograd), and the worst input
+    on the unit sphere found by gradient ascent, against prod g_k^2 max ||x||^2."""
+    import torch
+
+    from lowrank.core.nets import normalized
+
+    torch.manual_seed(0)
+    for in_shape, kwargs in (((1, 64), dict(kernel_size=2, channels=4)), ((2, 27), dict(kernel_size=3, channels=3)),
+                             ((1, 16), dict(kernel_size=2, channels=2, g=1.7))):
+        net = normalized.tree_cnn(in_shape, **kwargs, seed=1).double()
+        x = torch.randn(50, *in_shape, dtype=torch.float64)
+        x = x / x.flatten(1).norm(dim=1, keepdim=True).max()
+        bound = sizing.disjoint_patch_margin_bound(net, x)
+        assert bound == pytest.approx(kwargs.get("g", 1.0) ** (2 * (net.depth - 1)))
+        shape = in_shape
+        for layer in net.body:  # the layer's operator norm is at most its filter's Frobenius norm g
+            u = torch.randn(1, *shape, dtype=torch.float64)
+            for _ in range(200):
+                u = u / u.norm()
+                u = torch.autograd.functional.vjp(layer, u, layer(u))[1]  # A^T A u
+            u = u / u.norm()
+            assert float(layer(u).detach().norm()) <= float(layer.g) * (1 + 1e-9)
+            shape = tuple(layer(u).shape[1:])
+        z = torch.randn(1, *in_shape, dtype=torch.float64, requires_grad=True)
+        opt = torch.optim.Adam([z], lr=0.05)
+        for _ in range(300):
+            loss = -(net.f_V(z / z.norm()) ** 2).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        assert float((net.f_V(x) ** 2).max()) <= bound and -float(loss) <= bound * (1 + 1e-9)
+    with pytest.raises(ValueError, match="overlapping"):
+        sizing.disjoint_patch_margin_bound(normalized.make("paper_cnn", (3, 32, 32)), torch.zeros(1, 3, 32, 32))
+
+
+def test_rademacher_bounds_run_length_is_the_slowest_runs_relaxation_at_the_weight_decay_rate():
+    """The run length contracts the slowest run's distance log(|rho_0 / rho_eq,0 - 1| / rho_tolerance) step by step at
+    the factor 1 - 2 eta lam (M = 0); the ci variant's rho step (10) overshoots for margins up to 1 and is refused."""
+    from lowrank.book import rules
+
+    name = "square/rademacher_bounds"
+    ci = rules.resolve_parameters(name, scale="ci", memory=False)
+    laptop = sizing.with_fixed(name, ci)
+    sized = sizing.rademacher_bounds_size(laptop)
+    lam, eta = laptop["lam"], laptop["rho_lr"]
+    needs = []
+    for label, n, S, rho0, data in sizing._rademacher_runs(laptop):
+        assert rho0 == pytest.approx(0.1 ** S.build(rho_init=1.0, seed=0).depth)  # the paper's scale 0.1, rho_0 = s^L
+        row = S.initial_row(rho_init=rho0, seed=laptop["seed"], lam=lam, data=data)
+        needs.append(max(0.0, math.log(abs(row["rho_over_rho_eq"] - 1) / laptop["rho_tolerance"])))
+    assert len(needs) == 3 * len(laptop["train_sizes"]) == len(sized["arms"])  # tree, dense, random-label tree per N
+    assert sized["set"]["epochs"] == _steps_to_contract(max(needs), M=0.0, lam=lam, eta=eta)  # full batch: 1 step/epoch
+    with pytest.raises(ValueError, match="1/eta - 2 lam"):
+        sizing.rademacher_bounds_size({**laptop, "rho_lr": ci["rho_lr"]})

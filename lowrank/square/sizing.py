@@ -34,8 +34,9 @@ from lowrank.square import timescales
 
 __all__ = ["relaxation_bound_holds", "margin_bound", "epochs_to_relax", "epochs_to_weight_decay", "page_setup_of", "Arm",
            "SizedSquarePage", "SIZED_PAGES", "rho_dynamics_size", "quasi_interpolation_size", "low_rank_sgd_size",
-           "neural_collapse_size", "LOW_RANK_SGD_PAGE", "NEURAL_COLLAPSE_PAGE", "measure_epoch_seconds", "measure_log_seconds", "with_fixed", "sized_settings",
-           "laptop_text"]
+           "neural_collapse_size", "LOW_RANK_SGD_PAGE", "NEURAL_COLLAPSE_PAGE", "RANDOM_LABELS_FIXED", "random_labels_size",
+           "disjoint_patch_margin_bound", "RADEMACHER_BOUNDS_FIXED", "rademacher_bounds_size", "rademacher_epoch_seconds",
+           "measure_epoch_seconds", "measure_log_seconds", "with_fixed", "sized_settings", "laptop_text"]
 
 
 def relaxation_bound_holds(M: float, *, lam: float, rho_lr: float) -> bool:
@@ -107,13 +108,13 @@ class Arm:
     """One set of runs of a page that share a run length: `runs` runs of `epochs_key` epochs, each costing what one
     run trained with `train` (keyword overrides of `PageSetup.train`: lam, rho_lr, batch_size, lr, ...) costs per
     epoch here. `setup`: page parameters the measured run differs in from the page's (e.g. `classes` where a page
-    names its tasks otherwise). `logs`: the states each run logs (its history rows; with `track_layers` each costs
-    the ranks of every layer), each costing what one more logged state costs here (`measure_log_seconds`)."""
+    names its tasks otherwise). `logs`: the states each run logs beyond its start and end (its history rows; with
+    `track_layers` each ranks every layer), each costing what one more logged state costs here (`measure_log_seconds`)."""
     epochs_key: str
     runs: int
     train: dict
     setup: dict = field(default_factory=dict)
-    logs: int = 1
+    logs: int = 0
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,7 @@ class SizedSquarePage:
     size: Callable[[dict], dict]
     fixed: dict
     header: tuple
+    measure: Callable | None = None  # (params, arm) -> seconds per epoch; None: measure_epoch_seconds
 
 
 RHO_DYNAMICS_FIXED = {
@@ -222,6 +224,147 @@ def quasi_interpolation_size(params: dict) -> dict:
             "per_need": per_need, "arms": [arm]}
 
 
+RANDOM_LABELS_FIXED = {
+    "lam": (0.001, "Fig. 4 (l.1045): WD of 0.001 (ci: 1e-4)"),
+    "rho_lr": (0.0, "one step size for rho and the V_k (l.639-642, l.759: one eta); ci inflates rho's to 10"),
+    "regression_rho_lr": (0.0, "one step size for rho and the V_k (l.639-642, l.759); ci inflates rho's to 1"),
+    "lr": (0.1, "not the paper's 0.03 (Fig. 3, l.1044; Figs. 4-5, l.1045-1046, state none): with one step size a "
+                "weight-decay time 1/(eta lambda) at 0.03 is 33,334 epochs per figure, 3.3 times this file's, over the "
+                "600 s budget; 0.1 is ci's Fig. 5 step"),
+    "regression_seeds": ([0, 1, 2], "3 seeds per initialisation scale pooled in each per-scale mean (issue 43; the paper: "
+                                    "10 runs, l.1046)"),
+}
+# Not the paper's, and why: ci's task and network (MNIST-1D 3 vs 5, 100 training samples, a one-hidden-layer MLP of
+# width 256, full-batch gradient descent; the paper: CIFAR-10 classes 1 and 2, the 6-layer CNN, SGD, a GPU); 3 seeds
+# per point (the paper: 10); a constant step (Figs. 4-5 state no schedule; Fig. 3's cosine, l.1044, moves it 0.3 %).
+
+
+def random_labels_size(params: dict) -> dict:
+    """The laptop run lengths of square/random_labels at `params` (its ci defaults with `RANDOM_LABELS_FIXED`): each
+    figure's runs with weight decay last `wd_times_needed` weight-decay times, `steps * eta * lam >= wd_times_needed`
+    (the page's own regime, `timescales.weight_decay_regime`, computed before training), eta rho's step (`rho_lr`, 0:
+    the single step `lr`), at its smallest if the schedule is cosine:
+    - `epochs`: Fig. 4's random-label runs at `lam`;
+    - `regression_epochs`: Fig. 5's initialisation-scale runs at `regression_lam`.
+    With a constant step the weight decay accumulates at the same rate in every run, whatever it learns, so the regime
+    computed here is the one each run has. The lambda = 0 runs (each figure's control) have no weight-decay clock;
+    they run as long as their figure's runs with weight decay."""
+    S = page_setup_of(params)
+    spe = S.steps(1)
+
+    def smallest_step(lr, rho_lr):  # rho's step is the schedule's times rho_lr / lr (training.SquareConfig)
+        return (rho_lr or lr) * (params["min_lr"] / lr if params["schedule"] == "cosine" else 1.0)
+
+    need = params["wd_times_needed"]
+    per_need, arms = [], []
+    for key, fig, lam, lr, rho_lr, runs in (
+            ("epochs", "Fig. 4", params["lam"], params["lr"], params["rho_lr"],
+             2 * len(params["random_fractions"]) * len(params["fraction_seeds"])),
+            ("regression_epochs", "Fig. 5", params["regression_lam"], params["regression_lr"], params["regression_rho_lr"],
+             (len(params["regression_scales_wd"]) + len(params["regression_scales_no_wd"])) * len(params["regression_seeds"]))):
+        eta = smallest_step(lr, rho_lr)
+        per_need.append((key, f"{fig}: weight-decay time steps × η × λ ≥ {need:g} (η = {eta:g}, λ = {lam:g})",
+                         epochs_to_weight_decay(need, lam=lam, rho_lr=eta, steps_per_epoch=spe)))
+        arms.append(Arm(key, runs, {"lam": lam, "lr": lr, "rho_lr": rho_lr or lr}))
+    return {"set": {key: e for key, _, e in per_need}, "per_need": per_need, "arms": arms}
+
+
+def disjoint_patch_margin_bound(model, x) -> float:
+    """An upper bound on `M = mean ||f_V(x_n)||^2` of a `lowrank.core.nets.normalized.NormalizedNet` over inputs
+    `x`, before training, for nets whose every layer is dense or a convolution over disjoint patches (stride >= kernel,
+    no padding: the tree CNN of Theorem 4): such a conv layer's matrix is block diagonal with copies of the filter
+    (C_out x C_in k^dim), so its operator norm is the filter's, at most its Frobenius norm g_k. With ReLU
+    1-Lipschitz, sigma(0) = 0, and a unit-norm last layer, `||f_V(x)|| <= prod g_k ||x||`, so
+    `M <= prod g_k^2 max ||x_n||^2`. ValueError for overlapping or padded convolutions (a unit-norm filter applied to
+    overlapping patches can have operator norm above 1: `margin_bound`'s reason) and a free last layer."""
+    import torch
+
+    if not model.normalize_last:
+        raise ValueError("a free (not normalised) last layer has no a-priori norm: no bound on M")
+    for layer in model.body:
+        if layer.kind != "linear" and (layer.padding != 0 or layer.stride < layer.kernel_size):
+            raise ValueError(f"a {layer.kind} layer with kernel {layer.kernel_size}, stride {layer.stride}, padding "
+                             f"{layer.padding} has overlapping or padded patches: no a-priori bound on M")
+    gains = math.prod(float(layer.g) for layer in model.body)
+    x = torch.as_tensor(x).double().flatten(1)
+    return gains**2 * float((x**2).sum(1).max())
+
+
+RADEMACHER_BOUNDS_FIXED = {
+    "lam": (0.001, "Figs. 6-7 (l.1047-1048): WD lambda = 0.001 (ci: 1e-4)"),
+    "init_scale": (0.1, "Figs. 6-7 (l.1047-1048): initialisation scale 0.1, rho_0 = 0.1^L (ci: rho_0 = 100)"),
+    "rho_lr": (0.5, "not one step size (l.639-642): the tree CNN's runs train one at a time, and at ci's step 0.1 for "
+                    "both rho relaxes over 11,513 epochs per run, over the 600 s budget; ci's variant (rho's own step) "
+                    "kept at 0.5, not ci's 10, so that the relaxation bound holds for every M <= max ||x||^2 = 1 "
+                    "(M <= 1/eta - 2 lambda); the V_k keep ci's 0.1 and constant step (the paper: 0.03 annealed, l.1047)"),
+}
+# Not the paper's, and why: digits 1 vs 2 as 64-vectors and ci's networks (the paper: CIFAR-10, the 6-layer CNN and a
+# 2-D tree, a GPU); full-batch gradient descent without momentum (the paper: SGD with momentum 0.9, batch 32 for Fig. 7)
+# because the clock below is plain gradient descent's contraction (Eq. 6), which momentum changes.
+
+
+def _rademacher_runs(params: dict):
+    """The runs of square/rademacher_bounds, as its training cell sets them up: (label, N, PageSetup, rho_0, data)
+    for each N and network, and the tree CNN's random-label control at each N (data None: the page's labels)."""
+    from lowrank.core import datasets
+    from lowrank.square import pages
+
+    p = params
+    nets = {"tree CNN": ("tree_cnn", p["tree_kwargs"], p["tree_shape"]),
+            "dense": (p["dense_arch"], p["dense_kwargs"], p["dense_shape"])}
+    for n in p["train_sizes"]:
+        for label, (arch, kwargs, shape) in nets.items():
+            S = pages.page_setup(p["dataset"], p["classes"], arch=arch, arch_kwargs=kwargs, data_root=p["data_root"],
+                                 max_train=n, max_test=p["max_test"], input_shape=shape, seed=p["seed"],
+                                 epochs=p["epochs"], lr=p["lr"], rho_lr=p["rho_lr"], batch_size=p["batch_size"],
+                                 momentum=p["momentum"], schedule=p["schedule"], nc=False, dtype=p["dtype"])
+            depth = S.build(rho_init=1.0, seed=p["seed"]).depth
+            rho0 = p["init_scale"] ** depth if p["init_scale"] else p["rho_init"]
+            yield label, n, S, rho0, None
+            if arch == "tree_cnn":
+                d = S.data
+                y = datasets.random_labels(d.y_train, 1.0, 2, seed=p["random_label_seed"])
+                yield f"{label}, random labels", n, S, rho0, datasets.Dataset(d.x_train, y, d.x_test, d.y_test, 2, d.name)
+
+
+def rademacher_bounds_size(params: dict) -> dict:
+    """The laptop run length of square/rademacher_bounds at `params` (its ci defaults with `RADEMACHER_BOUNDS_FIXED`):
+    the largest over the page's runs (each N, both networks, the tree CNN's random-label control) of rho's
+    relaxation from rho_0 to within `rho_tolerance` of the untrained equilibrium, `log(|rho_0 / rho_eq,0 - 1| /
+    rho_tolerance)` e-foldings (the need the page's logged regime uses, `timescales.rho_relaxation_regime_logged`),
+    bounded for every `M <= 1/eta - 2 lam` by the weight-decay part of the rate (`epochs_to_relax`). The range is
+    checked with `disjoint_patch_margin_bound` for each run's untrained network and training inputs (the tree CNN's
+    patches are disjoint, so its layers' operator norms are its filters'). The page reads each run's relaxation
+    from its logged M and says "needs a larger scale" if this bound was not enough. ValueError for a cosine schedule
+    (the page's anneals to 0: no lower bound on the rate at the end) and for lam = 0."""
+    if params["schedule"] != "constant":
+        raise ValueError("the page's cosine schedule anneals to 0: no lower bound on rho's relaxation rate")
+    lam, eta = params["lam"], params["rho_lr"] or params["lr"]
+    per_need, arms = [], []
+    for label, n, S, rho0, data in _rademacher_runs(params):
+        M_max = disjoint_patch_margin_bound(S.build(rho_init=rho0, seed=params["seed"]), S.data.x_train)
+        row = S.initial_row(rho_init=rho0, seed=params["seed"], lam=lam, data=data)
+        need = timescales.relaxations_needed(abs(row["rho_over_rho_eq"] - 1), params["rho_tolerance"])
+        per_need.append(("epochs", f"{label}, N = {n}: relaxation of ρ₀ = {rho0:.3g} ({need:.3g} e-foldings)",
+                         epochs_to_relax(need, lam=lam, rho_lr=eta, steps_per_epoch=S.steps(1), M_max=M_max)))
+        arms.append(Arm("epochs", 1, {"network": label.split(",")[0], "N": n, "lam": lam, "rho_lr": eta}))
+    epochs = max(e for _, _, e in per_need)
+    return {"set": {"epochs": epochs}, "per_need": per_need, "arms": arms}
+
+
+def rademacher_epoch_seconds(params: dict, arm: Arm, epochs: int = 200) -> float:
+    """Seconds per epoch of one run of square/rademacher_bounds' `arm` (its `train` names the network and N beside
+    the `PageSetup.train` overrides), measured here: the page's runs differ in network and training-set size, which
+    `measure_epoch_seconds` (one network per page) cannot set."""
+    train = dict(arm.train)
+    network, n = train.pop("network"), train.pop("N")
+    S = next(S for label, N, S, _, data in _rademacher_runs({**params, "epochs": epochs, "train_sizes": [n]})
+             if label == network and data is None)
+    t0 = time.perf_counter()
+    S.train(rho_init=1.0, seed=params["seed"], **train, epochs=epochs, log_every=epochs, desc=None, progress=False)
+    return (time.perf_counter() - t0) / epochs
+
+
 SIZED_PAGES = {
     "square/rho_dynamics": SizedSquarePage(rho_dynamics_size, RHO_DYNAMICS_FIXED, (
         "Fig. 3 of Xu et al. (2023) on digits 1 vs 2 with the ci network, full-batch gradient descent (the paper: SGD, B = 128,",
@@ -235,6 +378,21 @@ SIZED_PAGES = {
         "SGD with minibatches of 128 (the paper: CIFAR-10, the 6-layer CNN with two outputs, a GPU). The weight-decay claims'",
         "clock counts steps x eta x lambda at the schedule's smallest step; the lambda = 0 run relaxes at 2 eta M, which has no",
         "bound before training: the page reads it per run from the logged M. Three initialisations pooled (pool_seeds).")),
+    "square/random_labels": SizedSquarePage(random_labels_size, RANDOM_LABELS_FIXED, (
+        "Figs. 4-5 of Xu et al. (2023) on ci's task and network (MNIST-1D 3 vs 5, 100 training samples, a one-hidden-layer",
+        "MLP of width 256, full-batch gradient descent; the paper: CIFAR-10 classes 1 and 2, the 6-layer CNN, SGD, 10 runs",
+        "per point; lowrank.square.sizing says why) with the paper's lambda and one step size for rho and the V_k. Each",
+        "figure's runs with weight decay last the page's wd_times_needed weight-decay times 1/(eta lambda), the regime the",
+        "page computes before training (with a constant step every run accumulates the same). The lambda = 0 controls",
+        "run as long.")),
+    "square/rademacher_bounds": SizedSquarePage(rademacher_bounds_size, RADEMACHER_BOUNDS_FIXED, (
+        "Figs. 6-7 of Xu et al. (2023) on digits 1 vs 2 as 64-vectors with ci's 6-layer binary-tree CNN and dense MLP,",
+        "full-batch gradient descent without momentum (the paper: CIFAR-10, SGD with momentum 0.9, a GPU; lowrank.square.sizing",
+        "says why), the paper's lambda and initialisation scale. The run length is the slowest run's relaxation of rho to",
+        "within rho_tolerance of its untrained equilibrium, bounded for any margins M <= 1/eta - 2 lambda by the weight",
+        "decay's rate (Eq. 6); both networks' margins have M <= max ||x||^2 = 1 (the tree's patches are disjoint, so each",
+        "layer's operator norm is its filter's: disjoint_patch_margin_bound). The page reads each run's relaxation from",
+        "its logged M."), measure=rademacher_epoch_seconds),
 }
 
 
@@ -271,16 +429,19 @@ def sized_settings(name: str, params: dict) -> dict:
     return SIZED_PAGES[name].size(with_fixed(name, params))
 
 
-def laptop_text(name: str, params: dict, budget_s: float, seconds_per_epoch=measure_epoch_seconds,
+def laptop_text(name: str, params: dict, budget_s: float, seconds_per_epoch=None,
                 seconds_per_log=measure_log_seconds) -> tuple[str, float]:
     """(the laptop file of `name` at its ci defaults `params`, its estimated training seconds): each arm's runs ×
-    (its run length × `seconds_per_epoch(params, arm)` + its logged states × `seconds_per_log(params, arm)`),
-    measured here, one run each."""
+    (its run length × `seconds_per_epoch(params, arm)` + its further logged states × `seconds_per_log(params, arm)`),
+    measured here, one run each (`seconds_per_epoch` default the page's `measure`, else `measure_epoch_seconds`;
+    `seconds_per_log` measured only for an arm that logs further states)."""
     page = SIZED_PAGES[name]
+    seconds_per_epoch = seconds_per_epoch or page.measure or measure_epoch_seconds
     full = with_fixed(name, params)
     sized = page.size(full)
     at = {**full, **sized["set"]}
-    costs = [(arm, sized["set"][arm.epochs_key], seconds_per_epoch(at, arm), seconds_per_log(at, arm)) for arm in sized["arms"]]
+    costs = [(arm, sized["set"][arm.epochs_key], seconds_per_epoch(at, arm), seconds_per_log(at, arm) if arm.logs else 0.0)
+             for arm in sized["arms"]]
     estimate = sum(arm.runs * (epochs * spe + arm.logs * spl) for arm, epochs, spe, spl in costs)
     keys = dict.fromkeys(key for key, _, _ in sized["per_need"])
     lines = ["# Laptop scale, sized from the mechanism before training (python -m lowrank.book.laptop --write; never by hand):",
