@@ -14,9 +14,9 @@ which every claim of the page reaches its regime, from a bound that holds whatev
 - weight decay: `steps * eta * lam` (`timescales.accumulated_weight_decay`) against the page's need.
 
 The estimated training time comes from a per-epoch time measured on this machine when the file is written
-(`measure_epoch_seconds`: the page's network trained for a few epochs; `measure_log_seconds`: one more logged state,
-which with the layers' ranks tracked can cost more than hundreds of epochs), times the page's runs, epochs and logged
-states. A page whose estimate exceeds `lowrank.book.costs.PAGE_BUDGET_S` is not written: its laptop column reads
+(`measure_epoch_seconds`: the page's network trained for a few epochs; `measure_log_seconds`: one more logged state),
+times the page's runs, epochs and logged states. Both are wall times: measured while other processes load the cores
+(two torch threads oversubscribed), they overstate a quiet machine's several times over. A page whose estimate exceeds `lowrank.book.costs.PAGE_BUDGET_S` is not written: its laptop column reads
 "needs a larger scale" with that estimate. `lowrank.book.laptop` writes and checks the files:
 
     python -m lowrank.book.laptop --write [square/NAME ...]
@@ -500,8 +500,9 @@ def low_rank_sgd_size(params: dict) -> dict:
             "per_need": per_need, "arms": arms}
 
 
-# Not in SIZED_PAGES: `--write` estimated it at 4661 s (2026-12-04, 2 cores at a load average of about 8 from other
-# sessions), over the page budget: each of its 250 logged states ranks every layer, about 20 s each there.
+# Not in SIZED_PAGES yet: `--write` estimated it at 4661 s (2026-12-04, two torch threads on 2 cores at a load average of
+# about 8 from other sessions: oversubscribed); one thread at that load gives about 385 s. Measure and register it on a
+# quiet machine.
 LOW_RANK_SGD_PAGE = SizedSquarePage(low_rank_sgd_size, LOW_RANK_SGD_FIXED, (
     "Lemma 8 / Eq. 53 of Xu et al. (2023) on digits 1 vs 2 with the ci MLP (two hidden layers of 64), SGD with",
     "minibatches of 16 (the paper: CIFAR-10, the 6-layer CNN, B = 128, a GPU; lowrank.square.sizing says why B stays 16),",
