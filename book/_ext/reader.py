@@ -371,10 +371,10 @@ class NoNegativeZero(SphinxPostTransform):
 def _executed_verdicts(name: str) -> dict:
     import nbformat
 
-    from lowrank.book.notebooks import verdicts
+    from lowrank.book.goldens import notebook_verdicts
 
     path = _SCALE["executed"] / f"{name}.ipynb"
-    return verdicts(nbformat.read(path, as_version=4)) if path.is_file() else {}
+    return notebook_verdicts(nbformat.read(path, as_version=4)) if path.is_file() else {}
 
 
 def verdict_tables(doctree) -> list[nodes.table]:
