@@ -232,7 +232,8 @@ def test_pages_beyond_the_laptop_budget_read_needs_a_larger_scale_with_their_cos
         title, short, outcome = ledger._laptop_not_run(name, cost)
         assert outcome == "needs a larger scale" and "CPU-hours" in short and "GPU-hours" in short
     assert sweeps.larger_scale_cost("sgd/rank_vs_weight_decay") is None
-    assert set(sweeps.larger_scale_costs()) == set(sweeps.PAGE_SWEEPS)
+    assert set(sweeps.larger_scale_costs([*sweeps.PAGE_SWEEPS, "sgd/rank_vs_weight_decay"])) == set(sweeps.PAGE_SWEEPS)
+    assert sweeps.larger_scale_costs(["probe/plain"]) == {}  # a book without those pages needs none of their specs
 
 
 @pytest.mark.slow  # starts a kernel and trains the page: about a minute on 2 cores

@@ -121,7 +121,7 @@ def write_ledger(names, out: Path | None = None, toc: set[str] | None = None) ->
     from lowrank.book.ledger import write_ledger as write
 
     return write(out or REPO_ROOT / "book" / "ledger.md", {n: executed_path(n) for n in names},
-                 toc_files() if toc is None else toc, larger_scale=sweeps.larger_scale_costs())
+                 toc_files() if toc is None else toc, larger_scale=sweeps.larger_scale_costs(names))
 
 
 PAPER = pages.BUILD / "paper"

@@ -813,7 +813,7 @@ def larger_scale_text(name: str, timings: dict | None = None) -> str:
     return "" if cost is None else cost["text"]
 
 
-def larger_scale_costs(timings: dict | None = None) -> dict:
-    """`{page: larger_scale_cost(page)}` for every page of `PAGE_SWEEPS` (what the ledger shows beside their laptop
-    cells)."""
-    return {name: larger_scale_cost(name, timings) for name in PAGE_SWEEPS}
+def larger_scale_costs(names, timings: dict | None = None) -> dict:
+    """`{page: larger_scale_cost(page)}` for each of `names` (a book's pages) in `PAGE_SWEEPS`: what the ledger shows
+    beside their laptop cells."""
+    return {name: larger_scale_cost(name, timings) for name in names if name in PAGE_SWEEPS}
