@@ -365,37 +365,6 @@ def rademacher_epoch_seconds(params: dict, arm: Arm, epochs: int = 200) -> float
     return (time.perf_counter() - t0) / epochs
 
 
-SIZED_PAGES = {
-    "square/rho_dynamics": SizedSquarePage(rho_dynamics_size, RHO_DYNAMICS_FIXED, (
-        "Fig. 3 of Xu et al. (2023) on digits 1 vs 2 with the ci network, full-batch gradient descent (the paper: SGD, B = 128,",
-        "CIFAR-10, the 6-layer CNN; lowrank.square.sizing says why). Each clock below is a bound that holds for any margins",
-        "M <= 1/eta - 2 lambda (the relaxation rate at M = 0 is the weight decay's, Eq. 6; the MLP's margins have",
-        "M <= max ||x||^2 = 1, checked at the largest step). The relaxation tolerance is tied to init_dependence_wd's threshold",
-        "(timescales.spread_relaxation_tolerance); the lambda = 0 control relaxes at 2 eta M, which has no bound before",
-        "training: the page reads it from the logged M.")),
-    "square/quasi_interpolation": SizedSquarePage(quasi_interpolation_size, QUASI_INTERPOLATION_FIXED, (
-        "Figs. 8 and 10 of Xu et al. (2023) on digits 1 vs 2 with the ci network (one hidden layer of 128, one output),",
-        "SGD with minibatches of 128 (the paper: CIFAR-10, the 6-layer CNN with two outputs, a GPU). The weight-decay claims'",
-        "clock counts steps x eta x lambda at the schedule's smallest step; the lambda = 0 run relaxes at 2 eta M, which has no",
-        "bound before training: the page reads it per run from the logged M. Three initialisations pooled (pool_seeds).")),
-    "square/random_labels": SizedSquarePage(random_labels_size, RANDOM_LABELS_FIXED, (
-        "Figs. 4-5 of Xu et al. (2023) on ci's task and network (MNIST-1D 3 vs 5, 100 training samples, a one-hidden-layer",
-        "MLP of width 256, full-batch gradient descent; the paper: CIFAR-10 classes 1 and 2, the 6-layer CNN, SGD, 10 runs",
-        "per point; lowrank.square.sizing says why) with the paper's lambda and one step size for rho and the V_k. Each",
-        "figure's runs with weight decay last the page's wd_times_needed weight-decay times 1/(eta lambda), the regime the",
-        "page computes before training (with a constant step every run accumulates the same). The lambda = 0 controls",
-        "run as long.")),
-    "square/rademacher_bounds": SizedSquarePage(rademacher_bounds_size, RADEMACHER_BOUNDS_FIXED, (
-        "Figs. 6-7 of Xu et al. (2023) on digits 1 vs 2 as 64-vectors with ci's 6-layer binary-tree CNN and dense MLP,",
-        "full-batch gradient descent without momentum (the paper: CIFAR-10, SGD with momentum 0.9, a GPU; lowrank.square.sizing",
-        "says why), the paper's lambda and initialisation scale. The run length is the slowest run's relaxation of rho to",
-        "within rho_tolerance of its untrained equilibrium, bounded for any margins M <= 1/eta - 2 lambda by the weight",
-        "decay's rate (Eq. 6); both networks' margins have M <= max ||x||^2 = 1 (the tree's patches are disjoint, so each",
-        "layer's operator norm is its filter's: disjoint_patch_margin_bound). The page reads each run's relaxation from",
-        "its logged M."), measure=rademacher_epoch_seconds),
-}
-
-
 def measure_epoch_seconds(params: dict, arm: Arm, epochs: int = 200) -> float:
     """Seconds per epoch of one run of `arm` (the page's network at `params`, `arm.train`'s overrides), measured here."""
     S = page_setup_of({**params, **arm.setup, "epochs": epochs, "log_every": epochs})
@@ -500,16 +469,12 @@ def low_rank_sgd_size(params: dict) -> dict:
             "per_need": per_need, "arms": arms}
 
 
-# Not in SIZED_PAGES yet: `--write` estimated it at 4661 s (2026-12-04, two torch threads on 2 cores at a load average of
-# about 8 from other sessions: oversubscribed); one thread at that load gives about 385 s. Measure and register it on a
-# quiet machine.
 LOW_RANK_SGD_PAGE = SizedSquarePage(low_rank_sgd_size, LOW_RANK_SGD_FIXED, (
     "Lemma 8 / Eq. 53 of Xu et al. (2023) on digits 1 vs 2 with the ci MLP (two hidden layers of 64), SGD with",
     "minibatches of 16 (the paper: CIFAR-10, the 6-layer CNN, B = 128, a GPU; lowrank.square.sizing says why B stays 16),",
     "lambda = 1e-3 (Fig. 10, l.1051) and the paper's single step size 0.03 for rho and the V_k (l.1044). The run",
     "lengths are the page's regime: one weight-decay time 1/(eta lambda) of the SGD runs; full-batch GD takes as many",
-    f"steps. About {LOW_RANK_SGD_LOGS} logged epochs per run; the estimate below leaves out the logging (ranks at",
-    "each logged epoch), measured with one log per run."))
+    f"steps. About {LOW_RANK_SGD_LOGS} logged epochs per run (ranks and update norms at each)."))
 
 
 NEURAL_COLLAPSE_FIXED = {
@@ -552,11 +517,42 @@ def neural_collapse_size(params: dict) -> dict:
     return {"set": {"epochs": epochs}, "per_need": per_need, "arms": arms}
 
 
-# Not yet in SIZED_PAGES: `--write` measured its estimate at 2764 s (24 runs × 200 epochs) on 2 cores under a load
-# average of about 12 (other sessions), over the page budget; register it and write the file on a quieter machine.
 NEURAL_COLLAPSE_PAGE = SizedSquarePage(neural_collapse_size, NEURAL_COLLAPSE_FIXED, (
     "Fig. 9 of Xu et al. (2023) on digits (1 vs 2, and 0-3) with the ci MLP (two hidden layers of 128): the paper's",
     "lambda = 5e-4 and learning rate 0.067 (l.1050), rho's own step size and the SGD arm's B = 32 kept from ci",
     "(lowrank.square.sizing says why). The run length is the page's regime, one weight-decay time of its",
     "full-batch runs. Whether a run fits its training set is not known before training: the page reads it per run",
     "and leaves out, counted, the runs that do not fit (Lemma 7, Theorem 6, l.609)."))
+
+
+SIZED_PAGES = {
+    "square/rho_dynamics": SizedSquarePage(rho_dynamics_size, RHO_DYNAMICS_FIXED, (
+        "Fig. 3 of Xu et al. (2023) on digits 1 vs 2 with the ci network, full-batch gradient descent (the paper: SGD, B = 128,",
+        "CIFAR-10, the 6-layer CNN; lowrank.square.sizing says why). Each clock below is a bound that holds for any margins",
+        "M <= 1/eta - 2 lambda (the relaxation rate at M = 0 is the weight decay's, Eq. 6; the MLP's margins have",
+        "M <= max ||x||^2 = 1, checked at the largest step). The relaxation tolerance is tied to init_dependence_wd's threshold",
+        "(timescales.spread_relaxation_tolerance); the lambda = 0 control relaxes at 2 eta M, which has no bound before",
+        "training: the page reads it from the logged M.")),
+    "square/quasi_interpolation": SizedSquarePage(quasi_interpolation_size, QUASI_INTERPOLATION_FIXED, (
+        "Figs. 8 and 10 of Xu et al. (2023) on digits 1 vs 2 with the ci network (one hidden layer of 128, one output),",
+        "SGD with minibatches of 128 (the paper: CIFAR-10, the 6-layer CNN with two outputs, a GPU). The weight-decay claims'",
+        "clock counts steps x eta x lambda at the schedule's smallest step; the lambda = 0 run relaxes at 2 eta M, which has no",
+        "bound before training: the page reads it per run from the logged M. Three initialisations pooled (pool_seeds).")),
+    "square/random_labels": SizedSquarePage(random_labels_size, RANDOM_LABELS_FIXED, (
+        "Figs. 4-5 of Xu et al. (2023) on ci's task and network (MNIST-1D 3 vs 5, 100 training samples, a one-hidden-layer",
+        "MLP of width 256, full-batch gradient descent; the paper: CIFAR-10 classes 1 and 2, the 6-layer CNN, SGD, 10 runs",
+        "per point; lowrank.square.sizing says why) with the paper's lambda and one step size for rho and the V_k. Each",
+        "figure's runs with weight decay last the page's wd_times_needed weight-decay times 1/(eta lambda), the regime the",
+        "page computes before training (with a constant step every run accumulates the same). The lambda = 0 controls",
+        "run as long.")),
+    "square/rademacher_bounds": SizedSquarePage(rademacher_bounds_size, RADEMACHER_BOUNDS_FIXED, (
+        "Figs. 6-7 of Xu et al. (2023) on digits 1 vs 2 as 64-vectors with ci's 6-layer binary-tree CNN and dense MLP,",
+        "full-batch gradient descent without momentum (the paper: CIFAR-10, SGD with momentum 0.9, a GPU; lowrank.square.sizing",
+        "says why), the paper's lambda and initialisation scale. The run length is the slowest run's relaxation of rho to",
+        "within rho_tolerance of its untrained equilibrium, bounded for any margins M <= 1/eta - 2 lambda by the weight",
+        "decay's rate (Eq. 6); both networks' margins have M <= max ||x||^2 = 1 (the tree's patches are disjoint, so each",
+        "layer's operator norm is its filter's: disjoint_patch_margin_bound). The page reads each run's relaxation from",
+        "its logged M."), measure=rademacher_epoch_seconds),
+    "square/low_rank_sgd": LOW_RANK_SGD_PAGE,
+    "square/neural_collapse": NEURAL_COLLAPSE_PAGE,
+}
