@@ -74,10 +74,12 @@ def _rank_ensembles(p: dict, grid: list[dict]):
 def _noise_ensembles(p: dict, grid: list[dict]):
     """SGD noise's training (notebooks/sgd/sgd_noise.md): one ensemble of every lambda per data set, one loss."""
     from lowrank.core import train
+    from lowrank.sgd import noise
     from lowrank.core.nets import mlp
 
-    runs = [{"lr": p["lr"], "weight_decay": wd, "momentum": p["momentum"], "seed": p["seed"]} for wd in p["weight_decays"]]
     for key in ("dataset", "second_dataset"):
+        runs = noise.page_runs(lr=p["lr"], weight_decays=p["weight_decays"], momentum=p["momentum"], seed=p["seed"],
+                               seed_pair=key == "dataset")
         data = datasets.load(p[key])
         make = lambda data=data: mlp.from_name(p["model"], int(data.x_train[0].numel()), data.num_classes)  # noqa: E731
         yield p["model"], p[key], p["batch_size"], len(runs), lambda epochs, make=make, data=data: train.train_ensemble(

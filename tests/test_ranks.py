@@ -509,15 +509,26 @@ def test_gap_to_lambda0_is_the_smallest_ratio_over_live_runs_by_hand():
     from lowrank.sgd import noise
 
     # runs 0, 1 (ce: lambda 0, 0.1), 2, 3 (mse: lambda 0, 0.1), 4 (ce, lambda 0.2, collapsed)
-    avg = pd.DataFrame({"run": [0, 1, 2, 3, 4], "epoch": 1, "loss": ["ce", "ce", "mse", "mse", "ce"],
-                        "weight_decay": [0, 0.1, 0, 0.1, 0.2], "dist": [2.0, 10.0, 4.0, 6.0, 1.0]})
     moving = pd.DataFrame({"run": [0, 1, 2, 3, 4], "loss": ["ce", "ce", "mse", "mse", "ce"],
                            "weight_decay": [0, 0.1, 0, 0.1, 0.2], "collapsed": [False, False, False, False, True],
                            "d_over_zero": [1.0, 7.0, 1.0, 3.0, 0.01]})
-    gap, gap_first = noise.gap_to_lambda0(moving, avg)
-    assert gap == pytest.approx(3.0)  # run 4 collapsed: its 0.01 is left out
-    assert gap_first == pytest.approx(min(10.0 / 2.0, 6.0 / 4.0))
-    assert all(np.isnan(noise.gap_to_lambda0(moving.assign(collapsed=moving["weight_decay"] > 0), avg)))
+    assert noise.gap_to_lambda0(moving) == pytest.approx(3.0)  # run 4 collapsed: its 0.01 is left out
+    assert np.isnan(noise.gap_to_lambda0(moving.assign(collapsed=moving["weight_decay"] > 0)))
+
+
+def test_seed_pair_gap_is_the_largest_lambda0_ratio_at_the_last_epoch_by_hand():
+    from lowrank.sgd import noise
+
+    # avg: runs 0 (ce, lambda 0), 1 (ce, lambda 0.1), 2 (mse, lambda 0), epochs 1 and 2; pair: runs 5 (ce), 6 (mse)
+    avg = pd.DataFrame({"run": [0, 0, 1, 1, 2, 2], "epoch": [1, 2] * 3, "loss": ["ce"] * 4 + ["mse"] * 2,
+                        "weight_decay": [0, 0, 0.1, 0.1, 0, 0], "dist": [9.0, 2.0, 50.0, 40.0, 1.0, 4.0]})
+    pair = pd.DataFrame({"run": [5, 5, 6, 6], "epoch": [1, 2] * 2, "loss": ["ce", "ce", "mse", "mse"],
+                         "weight_decay": 0.0, "dist": [1.0, 8.0, 1.0, 1.0]})
+    # last epoch: ce 2 vs 8 (4x), mse 4 vs 1 (4x the other way); the lambda = 0.1 run and epoch 1 play no part
+    assert noise.seed_pair_gap(avg, pair) == pytest.approx(4.0)
+    assert noise.seed_pair_gap(avg, pair.assign(dist=[1.0, 3.0, 1.0, 2.0])) == pytest.approx(2.0)  # ce 3/2, mse 4/2
+    with pytest.raises(ValueError, match="losses"):
+        noise.seed_pair_gap(avg, pair[pair["loss"] == "ce"])
 
 
 def test_fitted_decay_regime_ignores_excluded_runs():

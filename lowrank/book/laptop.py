@@ -77,9 +77,14 @@ def _noise_grid(p: dict, dataset_key: str = "dataset") -> list[dict]:
 
 
 def _noise_groups(name: str, params: dict) -> list:
-    """SGD noise trains one ensemble of every lambda per loss, on each data set."""
-    members = len(params["weight_decays"])
-    return [(params["model"], params[key], params["batch_size"], members, params[epochs])
+    """SGD noise trains one ensemble of its runs (`noise.page_runs`) per loss, on each data set."""
+    from lowrank.sgd import noise
+
+    def members(first):
+        return len(noise.page_runs(lr=params["lr"], weight_decays=params["weight_decays"], momentum=params["momentum"],
+                                   seed=params["seed"], seed_pair=first))
+
+    return [(params["model"], params[key], params["batch_size"], members(key == "dataset"), params[epochs])
             for key, epochs in (("dataset", "epochs"), ("second_dataset", "second_epochs")) for _ in params["losses"]]
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 
-__all__ = ["log_slope", "moving_table", "in_regime", "collapse_or_moving_share", "gap_to_lambda0",
+__all__ = ["log_slope", "page_runs", "moving_table", "in_regime", "collapse_or_moving_share", "gap_to_lambda0", "seed_pair_gap",
            "ratio_trends", "gap_clock"]
 
 
@@ -97,21 +97,38 @@ def collapse_or_moving_share(moving: pd.DataFrame) -> tuple[float, float]:
     return float((pos["collapsed"] | pos["moving"]).mean()), float((zero["collapsed"] | zero["moving"]).mean())
 
 
-def gap_to_lambda0(moving: pd.DataFrame, avg: pd.DataFrame) -> tuple[float, float]:
-    """The "orders of magnitude" statistic and its control.
+def page_runs(*, lr: float, weight_decays, momentum: float, seed: int, seed_pair: bool) -> list[dict]:
+    """SGD noise's runs on one data set (`lowrank.core.train.train_ensemble`'s run dicts): one per lambda at `seed`,
+    and with `seed_pair` a second lambda = 0 run at `seed + 1`, the control of `gap_to_lambda0` (`seed_pair_gap`)."""
+    runs = [{"lr": lr, "weight_decay": wd, "momentum": momentum, "seed": seed} for wd in weight_decays]
+    return runs + [{"lr": lr, "weight_decay": 0.0, "momentum": momentum, "seed": seed + 1}] * seed_pair
 
-    The smallest ratio, over the lambda > 0 runs of `moving` that did not collapse, of a run's d to
-    the d of the lambda = 0 run with the same loss: at the last epoch (`moving["d_over_zero"]`) and
-    after the first epoch (read from `avg`, per run and epoch). NaN for both when every lambda > 0
-    run collapsed.
-    """
+
+def gap_to_lambda0(moving: pd.DataFrame) -> float:
+    """The "orders of magnitude" statistic: the smallest ratio, over the lambda > 0 runs of `moving` that did
+    not collapse, of a run's d to the d of the lambda = 0 run with the same loss, at the last epoch
+    (`moving["d_over_zero"]`). NaN when every lambda > 0 run collapsed."""
     alive = moving[(moving["weight_decay"] > 0) & ~moving["collapsed"]]
-    if alive.empty:
-        return float("nan"), float("nan")
-    first = avg[avg["epoch"] == 1].set_index("run")
-    zero_first = first[first["weight_decay"] == 0].set_index("loss")["dist"]
-    ratio_first = first.loc[alive["run"], "dist"] / first.loc[alive["run"], "loss"].map(zero_first)
-    return float(alive["d_over_zero"].min()), float(ratio_first.min())
+    return float(alive["d_over_zero"].min()) if len(alive) else float("nan")
+
+
+def seed_pair_gap(avg: pd.DataFrame, pair: pd.DataFrame) -> float:
+    """The control of `gap_to_lambda0`: how far apart two runs without weight decay end, the larger d over the
+    smaller at the last epoch between each lambda = 0 run of `avg` and the run of `pair` with the same loss (another
+    seed, lambda = 0), largest over the losses. Both runs lack the mechanism (weight decay keeping d up), so a ratio
+    this large is what seeds alone give."""
+    def last_d(t, what):
+        zero = t[t["weight_decay"] == 0]
+        last = zero[zero["epoch"] == zero.groupby("run")["epoch"].transform("max")]
+        if last.empty or last["loss"].duplicated().any():
+            raise ValueError(f"{what} needs one lambda = 0 run per loss")
+        return last.set_index("loss")["dist"]
+
+    a, b = last_d(avg, "avg"), last_d(pair, "pair")
+    if set(a.index) != set(b.index):
+        raise ValueError(f"avg's losses {sorted(a.index)} and pair's {sorted(b.index)} differ")
+    ratio = a / b.reindex(a.index)
+    return float(np.maximum(ratio, 1 / ratio).max())
 
 
 def ratio_trends(moving: pd.DataFrame) -> pd.DataFrame:
