@@ -386,6 +386,25 @@ def test_pooled_trend_claim_with_no_fitted_run_is_undecided_and_counts_them():
     assert v.outcome == "agrees" and v.details["slices"] == 1 and v.excluded["count"] == 10
 
 
+def test_untrained_trend_claim_needs_a_larger_scale_with_the_trained_claims_threshold():
+    """A grid left untrained because its planned regime is out of reach (the conv sweeps at ci): "needs a
+    larger scale", NaN, no control, the same threshold as the trained claim; refused when the regime is reached."""
+    from lowrank.book import rank_trends, verdicts
+
+    kw = dict(claim_id="II-7", scale="ci", min_trend=0.5, min_drop_fraction=0.1, paper="l.1", description="d")
+    short = rank_trends.decay_regime(pd.DataFrame({"weight_decay": [0.0, 1e-2], "A": [0.0, 0.03]}), needed=6.9, origin="test")
+    v = rank_trends.untrained_trend_claim("untrained", planned=short, **kw)
+    assert v.outcome == verdicts.LARGER_SCALE and math.isnan(v.measured) and v.controls == []
+    assert v.details["trained"] is False and v.details["regime"]["value"] == pytest.approx(0.03)
+    trend = _slices([[1, 2, 3, 4, 5]] * 4).assign(per_step=1e-3, full_rank=10.0, weight_decay=1e-3, A=8.0)
+    trained = rank_trends.pooled_trend_claim("trained", final=trend, x="x", slices="s", sign=+1, column="rank", eps=1e-3,
+                                             min_train_acc=0.5, permutations=200, **kw)
+    assert v.threshold == trained.threshold
+    reached = rank_trends.decay_regime(pd.DataFrame({"weight_decay": [1e-2], "A": [8.0]}), needed=6.9, origin="test")
+    with pytest.raises(ValueError, match="planned regime is reached"):
+        rank_trends.untrained_trend_claim("reached", planned=reached, **kw)
+
+
 def test_pooled_trend_regime_is_over_the_fitted_runs_of_each_used_slice():
     """The regime counts no excluded run: a collapsed run with the largest A sets neither its slice's
     A_max nor the claim's regime, which is the smallest A_max over the used slices (brute force)."""

@@ -16,7 +16,7 @@ import pandas as pd
 from lowrank.book import verdicts
 from lowrank.sgd import ranks
 
-__all__ = ["decay_regime", "fitted_decay_regime", "slice_regime", "pooled_trend_claim", "combined_score"]
+__all__ = ["decay_regime", "fitted_decay_regime", "slice_regime", "pooled_trend_claim", "untrained_trend_claim", "combined_score"]
 
 
 def decay_regime(regime: pd.DataFrame, *, needed: float, origin: str, what: str = "") -> verdicts.Regime:
@@ -134,13 +134,8 @@ def pooled_trend_claim(name: str, *, claim_id: str, scale: str, final: pd.DataFr
     _glue_numbers(name, record)
     return verdicts.claim(
         name, claim_id=claim_id, scale=scale, measured=scored["score"],
-        threshold=verdicts.Threshold(">=", 1.0, rf"effect sizes fixed in advance: mean signed Spearman $\rho \geq {min_trend:g}$ "
-                                     f"(half-way from no trend to a perfect ordering) and a fall of the mean rank within the "
-                                     f"slices of at least {min_drop_fraction:g} of full rank (a round size; the size was added after the "
-                                     f"Spearman-only criterion was seen to be unstable); paper {paper}"),
-        controls=controls, regime=regime,
-        expected=rf"$\min(\rho / {min_trend:g},\ \mathrm{{fall}} / ({min_drop_fraction:g} \times \text{{full rank}})) \geq 1$, "
-                 rf"$\rho$ the mean over {main['slices']} slices of the signed Spearman $\rho$",
+        threshold=_trend_threshold(min_trend, min_drop_fraction, paper), controls=controls, regime=regime,
+        expected=_trend_expected(min_trend, min_drop_fraction, main["slices"]),
         excluded=verdicts.Excluded(main["excluded"], main["total"], f"diverged or train accuracy below {min_train_acc:g}"),
         description=description, latex=latex,
         note="" if finite else "no slice with enough fitted runs: nothing measured (NaN), the claim is undecided",
@@ -150,6 +145,34 @@ def pooled_trend_claim(name: str, *, claim_id: str, scale: str, final: pd.DataFr
                  "slice_regime": per_slice_regime, "regime_needed": round(needed, 4),
                  "slice_rho_range": [round(float(per_slice["rho"].min()), 3), round(float(per_slice["rho"].max()), 3)] if len(per_slice) else None,
                  "largest_per_step_decay": round(float(final["per_step"].max()), 6), **(details or {})})
+
+
+def untrained_trend_claim(name: str, *, claim_id: str, scale: str, planned: verdicts.Regime, min_trend: float,
+                          min_drop_fraction: float, paper: str, description: str, latex: str = "",
+                          details: dict | None = None) -> verdicts.Verdict:
+    """`pooled_trend_claim`'s verdict for a grid left untrained because its `planned` regime (`decay_regime`,
+    before training) is not reached: "needs a larger scale", nothing measured (NaN), no control, the same
+    threshold. Raises ValueError when `planned` is reached (such a grid must be trained and judged)."""
+    if planned.reached:
+        raise ValueError(f"claim {name}: its planned regime is reached ({planned.text()}); train it and use pooled_trend_claim")
+    return verdicts.claim(
+        name, claim_id=claim_id, scale=scale, measured=float("nan"), threshold=_trend_threshold(min_trend, min_drop_fraction, paper),
+        controls=[], regime=planned, expected=_trend_expected(min_trend, min_drop_fraction, None),
+        description=description, latex=latex, note="not trained: its planned regime is out of reach at this scale",
+        details={"trained": False, "regime_needed": round(planned.needed, 4), **(details or {})})
+
+
+def _trend_threshold(min_trend: float, min_drop_fraction: float, paper: str) -> verdicts.Threshold:
+    return verdicts.Threshold(">=", 1.0, rf"effect sizes fixed in advance: mean signed Spearman $\rho \geq {min_trend:g}$ "
+                              f"(half-way from no trend to a perfect ordering) and a fall of the mean rank within the "
+                              f"slices of at least {min_drop_fraction:g} of full rank (a round size; the size was added after the "
+                              f"Spearman-only criterion was seen to be unstable); paper {paper}")
+
+
+def _trend_expected(min_trend: float, min_drop_fraction: float, slices: int | None) -> str:
+    over = "the slices" if slices is None else f"{slices} slices"
+    return (rf"$\min(\rho / {min_trend:g},\ \mathrm{{fall}} / ({min_drop_fraction:g} \times \text{{full rank}})) \geq 1$, "
+            rf"$\rho$ the mean over {over} of the signed Spearman $\rho$")
 
 
 def _round(v) -> float | None:
