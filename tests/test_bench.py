@@ -78,7 +78,7 @@ def test_ci_table_comes_from_one_ci_run(tmp_path):
     assert seconds.read_text() == "page,seconds\np/a,30.0\np/b,50.0\np/c,20.0\n"  # the next build's schedule
     text = readme.read_text()
     assert text.startswith("before\n") and text.endswith("<!-- end -->\nafter\n") and "old" not in text
-    assert "| `.ci/run` stage: book | 300 | | 29% |" in text and "| `.ci/run` in all | 1020 | <= 1200 | |" in text
+    assert "| `.ci/run` stage: book | 300 | | 29% |" in text and "| `.ci/run` in all | 1020 | <= 900 | |" in text
     assert "| floor of the ci book's execution on 2 workers (max of sum / 2, slowest page) | 50 |" in text
     assert text.index("page p/b") < text.index("page p/a") < text.index("page p/c")  # slowest first
 
