@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pandas as pd
 
-__all__ = ["NC_CORE", "NC_MEANS", "nc_falls", "nc_falls_pooled", "hidden_rank_ratio", "rank_update_correlation"]
+__all__ = ["NC_CORE", "NC_MEANS", "nc_falls", "nc_falls_pooled", "hidden_rank_ratio", "rank_update_correlation", "update_norm_settling"]
 
 NC_CORE = ("nc1", "nc2_equinorm_classifiers", "nc2_equiangular_classifiers", "nc3", "nc4")
 NC_MEANS = ("nc2_equinorm_means", "nc2_equiangular_means")
@@ -81,3 +81,13 @@ def rank_update_correlation(layers: pd.DataFrame, reverse: bool = False) -> floa
         if g["rank_spectral"].nunique() > 1:
             out.append(stats.spearmanr(g["rank_spectral"], norms).statistic)
     return float(np.mean(out)) if out else math.nan
+
+
+def update_norm_settling(layers: pd.DataFrame, tail_fraction: float) -> float:
+    """How far one run's summed update norm (over its layers) has levelled off near convergence: its value at
+    the last logged epoch over its value at the first logged epoch of the last `tail_fraction` of training
+    (`progress >= 1 - tail_fraction`). 1: level; 0.5: it still halves within the window. NaN with fewer than
+    two logged epochs there."""
+    tail = layers[(layers.progress >= 1 - tail_fraction) & layers.update_norm.notna()]
+    summed = tail.groupby("epoch").update_norm.sum().sort_index()
+    return float(summed.iloc[-1] / summed.iloc[0]) if len(summed) > 1 else math.nan
