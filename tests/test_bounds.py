@@ -150,3 +150,31 @@ def test_per_init_regression_against_numpy():
     sd = math.sqrt(np.mean([np.var(v, ddof=1) for _, v in runs.groupby("rho_init").inv_rho]))  # 3 runs per group
     assert out["x_resolution"] == pytest.approx((xm.max() - xm.min()) / (sd / math.sqrt(3)))
     assert math.isnan(bounds.per_init_regression(runs[runs.rho_init < 1.1])["p"])
+
+
+def test_fitted_spearman_ranks_only_the_runs_that_fit():
+    import numpy as np
+
+    x = np.array([35, 70, 140, 280, 560.0])
+    y = np.array([9.0, 1.0, 7.0, 2.0, 4.0])
+    fitted = np.array([True, False, True, True, True])
+    out = bounds.fitted_spearman(x, y, fitted)
+    rx, ry = np.argsort(np.argsort(x[fitted])), np.argsort(np.argsort(y[fitted]))  # no ties: ranks by argsort
+    assert out["rho"] == pytest.approx(np.corrcoef(rx, ry)[0, 1]) and out["rho"] == pytest.approx(-0.8)
+    assert (out["fitted"], out["total"], out["degenerate"]) == (4, 5, None)
+    assert bounds.fitted_spearman(x, y, np.ones(5, bool))["rho"] == pytest.approx(-0.3)  # the unfitted run would move it
+
+
+def test_fitted_spearman_measures_nothing_below_three_runs_or_on_a_constant():
+    import numpy as np
+
+    two = bounds.fitted_spearman([1, 2, 3], [3, 2, 1], [True, False, True])
+    assert math.isnan(two["rho"]) and two["fitted"] == 2 and "at least 3" in two["degenerate"]
+    flat = bounds.fitted_spearman([1, 2, 3], [5, 5, 5], [True] * 3)
+    assert math.isnan(flat["rho"]) and "constant" in flat["degenerate"]
+    none = bounds.fitted_spearman([1, 2], [float("nan"), 1.0], [False, False])  # an unfitted run's NaN is not read
+    assert none["fitted"] == 0 and math.isnan(none["rho"])
+    with pytest.raises(ValueError, match="non-finite"):
+        bounds.fitted_spearman([1, 2, 3], [1, np.nan, 3], [True] * 3)
+    with pytest.raises(ValueError, match="one length"):
+        bounds.fitted_spearman([1, 2, 3], [1, 2], [True] * 3)

@@ -47,6 +47,8 @@ __all__ = [
     "toeplitz_exponent",
     "trained_network_bounds",
     "per_init_regression",
+    "FEWEST_RANKED",
+    "fitted_spearman",
 ]
 
 
@@ -247,3 +249,34 @@ def per_init_regression(runs, x: str = "inv_rho", y: str = "test_accuracy", by: 
     p = float(fit.pvalue)
     return {"slope": float(fit.slope), "intercept": float(fit.intercept), "r2": float(fit.rvalue**2), "p": p,
             "p_negative": p / 2 if fit.slope < 0 else 1 - p / 2, **common}
+
+
+FEWEST_RANKED = 3  # a rank correlation of two points is +-1 whatever the data: it measures nothing
+
+
+def fitted_spearman(x, y, fitted) -> dict:
+    """The Spearman correlation of `x` and `y` over the runs that fit (`fitted` True); the others are left out.
+
+    Returns
+    -------
+    dict: rho (NaN when it measures nothing), fitted (the runs that enter), total (all runs), degenerate
+    (None, or why rho is NaN: fewer than FEWEST_RANKED runs fit, or `x` or `y` is constant over them).
+    """
+    import numpy as np
+    from scipy import stats
+
+    x, y, fitted = np.asarray(x, float), np.asarray(y, float), np.asarray(fitted, bool)
+    if x.ndim != 1 or x.shape != y.shape or x.shape != fitted.shape:
+        raise ValueError(f"fitted_spearman: x, y and fitted must be 1-D of one length, got {x.shape}, {y.shape}, {fitted.shape}")
+    xs, ys = x[fitted], y[fitted]
+    if not (np.all(np.isfinite(xs)) and np.all(np.isfinite(ys))):
+        raise ValueError("fitted_spearman: a run that fits has a non-finite value")
+    k, n = int(fitted.sum()), int(fitted.size)
+    out = {"rho": float("nan"), "fitted": k, "total": n, "degenerate": None}
+    if k < FEWEST_RANKED:
+        out["degenerate"] = f"{k} of {n} runs fit: a Spearman correlation needs at least {FEWEST_RANKED}"
+    elif np.ptp(xs) == 0 or np.ptp(ys) == 0:
+        out["degenerate"] = f"{'x' if np.ptp(xs) == 0 else 'y'} is constant over the {k} runs that fit: no ranking"
+    else:
+        out["rho"] = float(stats.spearmanr(xs, ys).statistic)
+    return out
