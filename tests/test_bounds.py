@@ -169,7 +169,9 @@ def test_fitted_spearman_measures_nothing_below_three_runs_or_on_a_constant():
     import numpy as np
 
     two = bounds.fitted_spearman([1, 2, 3], [3, 2, 1], [True, False, True])
-    assert math.isnan(two["rho"]) and two["fitted"] == 2 and "at least 3" in two["degenerate"]
+    assert math.isnan(two["rho"]) and two["fitted"] == 2 and two["degenerate"].startswith("2 of 3 runs fit: ")
+    assert bounds.fitted_spearman([1, 2], [2, 1], [True] * 2, what="fractions have a run that fits")["degenerate"] == (
+        "2 of 2 fractions have a run that fits: a Spearman correlation needs at least 3")
     flat = bounds.fitted_spearman([1, 2, 3], [5, 5, 5], [True] * 3)
     assert math.isnan(flat["rho"]) and "constant" in flat["degenerate"]
     none = bounds.fitted_spearman([1, 2], [float("nan"), 1.0], [False, False])  # an unfitted run's NaN is not read

@@ -254,8 +254,9 @@ def per_init_regression(runs, x: str = "inv_rho", y: str = "test_accuracy", by: 
 FEWEST_RANKED = 3  # a rank correlation of two points is +-1 whatever the data: it measures nothing
 
 
-def fitted_spearman(x, y, fitted) -> dict:
+def fitted_spearman(x, y, fitted, what: str = "runs fit") -> dict:
     """The Spearman correlation of `x` and `y` over the runs that fit (`fitted` True); the others are left out.
+    `what` names the entries in the reason ("2 of 4 runs fit: ..."), e.g. "fractions have a run that fits".
 
     Returns
     -------
@@ -274,9 +275,9 @@ def fitted_spearman(x, y, fitted) -> dict:
     k, n = int(fitted.sum()), int(fitted.size)
     out = {"rho": float("nan"), "fitted": k, "total": n, "degenerate": None}
     if k < FEWEST_RANKED:
-        out["degenerate"] = f"{k} of {n} runs fit: a Spearman correlation needs at least {FEWEST_RANKED}"
+        out["degenerate"] = f"{k} of {n} {what}: a Spearman correlation needs at least {FEWEST_RANKED}"
     elif np.ptp(xs) == 0 or np.ptp(ys) == 0:
-        out["degenerate"] = f"{'x' if np.ptp(xs) == 0 else 'y'} is constant over the {k} runs that fit: no ranking"
+        out["degenerate"] = f"{'x' if np.ptp(xs) == 0 else 'y'} is constant over the {k} that enter: no ranking"
     else:
         out["rho"] = float(stats.spearmanr(xs, ys).statistic)
     return out
