@@ -180,3 +180,19 @@ def test_fitted_spearman_measures_nothing_below_three_runs_or_on_a_constant():
         bounds.fitted_spearman([1, 2, 3], [1, np.nan, 3], [True] * 3)
     with pytest.raises(ValueError, match="one length"):
         bounds.fitted_spearman([1, 2, 3], [1, 2], [True] * 3)
+
+
+def test_measured_controls_leaves_out_a_control_whose_runs_do_not_fit_and_names_it():
+    from lowrank.book import verdicts as V
+
+    fit, unfit, nan = V.Control("fits", -0.2), V.Control("random labels", -0.9), V.Control("no wd", float("nan"))
+    kept, left_out, none_left = bounds.measured_controls([(fit, None), (unfit, "1 of 4 runs fit"), (nan, None)])
+    assert kept == [fit] and none_left is None
+    assert left_out == {"random labels": "1 of 4 runs fit", "no wd": "its statistic is NaN"}
+    kept, left_out, none_left = bounds.measured_controls([(unfit, "1 of 4 runs fit")])
+    assert kept == [] and none_left == "no negative control left: random labels: 1 of 4 runs fit"
+    # without its control the claim is undecided, whatever it measures
+    v = V.claim("c", claim_id="X", measured=-1.0, threshold=V.Threshold("<=", -0.8, "fixed in advance"), controls=kept,
+                expected="e", scale="ci", degenerate=none_left)
+    assert v.outcome == "uninformative"
+    assert bounds.measured_controls([]) == ([], {}, None)

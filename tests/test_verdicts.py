@@ -224,17 +224,3 @@ def test_a_missing_number_meets_only_a_golden_entry_without_one():
     assert V.within(math.nan, {"value": math.nan, "abs": 0.05})
     assert not V.within(math.nan, {"value": 0.4, "abs": 0.05})
     assert not V.within(0.4, {"value": math.nan, "abs": 0.05})
-
-
-def test_measured_controls_leaves_out_a_control_whose_runs_do_not_fit_and_names_it():
-    fit, unfit, nan = V.Control("fits", -0.2), V.Control("random labels", -0.9), V.Control("no wd", float("nan"))
-    kept, left_out, none_left = V.measured_controls([(fit, None), (unfit, "1 of 4 runs fit"), (nan, None)])
-    assert kept == [fit] and none_left is None
-    assert left_out == {"random labels": "1 of 4 runs fit", "no wd": "its statistic is NaN"}
-    kept, left_out, none_left = V.measured_controls([(unfit, "1 of 4 runs fit")])
-    assert kept == [] and "no negative control left" in none_left and "random labels: 1 of 4 runs fit" in none_left
-    # without its control the claim is undecided, whatever it measures
-    v = V.claim("c", claim_id="X", measured=-1.0, threshold=V.Threshold("<=", -0.8, "fixed in advance"), controls=kept,
-                expected="e", scale="ci", degenerate=none_left)
-    assert v.outcome == "uninformative"
-    assert V.measured_controls([]) == ([], {}, None)

@@ -39,7 +39,7 @@ import math
 import operator
 from dataclasses import asdict, dataclass, field, replace
 
-__all__ = ["Threshold", "Control", "measured_controls", "NULL_ALPHA", "null_p_value", "glue", "Excluded", "Regime", "Verdict", "check", "claim", "show", "summary",
+__all__ = ["Threshold", "Control", "NULL_ALPHA", "null_p_value", "glue", "Excluded", "Regime", "Verdict", "check", "claim", "show", "summary",
            "GLUE_PREFIX", "OUTCOMES", "CHECK_OUTCOMES", "CLAIM_OUTCOMES", "UNSTABLE", "LARGER_SCALE", "STABILITY_ENV",
            "stability_text", "within", "entry_mismatch", "near_threshold", "rerun_stability", "NEAR_SHARE"]
 
@@ -117,28 +117,6 @@ class Control:
             if not 0 < p <= 1:
                 raise ValueError(f"control {self.name}: p_value must be in (0, 1], got {p}")
             object.__setattr__(self, "p_value", p)
-
-
-def measured_controls(candidates) -> tuple[list[Control], dict[str, str], str | None]:
-    """A claim's controls, less those that measure nothing.
-
-    candidates: (Control, reason) pairs, reason None for a control whose runs are usable, else why it is
-    left out (its runs did not fit, too few were left); a control whose value is NaN is left out too.
-    Returns the kept controls, {name: reason} of those left out (for the claim's details), and, when
-    controls were given but none is kept, the reason for the claim's `degenerate`: a claim without its
-    negative control decides nothing.
-    """
-    kept, left_out = [], {}
-    for control, reason in candidates:
-        if reason is None and math.isnan(control.value):
-            reason = "its statistic is NaN"
-        if reason is None:
-            kept.append(control)
-        else:
-            left_out[control.name] = str(reason)
-    none_left = ("no negative control left: " + "; ".join(f"{name}: {why}" for name, why in left_out.items())
-                 if left_out and not kept else None)
-    return kept, left_out, none_left
 
 
 NULL_ALPHA = 0.05  # fixed in advance (the conventional level): a null explains a score unless p <= 0.05

@@ -49,6 +49,7 @@ __all__ = [
     "per_init_regression",
     "FEWEST_RANKED",
     "fitted_spearman",
+    "measured_controls",
 ]
 
 
@@ -281,3 +282,25 @@ def fitted_spearman(x, y, fitted, what: str = "runs fit") -> dict:
     else:
         out["rho"] = float(stats.spearmanr(xs, ys).statistic)
     return out
+
+
+def measured_controls(candidates) -> tuple[list, dict[str, str], str | None]:
+    """A claim's controls (`lowrank.book.verdicts.Control`), less those that measure nothing.
+
+    candidates: (Control, reason) pairs, reason None for a control whose runs are usable, else why it is
+    left out (its runs did not fit, too few were left); a control whose value is NaN is left out too.
+    Returns the kept controls, {name: reason} of those left out (for the claim's details), and, when
+    controls were given but none is kept, the reason for the claim's `degenerate`: a claim without its
+    negative control decides nothing.
+    """
+    kept, left_out = [], {}
+    for control, reason in candidates:
+        if reason is None and math.isnan(control.value):
+            reason = "its statistic is NaN"
+        if reason is None:
+            kept.append(control)
+        else:
+            left_out[control.name] = str(reason)
+    none_left = ("no negative control left: " + "; ".join(f"{name}: {why}" for name, why in left_out.items())
+                 if left_out and not kept else None)
+    return kept, left_out, none_left
