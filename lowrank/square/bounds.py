@@ -22,6 +22,10 @@ set (`y f(x) >= 1`, zero ramp loss). A network trained with weight decay only qu
 empirical ramp-loss term of Eq. 13 added (`bound_with_ramp`), or evaluate at
 `margin_normalized_rho(f_bar)` = 1 / min_n f_bar_n, the scale at which the normalised network has
 every margin >= 1 (same decisions, zero ramp loss).
+
+The statistics of the two pages that read these bounds: `per_init_regression` (Fig. 5), `fitted_spearman` (a rank
+correlation over the runs that fit, which Theorem 3 assumes) and `measured_controls` (a control whose runs do not
+fit is left out and named).
 """
 
 from __future__ import annotations
