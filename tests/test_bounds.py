@@ -150,3 +150,49 @@ def test_per_init_regression_against_numpy():
     sd = math.sqrt(np.mean([np.var(v, ddof=1) for _, v in runs.groupby("rho_init").inv_rho]))  # 3 runs per group
     assert out["x_resolution"] == pytest.approx((xm.max() - xm.min()) / (sd / math.sqrt(3)))
     assert math.isnan(bounds.per_init_regression(runs[runs.rho_init < 1.1])["p"])
+
+
+def test_fitted_spearman_ranks_only_the_runs_that_fit():
+    import numpy as np
+
+    x = np.array([35, 70, 140, 280, 560.0])
+    y = np.array([9.0, 1.0, 7.0, 2.0, 4.0])
+    fitted = np.array([True, False, True, True, True])
+    out = bounds.fitted_spearman(x, y, fitted)
+    rx, ry = np.argsort(np.argsort(x[fitted])), np.argsort(np.argsort(y[fitted]))  # no ties: ranks by argsort
+    assert out["rho"] == pytest.approx(np.corrcoef(rx, ry)[0, 1]) and out["rho"] == pytest.approx(-0.8)
+    assert (out["fitted"], out["total"], out["degenerate"]) == (4, 5, None)
+    assert bounds.fitted_spearman(x, y, np.ones(5, bool))["rho"] == pytest.approx(-0.3)  # the unfitted run would move it
+
+
+def test_fitted_spearman_measures_nothing_below_three_runs_or_on_a_constant():
+    import numpy as np
+
+    two = bounds.fitted_spearman([1, 2, 3], [3, 2, 1], [True, False, True])
+    assert math.isnan(two["rho"]) and two["fitted"] == 2 and two["degenerate"].startswith("2 of 3 runs fit: ")
+    assert bounds.fitted_spearman([1, 2], [2, 1], [True] * 2, what="fractions have a run that fits")["degenerate"] == (
+        "2 of 2 fractions have a run that fits: a Spearman correlation needs at least 3")
+    flat = bounds.fitted_spearman([1, 2, 3], [5, 5, 5], [True] * 3)
+    assert math.isnan(flat["rho"]) and "constant" in flat["degenerate"]
+    none = bounds.fitted_spearman([1, 2], [float("nan"), 1.0], [False, False])  # an unfitted run's NaN is not read
+    assert none["fitted"] == 0 and math.isnan(none["rho"])
+    with pytest.raises(ValueError, match="non-finite"):
+        bounds.fitted_spearman([1, 2, 3], [1, np.nan, 3], [True] * 3)
+    with pytest.raises(ValueError, match="one length"):
+        bounds.fitted_spearman([1, 2, 3], [1, 2], [True] * 3)
+
+
+def test_measured_controls_leaves_out_a_control_whose_runs_do_not_fit_and_names_it():
+    from lowrank.book import verdicts as V
+
+    fit, unfit, nan = V.Control("fits", -0.2), V.Control("random labels", -0.9), V.Control("no wd", float("nan"))
+    kept, left_out, none_left = bounds.measured_controls([(fit, None), (unfit, "1 of 4 runs fit"), (nan, None)])
+    assert kept == [fit] and none_left is None
+    assert left_out == {"random labels": "1 of 4 runs fit", "no wd": "its statistic is NaN"}
+    kept, left_out, none_left = bounds.measured_controls([(unfit, "1 of 4 runs fit")])
+    assert kept == [] and none_left == "no negative control left: random labels: 1 of 4 runs fit"
+    # without its control the claim is undecided, whatever it measures
+    v = V.claim("c", claim_id="X", measured=-1.0, threshold=V.Threshold("<=", -0.8, "fixed in advance"), controls=kept,
+                expected="e", scale="ci", degenerate=none_left)
+    assert v.outcome == "uninformative"
+    assert bounds.measured_controls([]) == ([], {}, None)

@@ -22,6 +22,10 @@ set (`y f(x) >= 1`, zero ramp loss). A network trained with weight decay only qu
 empirical ramp-loss term of Eq. 13 added (`bound_with_ramp`), or evaluate at
 `margin_normalized_rho(f_bar)` = 1 / min_n f_bar_n, the scale at which the normalised network has
 every margin >= 1 (same decisions, zero ramp loss).
+
+The statistics of the two pages that read these bounds: `per_init_regression` (Fig. 5), `fitted_spearman` (a rank
+correlation over the runs that fit, which Theorem 3 assumes) and `measured_controls` (a control whose runs do not
+fit is left out and named).
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ __all__ = [
     "toeplitz_exponent",
     "trained_network_bounds",
     "per_init_regression",
+    "FEWEST_RANKED",
+    "fitted_spearman",
+    "measured_controls",
 ]
 
 
@@ -247,3 +254,57 @@ def per_init_regression(runs, x: str = "inv_rho", y: str = "test_accuracy", by: 
     p = float(fit.pvalue)
     return {"slope": float(fit.slope), "intercept": float(fit.intercept), "r2": float(fit.rvalue**2), "p": p,
             "p_negative": p / 2 if fit.slope < 0 else 1 - p / 2, **common}
+
+
+FEWEST_RANKED = 3  # a rank correlation of two points is +-1 whatever the data: it measures nothing
+
+
+def fitted_spearman(x, y, fitted, what: str = "runs fit") -> dict:
+    """The Spearman correlation of `x` and `y` over the runs that fit (`fitted` True); the others are left out.
+    `what` names the entries in the reason ("2 of 4 runs fit: ..."), e.g. "fractions have a run that fits".
+
+    Returns
+    -------
+    dict: rho (NaN when it measures nothing), fitted (the runs that enter), total (all runs), degenerate
+    (None, or why rho is NaN: fewer than FEWEST_RANKED runs fit, or `x` or `y` is constant over them).
+    """
+    import numpy as np
+    from scipy import stats
+
+    x, y, fitted = np.asarray(x, float), np.asarray(y, float), np.asarray(fitted, bool)
+    if x.ndim != 1 or x.shape != y.shape or x.shape != fitted.shape:
+        raise ValueError(f"fitted_spearman: x, y and fitted must be 1-D of one length, got {x.shape}, {y.shape}, {fitted.shape}")
+    xs, ys = x[fitted], y[fitted]
+    if not (np.all(np.isfinite(xs)) and np.all(np.isfinite(ys))):
+        raise ValueError("fitted_spearman: a run that fits has a non-finite value")
+    k, n = int(fitted.sum()), int(fitted.size)
+    out = {"rho": float("nan"), "fitted": k, "total": n, "degenerate": None}
+    if k < FEWEST_RANKED:
+        out["degenerate"] = f"{k} of {n} {what}: a Spearman correlation needs at least {FEWEST_RANKED}"
+    elif np.ptp(xs) == 0 or np.ptp(ys) == 0:
+        out["degenerate"] = f"{'x' if np.ptp(xs) == 0 else 'y'} is constant over the {k} that enter: no ranking"
+    else:
+        out["rho"] = float(stats.spearmanr(xs, ys).statistic)
+    return out
+
+
+def measured_controls(candidates) -> tuple[list, dict[str, str], str | None]:
+    """A claim's controls (`lowrank.book.verdicts.Control`), less those that measure nothing.
+
+    candidates: (Control, reason) pairs, reason None for a control whose runs are usable, else why it is
+    left out (its runs did not fit, too few were left); a control whose value is NaN is left out too.
+    Returns the kept controls, {name: reason} of those left out (for the claim's details), and, when
+    controls were given but none is kept, the reason for the claim's `degenerate`: a claim without its
+    negative control decides nothing.
+    """
+    kept, left_out = [], {}
+    for control, reason in candidates:
+        if reason is None and math.isnan(control.value):
+            reason = "its statistic is NaN"
+        if reason is None:
+            kept.append(control)
+        else:
+            left_out[control.name] = str(reason)
+    none_left = ("no negative control left: " + "; ".join(f"{name}: {why}" for name, why in left_out.items())
+                 if left_out and not kept else None)
+    return kept, left_out, none_left
