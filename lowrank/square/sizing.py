@@ -124,9 +124,9 @@ class SizedSquarePage:
     """How a Part III page is sized: `size(params)` (its ci defaults with `fixed`) returns
     {"set": {parameter: value} (the run lengths it computes, and what follows from them, e.g. log_every),
     "per_need": [(epochs_key, what, epochs)] (each clock's run length, in words; a run length is its clocks'
-    largest), "arms": [Arm], optionally "notes": [line] (what the sizing read besides the clocks, for the header)}; `fixed` holds
-    {parameter: (value, why)} the laptop file sets apart from the run lengths (the paper's, where ci differs);
-    `header` the file's opening lines: what the page mirrors here and how that differs from the paper."""
+    largest), "arms": [Arm], optionally "notes": [line] (what the sizing read besides the clocks, for the
+    header)}; `fixed` holds {parameter: (value, why)} the laptop file sets apart from the run lengths (the paper's,
+    where ci differs); `header` the file's opening lines: what the page mirrors here and how that differs from the paper."""
     size: Callable[[dict], dict]
     fixed: dict
     header: tuple
@@ -545,9 +545,10 @@ def neural_collapse_size(params: dict) -> dict:
     full-batch arms; eta_rho = `rho_lr or lr`, constant schedule); the SGD arm takes more steps per epoch. Whether a
     run fits its training set (Lemma 7, Theorem 6: l.609) has no bound before training: the width is the smallest
     that bench/nc_fit_probe.py saw fit (`fit_probe_summary`; run at least as long as it took), ci's when none did,
-    and the page reads the fit per run and leaves out, counted, the runs that do not fit. Arms: per task, the full-batch trainings (true labels,
-    shuffled labels, lambda = 0) of every seed, counted as separate runs (the page stacks the further seeds', so
-    this overestimates), and the SGD run of every seed; each measured on the multiclass task, the dearer one."""
+    and the page reads the fit per run and leaves out, counted, the runs that do not fit. Arms: per task, the
+    full-batch trainings (true labels, shuffled labels, lambda = 0) of every seed, counted as separate runs (the page
+    stacks the further seeds', so this overestimates), and the SGD run of every seed; each measured on the multiclass
+    task, the dearer one, at the sized width."""
     if params["schedule"] != "constant":
         raise ValueError("the weight-decay clock here assumes a constant step; the page's regime does too")
     eta = params["rho_lr"] or params["lr"]

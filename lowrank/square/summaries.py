@@ -11,7 +11,8 @@ import math
 import numpy as np
 import pandas as pd
 
-__all__ = ["NC_CORE", "NC_MEANS", "fitted_runs", "final_mean", "nc_falls", "nc_falls_pooled", "hidden_rank_ratio", "rank_update_correlation"]
+__all__ = ["NC_CORE", "NC_MEANS", "fitted_runs", "final_mean", "nc_falls", "nc_falls_pooled", "hidden_rank_ratio",
+           "rank_update_correlation"]
 
 NC_CORE = ("nc1", "nc2_equinorm_classifiers", "nc2_equiangular_classifiers", "nc3", "nc4")
 NC_MEANS = ("nc2_equinorm_means", "nc2_equiangular_means")
