@@ -337,3 +337,21 @@ def test_margin_stats_eq8_holds_at_several_outputs_against_the_minimised_loss(nu
     # the one-output form with the margins' spread alone does not hold here (the off-target part counts)
     one_output = (s["sigma2"] + lam) / (s["mu"] ** 2 + s["sigma2"] + lam)
     assert abs(one_output - res.fun / c) > 1e-3
+
+
+def test_fitted_runs_and_final_mean_read_only_the_runs_that_fit():
+    import pandas as pd
+
+    from lowrank.square import summaries
+
+    fits = pd.DataFrame({"train_error": [0.5, 0.0], "nc1": [1.0, 0.2]})
+    misses = pd.DataFrame({"train_error": [0.5, 0.01], "nc1": [1.0, 0.9]})
+    fits_too = pd.DataFrame({"train_error": [0.4, 0.0], "nc1": [1.0, 0.4]})
+    kept = summaries.fitted_runs([fits, misses, fits_too], 0.0)
+    assert len(kept) == 2 and kept[0] is fits and kept[1] is fits_too
+    assert len(summaries.fitted_runs([misses], 0.0)) == 0 and len(summaries.fitted_runs([misses], 0.01)) == 1
+    assert summaries.fitted_runs([pd.DataFrame({"nc1": [1.0]})], 1.0) == []
+    # by hand: the last nc1 of the two fitted runs, (0.2 + 0.4) / 2
+    assert summaries.final_mean(summaries.fitted_runs([fits, misses, fits_too], 0.0), "nc1") == pytest.approx(0.3)
+    assert math.isnan(summaries.final_mean(summaries.fitted_runs([misses], 0.0), "nc1"))  # no fallback to misses
+    assert math.isnan(summaries.final_mean([fits], "nc3"))

@@ -260,3 +260,48 @@ def test_rademacher_bounds_run_length_is_the_slowest_runs_relaxation_at_the_weig
     assert sized["set"]["epochs"] == _steps_to_contract(max(needs), M=0.0, lam=lam, eta=eta)  # full batch: 1 step/epoch
     with pytest.raises(ValueError, match="1/eta - 2 lam"):
         sizing.rademacher_bounds_size({**laptop, "rho_lr": ci["rho_lr"]})
+
+
+def _probe_rows(errors):
+    """bench/nc_fit_probe.py's rows: {(width, epochs): (full batch, SGD, lambda = 0) train errors}, laptop, seed 0."""
+    arms = (("trained", 5e-4, 0), ("SGD", 5e-4, 32), ("lambda = 0", 0.0, 0))
+    return [{"scale": "laptop", "seed": 0, "width": w, "epochs": e, "arm": arm, "lam": lam, "batch_size": b,
+             "n_train": 581, "train_error": err, "cpu_s": 1.0}
+            for (w, e), errs in errors.items() for (arm, lam, b), err in zip(arms, errs)]
+
+
+def test_fit_probe_summary_takes_the_smallest_width_whose_weight_decay_arms_both_fit():
+    none = _probe_rows({(128, 200): (0.0069, 0.0034, 0.0017), (256, 200): (0.0069, 0.0, 0.0),
+                        (128, 1000): (0.0052, 0.0034, 0.0)})
+    s = sizing.fit_probe_summary(none)
+    # (256, 200) has SGD fitted but not full batch: a setting fits only when both arms with weight decay do
+    assert not s["fits"] and s["width"] is None and s["settings"] == 3
+    assert (s["min_error"], s["max_error"]) == (0.0, 0.0069) and s["no_wd_fits"] == [(128, 1000), (256, 200)]
+    assert "none fits" in s["text"] and "200 epochs: widths 128, 256; 1000 epochs: width 128" in s["text"]
+    some = _probe_rows({(512, 200): (0.0, 0.0, 0.0), (256, 3000): (0.0, 0.0, 0.0), (256, 1000): (0.0, 0.0, 0.0),
+                        (128, 200): (0.01, 0.0, 0.0)})
+    s = sizing.fit_probe_summary(some)
+    assert s["fits"] and (s["width"], s["epochs"]) == (256, 1000)  # the smallest width, at its fewest epochs
+    assert "the smallest width that fits is 256, at 1000 epochs" in s["text"]
+    with pytest.raises(ValueError, match="no ci row"):
+        sizing.fit_probe_summary(none, scale="ci")
+
+
+def test_neural_collapse_takes_its_width_from_the_fit_probe(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from lowrank.book import rules
+
+    name = "square/neural_collapse"
+    p = sizing.with_fixed(name, rules.resolve_parameters(name, scale="ci", memory=False))
+    path = tmp_path / "probe.csv"
+    monkeypatch.setattr(sizing, "NC_FIT_PROBE", path)
+    pd.DataFrame(_probe_rows({(128, 200): (0.01, 0.01, 0.0)})).to_csv(path, index=False)
+    sized = sizing.neural_collapse_size(p)
+    regime_epochs = sized["per_need"][0][2]  # the weight-decay time alone (the test above counts it by hand)
+    assert sized["set"] == {"epochs": regime_epochs} and "undecided where none does" in sized["notes"][0]
+    pd.DataFrame(_probe_rows({(128, 200): (0.01, 0.01, 0.0), (512, 10 * regime_epochs): (0.0, 0.0, 0.0)})).to_csv(
+        path, index=False)
+    sized = sizing.neural_collapse_size(p)
+    assert sized["set"] == {"epochs": 10 * regime_epochs, "arch_kwargs": {**p["arch_kwargs"], "widths": [512, 512]}}
+    assert all(arm.setup["arch_kwargs"]["widths"] == [512, 512] for arm in sized["arms"])  # timed at that width

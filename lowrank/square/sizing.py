@@ -30,13 +30,15 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 
+from lowrank.book.notebooks import SOURCE_ROOT
 from lowrank.square import timescales
 
 __all__ = ["relaxation_bound_holds", "margin_bound", "epochs_to_relax", "epochs_to_weight_decay", "page_setup_of", "Arm",
            "SizedSquarePage", "SIZED_PAGES", "rho_dynamics_size", "quasi_interpolation_size", "low_rank_sgd_size",
            "neural_collapse_size", "LOW_RANK_SGD_PAGE", "NEURAL_COLLAPSE_PAGE", "RANDOM_LABELS_FIXED", "random_labels_size",
            "disjoint_patch_margin_bound", "RADEMACHER_BOUNDS_FIXED", "rademacher_bounds_size", "rademacher_epoch_seconds",
-           "measure_epoch_seconds", "measure_log_seconds", "with_fixed", "sized_settings", "laptop_text"]
+           "measure_epoch_seconds", "measure_log_seconds", "with_fixed", "sized_settings", "laptop_text", "NC_FIT_PROBE",
+           "fit_probe_summary"]
 
 
 def relaxation_bound_holds(M: float, *, lam: float, rho_lr: float) -> bool:
@@ -122,9 +124,9 @@ class SizedSquarePage:
     """How a Part III page is sized: `size(params)` (its ci defaults with `fixed`) returns
     {"set": {parameter: value} (the run lengths it computes, and what follows from them, e.g. log_every),
     "per_need": [(epochs_key, what, epochs)] (each clock's run length, in words; a run length is its clocks'
-    largest), "arms": [Arm]}; `fixed` holds
-    {parameter: (value, why)} the laptop file sets apart from the run lengths (the paper's, where ci differs);
-    `header` the file's opening lines: what the page mirrors here and how that differs from the paper."""
+    largest), "arms": [Arm], optionally "notes": [line] (what the sizing read besides the clocks, for the
+    header)}; `fixed` holds {parameter: (value, why)} the laptop file sets apart from the run lengths (the paper's,
+    where ci differs); `header` the file's opening lines: what the page mirrors here and how that differs from the paper."""
     size: Callable[[dict], dict]
     fixed: dict
     header: tuple
@@ -414,7 +416,7 @@ def laptop_text(name: str, params: dict, budget_s: float, seconds_per_epoch=None
     estimate = sum(arm.runs * (epochs * spe + arm.logs * spl) for arm, epochs, spe, spl in costs)
     keys = dict.fromkeys(key for key, _, _ in sized["per_need"])
     lines = ["# Laptop scale, sized from the mechanism before training (python -m lowrank.book.laptop --write; never by hand):",
-             *(f"# {line}" for line in page.header),
+             *(f"# {line}" for line in page.header), *(f"# {line}" for line in sized.get("notes", ())),
              *(f"# {key}: the largest of " + "; ".join(f"{what}: {e}" for k, what, e in sized["per_need"] if k == key) + "."
                for key in keys),
              "# Estimated training: " + " + ".join(f"{arm.runs} runs × ({epochs} epochs × {spe * 1e3:.3g} ms + {arm.logs} logged "
@@ -490,14 +492,63 @@ NEURAL_COLLAPSE_FIXED = {
 # a constant step (Fig. 9's "stepped" decay is not specified, l.1050).
 
 
+NC_FIT_PROBE = SOURCE_ROOT / "bench" / "nc_fit_probe.csv"  # bench/nc_fit_probe.py --write; shipped with an installed copy
+NC_WEIGHT_DECAY_ARMS = ("trained", "SGD")  # the arms with the page's lambda: the claims' (SGD) and its full-batch control
+
+
+def fit_probe_summary(table=None, *, scale: str = "laptop", fit_error: float = 0.0) -> dict:
+    """What bench/nc_fit_probe.py measured at `scale` (`table`: its rows, default `NC_FIT_PROBE`): whether the
+    multiclass runs with weight decay (`NC_WEIGHT_DECAY_ARMS`) fit their training set (train error <= `fit_error`;
+    Lemma 7 and Theorem 6 assume it, l.609) at some width and run length tried. Returns {"fits", "width", "epochs"
+    (the smallest width whose every such arm fits, at its fewest epochs; None when none does), "settings" (how many
+    (width, epochs) were tried), "min_error", "max_error" (over the arms with weight decay), "text" (in words)}.
+    ValueError when the table holds no row of `scale`."""
+    import pandas as pd
+
+    table = pd.read_csv(NC_FIT_PROBE) if table is None else pd.DataFrame(table)
+    rows = table[(table.scale == scale) & table.arm.isin(NC_WEIGHT_DECAY_ARMS)]
+    if rows.empty:
+        raise ValueError(f"bench/nc_fit_probe.py has no {scale} row (run it with --scale {scale} --write)")
+    worst = rows.groupby(["width", "epochs"]).train_error.max()
+    fitted = sorted(k for k, e in worst.items() if e <= fit_error)
+    widths_at = {}  # run length -> the widths tried at it
+    for w, e in worst.index:
+        widths_at.setdefault(int(e), []).append(int(w))
+    tried = "; ".join(f"{e} epochs: width{'s' if len(ws) > 1 else ''} {', '.join(map(str, sorted(ws)))}"
+                      for e, ws in sorted(widths_at.items()))
+    seeds = ", ".join(map(str, sorted(rows.seed.unique())))
+    where = (f"bench/nc_fit_probe.py trained the multiclass task at the {scale} parameters (seed {seeds}; {tried}), "
+             "full batch and SGD with the page's weight decay")
+    if fitted:
+        width, epochs = fitted[0]
+        text = f"{where}: the smallest width that fits is {width}, at {epochs} epochs"
+    else:
+        width = epochs = None
+        text = f"{where}: none fits, their train error is {rows.train_error.min():.2%} to {rows.train_error.max():.2%}"
+    no_wd = table[(table.scale == scale) & (table.lam == 0)]
+    no_wd_fits = sorted((int(r.width), int(r.epochs)) for r in no_wd.itertuples() if r.train_error <= fit_error)
+    if len(no_wd):
+        epochs_at = {}  # width -> the run lengths at which the lambda = 0 run fits
+        for w, e in no_wd_fits:
+            epochs_at.setdefault(w, []).append(e)
+        text += (("; without weight decay (the lambda = 0 control) it fits at " +
+                  "; ".join(f"width {w}, {', '.join(map(str, es))} epochs" for w, es in sorted(epochs_at.items())))
+                 if no_wd_fits else "; without weight decay (the lambda = 0 control) it does not fit either")
+    return {"fits": bool(fitted), "width": width, "epochs": epochs, "settings": len(worst),
+            "min_error": float(rows.train_error.min()), "max_error": float(rows.train_error.max()),
+            "no_wd_fits": no_wd_fits, "text": text}
+
+
 def neural_collapse_size(params: dict) -> dict:
     """The laptop run length of square/neural_collapse at `params` (its ci defaults with `NEURAL_COLLAPSE_FIXED`):
     the page's regime, one weight-decay time `steps * eta_rho * lam >= wd_times_needed` of its fewest-step runs (the
     full-batch arms; eta_rho = `rho_lr or lr`, constant schedule); the SGD arm takes more steps per epoch. Whether a
-    run fits its training set (Lemma 7, Theorem 6: l.609) has no bound before training: the page reads it per run
-    and leaves out, counted, the runs that do not fit. Arms: per task, the full-batch trainings (true labels,
-    shuffled labels, lambda = 0) of every seed, counted as separate runs (the page stacks the further seeds', so
-    this overestimates), and the SGD run of every seed; each measured on the multiclass task, the dearer one."""
+    run fits its training set (Lemma 7, Theorem 6: l.609) has no bound before training: the width is the smallest
+    that bench/nc_fit_probe.py saw fit (`fit_probe_summary`; run at least as long as it took), ci's when none did,
+    and the page reads the fit per run and leaves out, counted, the runs that do not fit. Arms: per task, the
+    full-batch trainings (true labels, shuffled labels, lambda = 0) of every seed, counted as separate runs (the page
+    stacks the further seeds', so this overestimates), and the SGD run of every seed; each measured on the multiclass
+    task, the dearer one, at the sized width."""
     if params["schedule"] != "constant":
         raise ValueError("the weight-decay clock here assumes a constant step; the page's regime does too")
     eta = params["rho_lr"] or params["lr"]
@@ -511,14 +562,32 @@ def neural_collapse_size(params: dict) -> dict:
     seeds = 1 + len(params["pool_seeds"])
     train = {"lam": params["lam"], "lr": params["lr"], "rho_lr": params["rho_lr"], "nc": True, "nc_shuffled": True,
              "nc_convention": params["nc_convention"]}
-    measured = {"classes": tasks[-1]}
+    settings = {"epochs": epochs}
+    # Lemma 7 and Theorem 6 assume a network "overparameterized enough to attain 100% accuracy" (l.609): a width is
+    # taken from bench/nc_fit_probe.py's measured train errors (nothing bounds the fit before training). As measured
+    # (seed 0): widths 128-1024 at 200 epochs and width 128 up to 4000 epochs (about the page budget) leave the
+    # weight-decay runs at 0.34-1.20 % train error (2 to 7 of 581 samples), so ci's width stays
+    probe = fit_probe_summary(scale="laptop", fit_error=params["fit_error"])
+    widths = list(params["arch_kwargs"]["widths"])
+    if probe["fits"]:  # the smallest width the probe saw fit, for at least the epochs it took
+        widths = [probe["width"]] * len(widths)
+        settings["arch_kwargs"] = {**params["arch_kwargs"], "widths": widths}
+        per_need.append(("epochs", f"the fit (l.609) at width {probe['width']} (bench/nc_fit_probe.py)", probe["epochs"]))
+        settings["epochs"] = max(epochs, probe["epochs"])
+        fit = f"The width is {probe['width']}: {probe['text']}."
+    else:
+        fit = (f"The width stays ci's {widths[0]}: {probe['text']}. So no width or run length tried meets the assumption "
+               "within the page budget, and the page's multiclass claims are read only on runs that fit (undecided "
+               "where none does).")
+    measured = {"classes": tasks[-1], "arch_kwargs": {**params["arch_kwargs"], "widths": widths}}
     arms = [Arm("epochs", 3 * len(tasks) * seeds, {**train, "batch_size": params["batch_size"]}, measured),
             Arm("epochs", len(tasks) * seeds, {**train, "batch_size": params["sgd_batch_size"]}, measured)]
-    return {"set": {"epochs": epochs}, "per_need": per_need, "arms": arms}
+    notes = [f"Lemma 7 and Theorem 6 assume a network overparameterized enough to fit its training set (l.609). {fit}"]
+    return {"set": settings, "per_need": per_need, "arms": arms, "notes": notes}
 
 
 NEURAL_COLLAPSE_PAGE = SizedSquarePage(neural_collapse_size, NEURAL_COLLAPSE_FIXED, (
-    "Fig. 9 of Xu et al. (2023) on digits (1 vs 2, and 0-3) with the ci MLP (two hidden layers of 128): the paper's",
+    "Fig. 9 of Xu et al. (2023) on digits (1 vs 2, and 0-3) with an MLP of two hidden layers (width below): the paper's",
     "lambda = 5e-4 and learning rate 0.067 (l.1050), rho's own step size and the SGD arm's B = 32 kept from ci",
     "(lowrank.square.sizing says why). The run length is the page's regime, one weight-decay time of its",
     "full-batch runs. Whether a run fits its training set is not known before training: the page reads it per run",

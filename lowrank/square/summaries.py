@@ -11,10 +11,24 @@ import math
 import numpy as np
 import pandas as pd
 
-__all__ = ["NC_CORE", "NC_MEANS", "nc_falls", "nc_falls_pooled", "hidden_rank_ratio", "rank_update_correlation", "update_norm_settling"]
+__all__ = ["NC_CORE", "NC_MEANS", "fitted_runs", "final_mean", "nc_falls", "nc_falls_pooled", "hidden_rank_ratio",
+           "rank_update_correlation", "update_norm_settling"]
 
 NC_CORE = ("nc1", "nc2_equinorm_classifiers", "nc2_equiangular_classifiers", "nc3", "nc4")
 NC_MEANS = ("nc2_equinorm_means", "nc2_equiangular_means")
+
+
+def fitted_runs(histories, fit_error: float) -> list:
+    """The histories whose last logged train error is at most `fit_error` (Lemma 7 and Theorem 6 assume a fitted
+    training set, l.609), in order; a history without a `train_error` column is not fitted."""
+    return [h for h in histories if "train_error" in h.columns and float(h.iloc[-1].train_error) <= fit_error]
+
+
+def final_mean(histories, column: str) -> float:
+    """The mean of `column`'s last logged value over the histories that have the column; NaN when none has it
+    (e.g. no run of an arm fits: nothing to measure, never a fallback to other runs)."""
+    values = [float(h.iloc[-1][column]) for h in histories if column in h.columns]
+    return float(np.mean(values)) if values else math.nan
 
 
 def nc_falls(history: pd.DataFrame, factor: float, keys=NC_CORE, prefixes=("", "shuffled_")) -> pd.DataFrame:
