@@ -27,10 +27,9 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
-
-from lowrank.book.notebooks import SOURCE_ROOT
 from lowrank.square import timescales
 
 __all__ = ["relaxation_bound_holds", "margin_bound", "epochs_to_relax", "epochs_to_weight_decay", "page_setup_of", "Arm",
@@ -492,7 +491,11 @@ NEURAL_COLLAPSE_FIXED = {
 # a constant step (Fig. 9's "stepped" decay is not specified, l.1050).
 
 
-NC_FIT_PROBE = SOURCE_ROOT / "bench" / "nc_fit_probe.csv"  # bench/nc_fit_probe.py --write; shipped with an installed copy
+# bench/nc_fit_probe.py --write: a clone's bench/, or the copy an installed lowrank carries in lowrank/_book/ (setup.py);
+# found here, not through lowrank.book, so that the page importing this module keeps the book's machinery out of its code key
+_PACKAGE = Path(__file__).resolve().parents[1]
+NC_FIT_PROBE = next((p for p in (_PACKAGE.parent / "bench" / "nc_fit_probe.csv", _PACKAGE / "_book" / "bench" / "nc_fit_probe.csv")
+                     if p.is_file()), _PACKAGE.parent / "bench" / "nc_fit_probe.csv")
 NC_WEIGHT_DECAY_ARMS = ("trained", "SGD")  # the arms with the page's lambda: the claims' (SGD) and its full-batch control
 
 
