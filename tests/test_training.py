@@ -183,10 +183,13 @@ def test_summaries_against_hand_computed_tables():
     assert summaries.rank_update_correlation(layers, reverse=True) == pytest.approx(-1.0)
     one = layers[layers.layer == 1].dropna()
     assert stats.spearmanr(one["rank_spectral"], one.update_norm).statistic == pytest.approx(1.0)
-    # the last half of training (progress 0.5 and 1): summed norms 16 at epoch 4, 2.5 at epoch 8
-    layers = layers.assign(progress=layers.epoch / 8)
-    assert summaries.update_norm_settling(layers, 0.5) == pytest.approx(2.5 / 16.0)
-    assert np.isnan(summaries.update_norm_settling(layers, 0.1)), "one logged epoch in the window: nothing to compare"
+    # a power law t^-0.3 over the last half of training, summed over two layers: the fit returns its exponent
+    epochs = np.arange(10, 21)
+    tail = pd.DataFrame({"epoch": np.repeat(epochs, 2), "progress": np.repeat(epochs / 20, 2),
+                         "update_norm": np.repeat(epochs ** -0.3, 2) * np.tile([1.0, 2.0], len(epochs))})
+    assert summaries.update_norm_decay_exponent(tail, 0.5) == pytest.approx(0.3)
+    assert summaries.update_norm_decay_exponent(tail.assign(update_norm=1.0), 0.5) == pytest.approx(0.0, abs=1e-12)
+    assert np.isnan(summaries.update_norm_decay_exponent(tail, 0.08)), "two logged epochs in the window: no fit"
 
 
 def test_classifier_log_scale_is_the_rescaling_of_the_classifier_by_each_step():

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["NC_CORE", "NC_MEANS", "fitted_runs", "final_mean", "nc_falls", "nc_falls_pooled", "hidden_rank_ratio",
-           "rank_update_correlation", "update_norm_settling"]
+           "rank_update_correlation", "update_norm_decay_exponent"]
 
 NC_CORE = ("nc1", "nc2_equinorm_classifiers", "nc2_equiangular_classifiers", "nc3", "nc4")
 NC_MEANS = ("nc2_equinorm_means", "nc2_equiangular_means")
@@ -97,11 +97,14 @@ def rank_update_correlation(layers: pd.DataFrame, reverse: bool = False) -> floa
     return float(np.mean(out)) if out else math.nan
 
 
-def update_norm_settling(layers: pd.DataFrame, tail_fraction: float) -> float:
-    """How far one run's summed update norm (over its layers) has levelled off near convergence: its value at
-    the last logged epoch over its value at the first logged epoch of the last `tail_fraction` of training
-    (`progress >= 1 - tail_fraction`). 1: level; 0.5: it still halves within the window. NaN with fewer than
-    two logged epochs there."""
+def update_norm_decay_exponent(layers: pd.DataFrame, tail_fraction: float) -> float:
+    """How fast one run's summed update norm (over its layers) still falls near convergence: the exponent `a` of
+    a power law `t^-a` fitted by least squares to log(summed update norm) against log(epoch) over the logged
+    epochs of the last `tail_fraction` of training (`progress >= 1 - tail_fraction`). 0: level; 0.3: still
+    falling like t^-0.3. NaN with fewer than three logged epochs there."""
     tail = layers[(layers.progress >= 1 - tail_fraction) & layers.update_norm.notna()]
     summed = tail.groupby("epoch").update_norm.sum().sort_index()
-    return float(summed.iloc[-1] / summed.iloc[0]) if len(summed) > 1 else math.nan
+    if len(summed) < 3:
+        return math.nan
+    slope = np.polyfit(np.log(summed.index.to_numpy(float)), np.log(summed.to_numpy(float)), 1)[0]
+    return float(-slope)
