@@ -56,6 +56,11 @@ def test_entries_follow_the_stated_rule():
     assert "3 runs: 0.45 to 0.6" in e["spread"] and e["measured"].endswith("3 runs")
     exact = goldens.entries_from_runs({"s0": {"b": _record("b", 1.0)}, "s1": {"b": _record("b", 1.0)}}, "x")["b"]
     assert exact["abs"] == goldens.FLOOR and "control" not in exact
+    # no spread, but more digits than an entry keeps: the tolerance covers the shortening, so the run meets its entry
+    p = 0.8099570680396793
+    same = goldens.entries_from_runs({f"s{i}": {"p": _record("p", p, control=p / 3)} for i in range(3)}, "x")["p"]
+    assert same["value"] == 0.809957 and verdicts.within(p, same) and verdicts.within(p / 3, same["control"])
+    assert same["abs"] < 1e-6
     none_left = {f"s{i}": {"c": _record("c", math.nan, outcome="uninformative")} for i in range(3)}
     e = goldens.entries_from_runs(none_left, "x")["c"]  # an undecided claim with no run to measure
     assert math.isnan(e["value"]) and e["abs"] == goldens.FLOOR and e["outcome"] == "uninformative"

@@ -44,7 +44,7 @@ CPU_PATH_ENV = "ATEN_CPU_CAPABILITY"  # "default": torch's portable CPU kernels 
 SECOND_PATH = "default"
 OTHER_PATHS = (SECOND_PATH, "avx2")  # each measured at seed offset 0 beside the native path
 TOLERANCE_RULE = ("abs = 1.5 x the range of the values over every run (seed offsets and the second CPU path), "
-                  "and at least 1e-10 (round-off level)")
+                  "and at least 1e-10 (round-off level) and twice the shortening of the value to 6 significant digits")
 FLOOR = 1e-10
 HEADER = f"""\
 # Golden verdicts at ci scale, written by `lowrank goldens measure NAME --seeds 0-4` (lowrank/book/goldens.py).
@@ -169,6 +169,13 @@ def _short(x: float) -> float:
     return float(f"{x:.6g}")
 
 
+def _recorded(value: float, tol: float) -> tuple[float, float]:
+    """(value kept to 6 significant digits, a tolerance that also covers that shortening): a value with no spread
+    over the runs must still meet its own recorded entry."""
+    short = _short(value)
+    return short, _short(max(tol, 2 * abs(value - short)) if math.isfinite(value) else tol)
+
+
 def entries_from_runs(runs: dict[str, dict], commit: str) -> dict:
     """Golden entries from `measure`'s output (the default run first) by TOLERANCE_RULE."""
     labels = list(runs)
@@ -181,7 +188,8 @@ def entries_from_runs(runs: dict[str, dict], commit: str) -> dict:
         for r in records:
             counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
         tol = _tolerance(values)
-        entry = {"value": _short(v0["measured"]), "abs": _short(tol),
+        value, value_abs = _recorded(v0["measured"], tol)
+        entry = {"value": value, "abs": value_abs,
                  "outcome": v0["outcome"] if len(counts) == 1 else UNSTABLE,
                  "outcomes": dict(sorted(counts.items()))}
         lo_hi = (v0.get("details") or {}).get("statistic_range")
@@ -189,7 +197,8 @@ def entries_from_runs(runs: dict[str, dict], commit: str) -> dict:
             entry["tolerance_covers_range"] = True
         if v0.get("controls"):
             cvals = [r["controls"][0]["value"] for r in records]
-            entry["control"] = {"value": _short(cvals[0]), "abs": _short(_tolerance(cvals))}
+            cvalue, cabs = _recorded(cvals[0], _tolerance(cvals))
+            entry["control"] = {"value": cvalue, "abs": cabs}
         entry["spread"] = f"{len(records)} runs: {min(values):.4g} to {max(values):.4g}"
         others = ", ".join(label.split("=")[-1] for label in labels if CPU_PATH_ENV in label)
         entry["measured"] = (f"{commit}, {dt.date.today().isoformat()}, {len(labels)} runs"
