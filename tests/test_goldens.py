@@ -64,6 +64,11 @@ def test_entries_follow_the_stated_rule():
     none_left = {f"s{i}": {"c": _record("c", math.nan, outcome="uninformative")} for i in range(3)}
     e = goldens.entries_from_runs(none_left, "x")["c"]  # an undecided claim with no run to measure
     assert math.isnan(e["value"]) and e["abs"] == goldens.FLOOR and e["outcome"] == "uninformative"
+    # a run that leaves its first control out (none of its runs fit): the tolerance comes from the runs that have it
+    second = {"name": "other", "value": 9.0, "passes": False}
+    partial = {"s0": {"d": _record("d", 0.5, control=0.1)}, "s1": {"d": {**_record("d", 0.5), "controls": [second]}},
+               "s2": {"d": _record("d", 0.5, control=0.2)}}
+    assert goldens.entries_from_runs(partial, "x")["d"]["control"] == {"value": 0.1, "abs": pytest.approx(0.15)}
 
 
 def test_an_entry_whose_outcome_differs_over_runs_is_unstable_and_wide_tolerances_say_so():

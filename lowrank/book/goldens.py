@@ -195,8 +195,9 @@ def entries_from_runs(runs: dict[str, dict], commit: str) -> dict:
         lo_hi = (v0.get("details") or {}).get("statistic_range")
         if lo_hi and 2 * tol >= lo_hi[1] - lo_hi[0]:
             entry["tolerance_covers_range"] = True
-        if v0.get("controls"):
-            cvals = [r["controls"][0]["value"] for r in records]
+        if v0.get("controls"):  # a run can leave a control out (none of its runs fits): the same control, by name
+            first = v0["controls"][0]["name"]
+            cvals = [c["value"] for r in records for c in r.get("controls") or [] if c["name"] == first]
             cvalue, cabs = _recorded(cvals[0], _tolerance(cvals))
             entry["control"] = {"value": cvalue, "abs": cabs}
         entry["spread"] = f"{len(records)} runs: {min(values):.4g} to {max(values):.4g}"
