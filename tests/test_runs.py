@@ -93,6 +93,15 @@ def test_failed_run_leaves_no_folder(tmp_path, monkeypatch):
     assert list((tmp_path / NB).iterdir()) == []
 
 
+def test_a_notebook_to_run_is_resolved_once_with_its_code_key():
+    """`notebook_code` checks the name as `code_key` does, and carries the key that run folders use."""
+    assert keys.notebook_code(NB) == keys.NotebookCode(NB, keys.code_key(NB))
+    with pytest.raises(notebooks.InputError, match="PART/NAME"):
+        keys.notebook_code("../gradients/decomposition")
+    with pytest.raises(FileNotFoundError, match="did you mean gradients/decomposition"):
+        keys.notebook_code("gradients/decompositio")
+
+
 @pytest.mark.slow
 def test_run_folder_contents_reuse_and_report(tmp_path):
     params = rules.resolve_parameters(NB, overrides=TINY)
