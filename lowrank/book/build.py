@@ -153,7 +153,8 @@ def missing_data(name: str, params: dict) -> str | None:
 
 
 def _paper_key(name: str, params: dict) -> str:
-    return execution_key(name) + runs.run_hash(name, params)
+    key = execution_key(name)  # a notebook's code key (`lowrank.book.keys.code_key`)
+    return key + runs.run_hash(name, params, key)
 
 
 def _progress(name: str, scale: str = "paper") -> str:

@@ -137,11 +137,11 @@ def input_digests(params: dict, paths) -> dict:
     return out
 
 
-def run_hash(name: str, params: dict, code: str | None = None, paths=None) -> str:
-    """The run folder's name: a hash of the notebook (or function), its parameters, the contents of
-    every file a parameter names (`input_digests`) and the code that computes it (`code_key`), so
-    that neither an edit to `lowrank/` nor one to an input file ever reuses an old result."""
-    code = code_key(name) if code is None else code
+def run_hash(name: str, params: dict, code: str, paths=None) -> str:
+    """The run folder's name: a hash of the notebook (or function) `name`, its parameters, the contents
+    of every file a parameter names (`input_digests`; `paths`, default `path_parameters(name)`) and
+    `code`, the key of the code that computes it (`lowrank.book.keys.code_key`, which every caller
+    holds already), so that neither an edit to `lowrank/` nor one to an input file ever reuses an old result."""
     payload = {"notebook": name, "parameters": params, "code": code}
     inputs = input_digests(params, path_parameters(name) if paths is None else paths)
     if inputs:
@@ -294,7 +294,7 @@ def check_output_folder(root: Path, what: str = "output folder", min_free: int =
 
 
 def run_dir(name: str, params: dict) -> Path:
-    return RUNS / name / run_hash(name, params)
+    return RUNS / name / run_hash(name, params, code_key(name))
 
 
 def run(name: str, params: dict, *, force: bool = False, runs_root: Path | None = None,
