@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from lowrank.book import cli, goldens, notebooks, rules, runs, sweeps
+from lowrank.book import cli, goldens, keys, notebooks, rules, runs, sweeps
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NB, TEXTY = "fixture/tiny", "fixture/texty"
@@ -109,9 +109,10 @@ def test_the_run_key_covers_the_contents_of_a_file_parameter(sandbox):
     table.write_text("a,b\n1,2\n")
     params = rules.resolve_parameters(TEXTY, overrides={"sweep_table": "table.csv"})
     assert params["sweep_table"] == str(table)  # relative to the caller's folder, made absolute
-    before = runs.run_hash(TEXTY, params)
+    code = keys.code_key(TEXTY)
+    before = runs.run_hash(TEXTY, params, code)
     table.write_text("a,b\n1,-1\n")
-    assert runs.run_hash(TEXTY, params) != before
+    assert runs.run_hash(TEXTY, params, code) != before
 
 
 def test_the_book_declares_its_file_parameters():

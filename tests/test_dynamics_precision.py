@@ -6,7 +6,7 @@ import nbformat
 import pytest
 import torch
 
-from lowrank.book import goldens, runs, verdicts
+from lowrank.book import goldens, keys, runs, verdicts
 from lowrank.core.nets import gamma_m
 from lowrank.gradients import dynamics as gd
 
@@ -58,7 +58,7 @@ def test_mf_vs_ntk_in_float32_meets_every_float64_golden_entry(tmp_path, monkeyp
     same verdict outcomes and values within the golden tolerances, which were measured in float64."""
     name = "gradients/mf_vs_ntk"
     monkeypatch.setenv(verdicts.STABILITY_ENV, str(goldens.GOLDEN))  # as nbval: recorded-unstable verdicts read so
-    found, _ = runs.execute(name, {"product_precision": "float32"}, tmp_path / "nb.ipynb", tmp_path / "figures")
+    found, _ = runs.execute(keys.notebook_code(name), {"product_precision": "float32"}, tmp_path / "nb.ipynb", tmp_path / "figures")
     injected = [c.source for c in nbformat.read(tmp_path / "nb.ipynb", as_version=4).cells
                 if "injected-parameters" in c.metadata.get("tags", [])]
     assert injected and "product_precision = \"float32\"" in injected[0]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lowrank.book import cli, report, runs, sweeps
+from lowrank.book import cli, keys, report, runs, sweeps
 from lowrank.core import io
 from test_bad_input_two import one_line  # `lowrank ARGV` exits with a code and says one line
 
@@ -485,30 +485,32 @@ def test_the_data_folder_and_its_files_key_the_run(tmp_path, monkeypatch):
         d.mkdir()
         (d / "train-images-idx3-ubyte").write_bytes(b"images")
     monkeypatch.setenv("LOWRANK_DATA", str(one))
-    first = runs.run_hash(target, point)
+    code = keys.code_key(target)
+    first = runs.run_hash(target, point, code)
     monkeypatch.setenv("LOWRANK_DATA", str(two))
     (two / "train-images-idx3-ubyte").write_bytes(b"other images")
-    assert runs.run_hash(target, point) != first  # another data folder with other files: another run
+    assert runs.run_hash(target, point, code) != first  # another data folder with other files: another run
     monkeypatch.setenv("LOWRANK_DATA", str(one))
-    assert runs.run_hash(target, point) == first
+    assert runs.run_hash(target, point, code) == first
     os.utime(one / "train-images-idx3-ubyte", ns=(1, 1))  # only the time changed: the contents are the key
-    assert runs.run_hash(target, point) == first
+    assert runs.run_hash(target, point, code) == first
     st = (one / "train-images-idx3-ubyte").stat()
     (one / "train-images-idx3-ubyte").write_bytes(b"imagez")  # a changed image file, same size ...
     os.utime(one / "train-images-idx3-ubyte", ns=(st.st_atime_ns, st.st_mtime_ns))  # ... and its old mtime
-    assert runs.run_hash(target, point) != first
+    assert runs.run_hash(target, point, code) != first
     (one / "train-images-idx3-ubyte").write_bytes(b"images")  # the same bytes again: the same run
-    assert runs.run_hash(target, point) == first
+    assert runs.run_hash(target, point, code) == first
     os.mkfifo(one / "pipe")  # a FIFO in the data folder is keyed by its name, never read (no hang)
-    assert runs.run_hash(target, point) != first
+    assert runs.run_hash(target, point, code) != first
     # a notebook's data_root as well
     name = "sgd/rank_bound"
     from lowrank.book import rules
 
     params = rules.resolve_parameters(name)
-    before = runs.run_hash(name, params)
+    code = keys.code_key(name)
+    before = runs.run_hash(name, params, code)
     (one / "new-batch").write_bytes(b"x")
-    assert runs.run_hash(name, params) != before
+    assert runs.run_hash(name, params, code) != before
 
 
 def _table(**over):

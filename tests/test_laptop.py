@@ -7,7 +7,7 @@ import math
 import pytest
 import yaml
 
-from lowrank.book import build, costs, laptop, notebooks, paper_results as pr, rules
+from lowrank.book import build, costs, keys, laptop, notebooks, paper_results as pr, rules
 from lowrank.core import datasets
 from lowrank.sgd import ranks
 
@@ -252,7 +252,7 @@ def test_the_cheapest_stored_laptop_page_reruns_to_its_stored_verdicts(tmp_path)
     assert not stored[name]["stale"], f"{name}: {stored[name]['stale_reason']} (run `make laptop`)"
     params = rules.resolve_parameters(name, scale="laptop")
     assert params == stored[name]["provenance"]["parameters"]
-    found, _ = runs.execute(name, params, tmp_path / "notebook.ipynb", tmp_path / "figures")
+    found, _ = runs.execute(keys.notebook_code(name), params, tmp_path / "notebook.ipynb", tmp_path / "figures")
     golden = goldens.load().get(name, {})
     assert set(found) == set(stored[name]["verdicts"])
     for key, was in stored[name]["verdicts"].items():
@@ -325,13 +325,14 @@ def test_a_laptop_page_with_a_claim_near_its_threshold_is_run_again_at_the_next_
         return {"near": _record(0.97, "disagrees"), "far": _record(3.0, "agrees")}, {"wall_s": 2.0}
 
     monkeypatch.setattr(runs, "execute", fake_execute)
+    notebook = keys.notebook_code("sgd/rank_vs_weight_decay")
     found = {"near": _record(1.04, "agrees"), "far": _record(3.0, "agrees")}
-    out, prov = build._rerun_near_threshold("sgd/rank_vs_weight_decay", {"seed": 7, "x": 1}, found, {"wall_s": 5.0})
+    out, prov = build._rerun_near_threshold(notebook, {"seed": 7, "x": 1}, found, {"wall_s": 5.0})
     assert calls == [{"seed": 8, "x": 1}], "the laptop file's own seed, shifted by one offset"
     assert out["near"]["outcome"] == "unstable" and out["far"] == found["far"]
     assert prov["wall_s"] == 7.0 and prov["near_threshold_rerun"]["claims"] == ["near"]
     calls.clear()
-    out, prov = build._rerun_near_threshold("sgd/rank_vs_weight_decay", {"seed": 7}, {"far": found["far"]}, {"wall_s": 5.0})
+    out, prov = build._rerun_near_threshold(notebook, {"seed": 7}, {"far": found["far"]}, {"wall_s": 5.0})
     assert calls == [] and prov["near_threshold_rerun"] is None
 
 

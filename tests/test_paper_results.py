@@ -7,14 +7,14 @@ import shutil
 import pytest
 import yaml
 
-from lowrank.book import cli, notebooks, paper_results as pr, rules, runs
+from lowrank.book import cli, keys, notebooks, paper_results as pr, rules, runs
 from probe_book import probe_notebook
 
 NAME = "gradients/decomposition"
 
 
 def _run_folder(tmp_path, params, verdicts=None):
-    folder = tmp_path / "runs" / NAME / runs.run_hash(NAME, params)
+    folder = tmp_path / "runs" / NAME / runs.run_hash(NAME, params, keys.code_key(NAME))
     folder.mkdir(parents=True)
     verdicts = verdicts if verdicts is not None else {
         "identity_residual": {"name": "identity_residual", "claim": "I-1", "kind": "check", "measured": 1e-15,

@@ -93,11 +93,20 @@ def test_failed_run_leaves_no_folder(tmp_path, monkeypatch):
     assert list((tmp_path / NB).iterdir()) == []
 
 
+def test_a_notebook_to_run_is_resolved_once_with_its_code_key():
+    """`notebook_code` checks the name as `code_key` does, and carries the key that run folders use."""
+    assert keys.notebook_code(NB) == keys.NotebookCode(NB, keys.code_key(NB))
+    with pytest.raises(notebooks.InputError, match="PART/NAME"):
+        keys.notebook_code("../gradients/decomposition")
+    with pytest.raises(FileNotFoundError, match="did you mean gradients/decomposition"):
+        keys.notebook_code("gradients/decompositio")
+
+
 @pytest.mark.slow
 def test_run_folder_contents_reuse_and_report(tmp_path):
     params = rules.resolve_parameters(NB, overrides=TINY)
     folder, reused = runs.run(NB, params, runs_root=tmp_path)
-    assert not reused and folder.name == runs.run_hash(NB, params)
+    assert not reused and folder.name == runs.run_hash(NB, params, keys.code_key(NB))
     prov = json.loads((folder / "provenance.json").read_text())
     assert prov["parameters"] == params and prov["wall_s"] > 0 and "commit" in prov["git"]
     assert prov["load_at_start"]["cpus"] >= 1 and prov["load_at_end"]["load_average_1m"] >= 0
@@ -188,13 +197,14 @@ def test_a_run_folder_without_its_manifest_is_left_as_it_is(tmp_path, monkeypatc
 
 def test_the_run_key_covers_the_code(tmp_path, monkeypatch):
     """The folder name changes with the hash of the code (the build's execution key), not only with
-    the notebook and parameters; the key is the build's own."""
+    the notebook and parameters; the key is the build's own, and `lowrank run` names its folder by it."""
     params = rules.resolve_parameters(NB, overrides=TINY)
     assert keys.code_key(NB) == keys.execution_key(NB)
-    before = runs.run_hash(NB, params)
+    before = runs.run_hash(NB, params, keys.code_key(NB))
+    assert runs.run_hash(NB, params, "edited lowrank/") != before
+    assert runs.run_dir(NB, params).name == before
     monkeypatch.setattr(keys, "execution_key", lambda name: "edited lowrank/")
-    assert runs.run_hash(NB, params) != before
-    assert runs.run_hash(NB, params) == runs.run_hash(NB, params, code="edited lowrank/")
+    assert runs.run_dir(NB, params).name == runs.run_hash(NB, params, "edited lowrank/")
 
 
 @pytest.mark.slow

@@ -45,7 +45,7 @@ from pathlib import Path
 import yaml
 
 from lowrank.book import notebooks, pages, paper_results, rules, runs
-from lowrank.book.keys import execution_key
+from lowrank.book.keys import NotebookCode, execution_key, notebook_code
 from lowrank.book.notebooks import REPO_ROOT, SCALES, execute, source_path
 from lowrank.book.pages import book_notebooks, build_html, executed_path, fill_jupyter_cache, toc_files
 from lowrank.book.paper_results import required_data
@@ -153,7 +153,8 @@ def missing_data(name: str, params: dict) -> str | None:
 
 
 def _paper_key(name: str, params: dict) -> str:
-    return execution_key(name) + runs.run_hash(name, params)
+    key = execution_key(name)  # a notebook's code key (`lowrank.book.keys.code_key`)
+    return key + runs.run_hash(name, params, key)
 
 
 def _progress(name: str, scale: str = "paper") -> str:
@@ -181,6 +182,7 @@ def _heartbeat(name: str, t0: float, stop: threading.Event, scale: str = "paper"
 def _execute_and_store(name: str, params: dict, scale: str) -> float:
     """Execute `name` at `scale` (`lowrank.book.runs.execute`, the run folders' own execution), store its
     result with its figures' data; return the wall time in seconds."""
+    notebook = notebook_code(name)  # its code key read before the run, as `lowrank run` reads it
     out = scale_executed_path(name, scale)
     for leftover in out.parent.glob(f".{out.stem}.*"):  # a killed earlier run's
         shutil.rmtree(leftover, ignore_errors=True)
@@ -190,18 +192,18 @@ def _execute_and_store(name: str, params: dict, scale: str) -> float:
     stop = threading.Event()
     threading.Thread(target=_heartbeat, args=(name, t0, stop, scale), daemon=True).start()
     try:
-        found, provenance = runs.execute(name, params, out, figures, figure_url=f"../../figures/{name}",
+        found, provenance = runs.execute(notebook, params, out, figures, figure_url=f"../../figures/{name}",
                                          timeout=PAPER_CELL_TIMEOUT if scale == "paper" else LAPTOP_CELL_TIMEOUT)
     finally:
         stop.set()
     if scale == "laptop":
-        found, provenance = _rerun_near_threshold(name, params, found, provenance)
+        found, provenance = _rerun_near_threshold(notebook, params, found, provenance)
     paper_results.store(name, params, found, {**provenance, "run_folder": None}, scale=scale, figure_dir=figures)
     return provenance["wall_s"]
 
 
-def _rerun_near_threshold(name: str, params: dict, found: dict, provenance: dict) -> tuple[dict, dict]:
-    """A laptop result whose claims lie within 10 % of their thresholds (`verdicts.near_threshold`) is
+def _rerun_near_threshold(notebook: NotebookCode, params: dict, found: dict, provenance: dict) -> tuple[dict, dict]:
+    """A laptop result of `notebook` whose claims lie within 10 % of their thresholds (`verdicts.near_threshold`) is
     run again at seed offset 1 (`goldens.seed_overrides`); each such claim whose outcome moves reads
     "unstable" (`verdicts.rerun_stability`). The rerun's time is added to the recorded wall time."""
     import tempfile
@@ -212,11 +214,11 @@ def _rerun_near_threshold(name: str, params: dict, found: dict, provenance: dict
     near = sorted(k for k, v in found.items() if near_threshold(v))
     if not near:
         return found, {**provenance, "near_threshold_rerun": None}
-    shifted = goldens.seed_overrides(name, 1, params)
+    shifted = goldens.seed_overrides(notebook.name, 1, params)
     print(f"    {len(near)} claim(s) within 10 % of the threshold ({', '.join(near)}): again at seed offset 1 "
           f"({shifted})", flush=True)
     with tempfile.TemporaryDirectory(prefix="lowrank-rerun-") as tmp:
-        again, second = runs.execute(name, {**params, **shifted}, Path(tmp) / "out.ipynb", Path(tmp) / "figures",
+        again, second = runs.execute(notebook, {**params, **shifted}, Path(tmp) / "out.ipynb", Path(tmp) / "figures",
                                      timeout=LAPTOP_CELL_TIMEOUT)
     found = {**found, **{k: rerun_stability(found[k], again[k], f"seed offset 1 {shifted}") for k in near if k in again}}
     return found, {**provenance, "wall_s": provenance["wall_s"] + second["wall_s"],

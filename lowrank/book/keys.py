@@ -4,7 +4,8 @@ A notebook's execution key (`execution_key`) covers its source, every module of 
 imports directly or not (`lowrank_sources`, read from the imports alone, nothing is run) and its
 verdicts' recorded outcomes; a change in any of them executes the notebook again. The ci build
 (`lowrank.book.build`), run folders (`lowrank.book.runs`), sweeps and the paper-scale build all key
-their results by it (`code_key` for a notebook or a function `module:callable`).
+their results by it (`code_key` for a notebook or a function `module:callable`). A notebook that
+is run is resolved once (`notebook_code`): its name checked and its key computed, handed on together.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import ast
 import functools
 import importlib.util
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from lowrank.book.notebooks import read_notebook, source_path
 from lowrank.core.io import digest
 
-__all__ = ["PACKAGE", "module_file", "imported_modules", "lowrank_sources", "execution_key", "code_key", "code_files"]
+__all__ = ["PACKAGE", "module_file", "imported_modules", "lowrank_sources", "execution_key", "code_key", "code_files",
+           "NotebookCode", "notebook_code"]
 
 PACKAGE = Path(__file__).resolve().parents[1]  # lowrank/
 
@@ -109,3 +112,18 @@ def code_key(target: str) -> str:
     if spec is not None and spec.origin and Path(spec.origin).is_file():
         files = sorted(set(files) | {Path(spec.origin)})
     return digest(module, *[part for f in files for part in (f.name, f)])
+
+
+@dataclass(frozen=True)
+class NotebookCode:
+    """A notebook to run, resolved once (`notebook_code`): its name, checked, and its code key
+    (`execution_key`), so that what runs it and what records it never look either up again."""
+
+    name: str
+    key: str
+
+
+def notebook_code(name: str) -> NotebookCode:
+    """Notebook `name` with its code key; InputError or FileNotFoundError (`notebooks.source_path`,
+    which `execution_key` asks first) for a name that is not a notebook's."""
+    return NotebookCode(name, execution_key(name))

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from lowrank.book import notebooks
 from lowrank.book.goldens import glued_verdicts
-from lowrank.book.keys import code_key
+from lowrank.book.keys import NotebookCode, code_key, notebook_code
 from lowrank.book.rules import parameter_specs
 from lowrank.core import io
 
@@ -137,11 +137,11 @@ def input_digests(params: dict, paths) -> dict:
     return out
 
 
-def run_hash(name: str, params: dict, code: str | None = None, paths=None) -> str:
-    """The run folder's name: a hash of the notebook (or function), its parameters, the contents of
-    every file a parameter names (`input_digests`) and the code that computes it (`code_key`), so
-    that neither an edit to `lowrank/` nor one to an input file ever reuses an old result."""
-    code = code_key(name) if code is None else code
+def run_hash(name: str, params: dict, code: str, paths=None) -> str:
+    """The run folder's name: a hash of the notebook (or function) `name`, its parameters, the contents
+    of every file a parameter names (`input_digests`; `paths`, default `path_parameters(name)`) and
+    `code`, the key of the code that computes it (`lowrank.book.keys.code_key`, which every caller
+    holds already), so that neither an edit to `lowrank/` nor one to an input file ever reuses an old result."""
     payload = {"notebook": name, "parameters": params, "code": code}
     inputs = input_digests(params, path_parameters(name) if paths is None else paths)
     if inputs:
@@ -294,7 +294,7 @@ def check_output_folder(root: Path, what: str = "output folder", min_free: int =
 
 
 def run_dir(name: str, params: dict) -> Path:
-    return RUNS / name / run_hash(name, params)
+    return RUNS / name / run_hash(name, params, code_key(name))
 
 
 def run(name: str, params: dict, *, force: bool = False, runs_root: Path | None = None,
@@ -305,9 +305,9 @@ def run(name: str, params: dict, *, force: bool = False, runs_root: Path | None 
     reused unless `force`; one that does not match is run again (said on stderr). `progress` shows
     the executed cells with elapsed time on stderr.
     """
-    code = code_key(name)  # first: it checks the name too (notebooks.source_path)
+    notebook = notebook_code(name)  # first: it checks the name too (notebooks.source_path)
     root = check_output_folder(runs_root if runs_root is not None else RUNS, "runs folder")
-    final = root / name / run_hash(name, params, code=code)
+    final = root / name / run_hash(name, params, code=notebook.key)
     check_output_folder(final.parent, "runs folder", min_free=MIN_FREE_BYTES)  # runs/<part>/<name> too
     notebooks.check_temporary_folder()
     clean_debris(final.parent)
@@ -322,7 +322,7 @@ def run(name: str, params: dict, *, force: bool = False, runs_root: Path | None 
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = io.make_work_folder(work_name(final))
     try:
-        _execute_into(tmp, name, params, final.name, progress, code)
+        _execute_into(tmp, notebook, params, final.name, progress)
         io.replace_folder(tmp, final, old=work_name(final, "old"))  # a rerun: the old folder is dropped
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -330,30 +330,29 @@ def run(name: str, params: dict, *, force: bool = False, runs_root: Path | None 
     return final, False
 
 
-def execute(name: str, params: dict, output: Path, figure_dir: Path, *, progress: bool = False,
-            code: str | None = None, **options) -> tuple[dict, dict]:
-    """Execute notebook `name` with `params` into `output` (its figures into `figure_dir`): the one
-    execution path of a result with provenance (run folders here, the laptop- and paper-scale builds).
-    `options` go to `lowrank.book.notebooks.execute` (`figure_url`, `timeout`).
+def execute(notebook: NotebookCode, params: dict, output: Path, figure_dir: Path, *, progress: bool = False,
+            **options) -> tuple[dict, dict]:
+    """Execute `notebook` (`lowrank.book.keys.notebook_code`) with `params` into `output` (its figures
+    into `figure_dir`): the one execution path of a result with provenance (run folders here, the laptop-
+    and paper-scale builds). `options` go to `lowrank.book.notebooks.execute` (`figure_url`, `timeout`).
 
     Returns `(verdicts, provenance)`: the glued verdicts by name, and `lowrank.core.io.provenance`
-    with the notebook's code key (`code`, default `code_key(name)` after the execution)."""
+    with the notebook's code key."""
     if progress:
         options["progress"] = True
     started, load, t0 = io.now(), io.machine_load(), time.time()
-    values = notebooks.execute(name, output, parameters=params, figure_dir=figure_dir, **options)
+    values = notebooks.execute(notebook.name, output, parameters=params, figure_dir=figure_dir, **options)
     found = glued_verdicts(values)
-    return found, io.provenance(started, load, time.time() - t0, code=code_key(name) if code is None else code)
+    return found, io.provenance(started, load, time.time() - t0, code=notebook.key)
 
 
-def _execute_into(tmp: Path, name: str, params: dict, run_name: str, progress: bool = False,
-                  code: str | None = None) -> None:
-    """Execute the notebook into the fresh folder `tmp`: notebook, figures, verdicts, parameters,
+def _execute_into(tmp: Path, notebook: NotebookCode, params: dict, run_name: str, progress: bool = False) -> None:
+    """Execute `notebook` into the fresh folder `tmp`: notebook, figures, verdicts, parameters,
     provenance, then the manifest of them all."""
-    found, provenance = execute(name, params, tmp / "notebook.ipynb", tmp / "figures", progress=progress, code=code)
+    found, provenance = execute(notebook, params, tmp / "notebook.ipynb", tmp / "figures", progress=progress)
     (tmp / "verdicts.json").write_text(json.dumps(found, indent=2, sort_keys=True))
     (tmp / "parameters.json").write_text(json.dumps(params, indent=2, sort_keys=True))
-    provenance = {"notebook": name, "parameters": params, "hash": run_name, **provenance}
+    provenance = {"notebook": notebook.name, "parameters": params, "hash": run_name, **provenance}
     (tmp / "provenance.json").write_text(json.dumps(provenance, indent=2, sort_keys=True))
     write_manifest(tmp)
 

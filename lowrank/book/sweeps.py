@@ -88,7 +88,7 @@ class SweepSpec:
     resources: dict = field(default_factory=dict)
     output: Path | None = None
     ensemble: bool = False
-    code: str = ""  # code_key(target) when the spec was read
+    code: str = ""  # code_key(target), set when the spec is read
     paths: set = field(default_factory=set)  # runs.path_parameters(target): inputs whose contents key a run
 
     @property
@@ -96,7 +96,7 @@ class SweepSpec:
         return self.notebook or self.function
 
     def run_folder(self, params: dict) -> Path:
-        return self.output / runs.run_hash(self.target, params, code=self.code or None, paths=self.paths)
+        return self.output / runs.run_hash(self.target, params, code=self.code, paths=self.paths)
 
 
 ALLOWED_MODULES_VARIABLE = "LOWRANK_SWEEP_MODULES"
