@@ -67,7 +67,7 @@ def _rank_ensembles(p: dict, grid: list[dict]):
         group = [g for g in grid if g["batch_size"] == B]
         yield p["model"], p["dataset"], B, len(group), lambda epochs, group=group: ranks.rank_sweep(
             model=p["model"], dataset=p["dataset"], grid=group, epochs=epochs, cnn_width=p.get("cnn_width", 1.0),
-            eps=p["eps"], extra_eps=(p["coarse_eps"],), loss="ce", layers=ranks.authors_layers, progress=False,
+            eps=p["eps"], extra_eps=(p.get("coarse_eps", min(10 * p["eps"], 0.5)),), loss="ce", layers=ranks.authors_layers, progress=False,
             milestones=p["milestones"], lr_decay=p["lr_decay"])
 
 

@@ -123,6 +123,21 @@ def _architectures_groups(name: str, params: dict) -> list:
     return groups
 
 
+def _generalization_grid(p: dict) -> list[dict]:
+    """sgd/generalization's gen_1 runs (as its grid cell builds them), each labelled with the slice of its statistic:
+    each panel's correlation over its batch sizes (the regime of its smallest B), panel (b)'s lambda = 0 control in
+    panel (b)'s slice (trained as long). Figure gen_2 is not sized: at laptop scale its planned regime is out of reach,
+    so the page does not train it."""
+    from lowrank.sgd import ranks
+
+    seeds = list(range(p["seed"], p["seed"] + p["n_seeds"]))
+    panels = {"gen₁ (b) and its λ = 0 control": [(p["lr"], p["weight_decay"]), (p["lr"], 0.0)],
+              **{f"gen₁ ({key})": [(mu, wd)] for key, mu, wd in zip("ac", p["panel_lrs"], p["panel_weight_decays"])}}
+    return [{**g, "slice": what} for what, settings in panels.items() for mu, wd in settings
+            for g in ranks.experiment_grid(batch_sizes=p["batch_sizes"], lrs=[mu], weight_decays=[wd],
+                                           momenta=[p["momentum"]], seeds=seeds)]
+
+
 _NOISE_FILL = ("gap_to_lambda0's second clock is read from the trained runs' trends (noise.gap_clock): no length "
                "known before training reaches it, so the run is as long as the budget allows, up to the paper's (l.542)")
 
@@ -148,6 +163,10 @@ SIZED_PAGES = {
         fixed=(("mlp_weight_decays", [0.0, 1e-4, 2e-4, 4e-4, 8e-4, 6e-3],
                 "the MLP lambda figure's grid (paper l.549, l.1523); the ci grid is ten times the paper's, and at its largest "
                 "lambda (the largest per-step decay mu lambda / (1 - beta) of the page) every run collapses and is left out"),)),
+    "sgd/generalization": SizedPage(
+        _generalization_grid, ("slice",), "each gen₁ panel's batch sizes (its smallest B)",
+        fixed=(("milestones", [60, 100, 200],
+                "the paper's learning-rate decays (l.1290); the ci file decays after epoch 10 so that its short runs fit"),)),
 }
 
 
@@ -278,13 +297,15 @@ def laptop_text(name: str) -> str:
             lines += [f"# {page.epochs_key} stretched to {sized[page.epochs_key]}: {page.fill}; the longest whose estimated "
                       f"training fits {share:.0f} s (a {FILL_SHARE:g} share of the page budget, split over the stretched "
                       f"run lengths), at most the paper file's."]
-    seeds = f"{sized['seeds']} seeds pooled" if "seeds" in sized else f"seed {sized['seed']}"
+    count = sized.get("seeds", sized.get("n_seeds"))  # the rank pages' `seeds`, generalization's `n_seeds`
+    seeds = f"{count} seeds pooled" if count else f"seed {sized['seed']}"
     models = sized["model"] if "model" in sized else f"{sized['mlp_model']} and {sized['res_bn_model']}"
     lines += [f"# The ci defaults otherwise ({models} on {sized['dataset']}, {seeds}). "
               f"Estimated training: {costs.format_seconds(seconds)} (bench/epoch_seconds.csv; page budget {PAGE_BUDGET_S:.0f} s).",
               "scale: laptop", *(f"{page.epochs_key}: {sized[page.epochs_key]}" for page in _stages(name))]
     for key, value, why in _sized(name).fixed:
-        lines += [f"# {key}: {why}", f"{key}: {yaml.safe_dump(value, default_flow_style=True).strip()}"]
+        flow = yaml.safe_dump(value, default_flow_style=True).removesuffix("...\n").strip()  # a scalar's end-of-document marker
+        lines += [f"# {key}: {why}", f"{key}: {flow}"]
     return "\n".join(lines) + "\n"
 
 
